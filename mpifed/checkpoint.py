@@ -1,0 +1,77 @@
+"""Checkpoints: written atomically, verified before they are loaded.
+
+A checkpoint file is a 12-byte magic, the SHA-256 of the payload, the payload's length,
+then the payload (``torch.save`` of a dict). A truncated or altered file fails the
+check and is reported, never loaded. ``checkpoints/round_000010.ckpt`` holds the state
+after 10 completed rounds; older files are deleted only once a newer one is complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"MPIFEDCKPT1\n"
+_NAME = re.compile(r"^round_(\d{6})\.ckpt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, truncated or corrupt."""
+
+
+def path_for(folder: Path, rounds_done: int) -> Path:
+    return folder / f"round_{rounds_done:06d}.ckpt"
+
+
+def save(folder: Path, rounds_done: int, payload: dict[str, Any], keep: int) -> Path:
+    """Write the checkpoint after ``rounds_done`` rounds; keep the newest ``keep`` files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    data = buf.getvalue()
+    path = path_for(folder, rounds_done)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + hashlib.sha256(data).digest() + len(data).to_bytes(8, "little") + data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for old in all_checkpoints(folder)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read and verify a checkpoint."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    head = len(MAGIC) + 32 + 8
+    if len(raw) < head or not raw.startswith(MAGIC):
+        raise CheckpointError(f"{path} is not an mpifed checkpoint (bad header); delete it to resume from the one before")
+    digest = raw[len(MAGIC): len(MAGIC) + 32]
+    length = int.from_bytes(raw[len(MAGIC) + 32: head], "little")
+    data = raw[head:]
+    if len(data) != length:
+        raise CheckpointError(f"{path} is truncated ({len(data)} of {length} bytes); delete it to resume from the one before")
+    if hashlib.sha256(data).digest() != digest:
+        raise CheckpointError(f"{path} is corrupt (checksum mismatch); delete it to resume from the one before")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def all_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoint files, oldest first."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
+
+
+def latest(folder: Path) -> Path | None:
+    found = all_checkpoints(folder)
+    return found[-1] if found else None

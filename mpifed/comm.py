@@ -1,0 +1,143 @@
+"""Collectives between ranks: buffer-based MPI, or trivial in the single-process debug mode.
+
+Collectives here never wait on their own. Wherever ranks may arrive at very different
+times (a worker waiting for the next round while the server evaluates, the server
+waiting for the slowest worker), the round code first calls :meth:`Comm.sync`: ranks
+announce their arrival with small non-blocking messages and *sleep* between checks, so
+that waiting ranks yield the CPU to the ranks still training (MPI's blocking calls
+busy-poll). ``sync`` also names the ranks that do not arrive within the timeout and
+ends the job.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+_SYNC_TAG = 7301
+
+
+class Comm:
+    """The single-process group: every collective returns its own input."""
+
+    rank = 0
+    size = 1
+
+    def __init__(self, timeout_s: float = 3600.0, poll_ms: float = 2.0) -> None:
+        self.timeout_s = timeout_s
+        self.poll_s = poll_ms / 1000.0
+        self.context: Callable[[], str] = lambda: ""
+
+    def world_rank(self, rank: int) -> int:
+        return rank
+
+    def sync(self, what: str) -> float:
+        """Wait (yielding the CPU) until every rank has arrived here; returns the seconds waited."""
+        return 0.0
+
+    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
+        return obj
+
+    def bcast_buffer(self, buf: np.ndarray, root: int = 0) -> None:
+        """Broadcast a contiguous numpy buffer in place."""
+
+    def reduce_sum(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """Element-wise sum of every rank's ``buf`` (float64 or int64) on ``root``; None elsewhere."""
+        return buf
+
+    def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
+        return buf
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        return [obj]
+
+    def abort(self, code: int = 1) -> None:
+        sys.stderr.flush()
+        sys.stdout.flush()
+        raise SystemExit(code)
+
+
+class MpiComm(Comm):
+    """A group of MPI ranks (``comm`` is an mpi4py communicator)."""
+
+    def __init__(self, comm: Any, timeout_s: float = 3600.0, poll_ms: float = 2.0) -> None:
+        super().__init__(timeout_s, poll_ms)
+        from mpi4py import MPI
+        self._mpi = MPI
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self._world = MPI.COMM_WORLD.Get_group()
+        self._token = np.zeros(max(1, self.size), dtype=np.int64)
+        self._go = np.zeros(1, dtype=np.int64)
+
+    def world_rank(self, rank: int) -> int:
+        return self._mpi.Group.Translate_ranks(self.comm.Get_group(), [rank], self._world)[0]
+
+    def _poll(self, requests: list[Any], what: str, missing: Callable[[], list[int]]) -> float:
+        start = time.perf_counter()
+        pause = min(50e-6, self.poll_s)
+        while not self._mpi.Request.Testall(requests):
+            waited = time.perf_counter() - start
+            if waited > self.timeout_s:
+                lost = ", ".join(str(self.world_rank(r)) for r in missing())
+                extra = self.context()
+                sys.stderr.write(
+                    f"\n[mpifed] rank {self.world_rank(self.rank)}: rank(s) {lost} did not reach '{what}' within "
+                    f"{self.timeout_s:.0f} s (comm.timeout_s): a rank hung or died. Ending the job.{extra}\n")
+                self.abort(1)
+            time.sleep(pause)
+            pause = min(pause * 2, self.poll_s)
+        return time.perf_counter() - start
+
+    def sync(self, what: str) -> float:
+        if self.size == 1:
+            return 0.0
+        if self.rank == 0:
+            recvs = [self.comm.Irecv(self._token[i:i + 1], source=i, tag=_SYNC_TAG) for i in range(1, self.size)]
+            waited = self._poll(recvs, what, lambda: [i for i, r in zip(range(1, self.size), recvs) if not r.Test()])
+            self._mpi.Request.Waitall([self.comm.Isend(self._go, dest=i, tag=_SYNC_TAG + 1) for i in range(1, self.size)])
+            return waited
+        send = self.comm.Isend(self._token[:1], dest=0, tag=_SYNC_TAG)
+        go = self.comm.Irecv(self._go, source=0, tag=_SYNC_TAG + 1)
+        waited = self._poll([send, go], what, lambda: [0])
+        return waited
+
+    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
+        return self.comm.bcast(obj, root=root)
+
+    def bcast_buffer(self, buf: np.ndarray, root: int = 0) -> None:
+        self.comm.Bcast(buf, root=root)
+
+    def reduce_sum(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+        if self.rank == root:
+            self.comm.Reduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM, root=root)
+            return buf
+        self.comm.Reduce(buf, None, op=self._mpi.SUM, root=root)
+        return None
+
+    def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
+        self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        return buf
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        return self.comm.gather(obj, root=root)
+
+    def abort(self, code: int = 1) -> None:
+        sys.stderr.flush()
+        sys.stdout.flush()
+        self._mpi.COMM_WORLD.Abort(code)
+
+
+def world() -> tuple[Any, int, int]:
+    """(mpi4py COMM_WORLD or None, rank, size). MPI is initialised only under an MPI launcher
+    (mpirun, mpiexec, srun), or when MPIFED_MPI=1; MPIFED_MPI=0 forces the debug mode."""
+    forced = os.environ.get("MPIFED_MPI")
+    launched = any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"))
+    if forced == "0" or (forced != "1" and not launched):
+        return None, 0, 1
+    from mpi4py import MPI
+    return MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()

@@ -1,0 +1,142 @@
+"""How training samples are split over clients.
+
+Each partition is a class with ``Options`` and ``split(labels, num_clients, rng,
+options, groups)`` returning one index array per client. All are deterministic in the
+generator they are given; every sample goes to at most one client (every sample to
+exactly one, except where a partition says otherwise).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mpifed.config import NoOptions, opt
+
+PARTITIONS: dict[str, type] = {}
+
+
+class PartitionError(ValueError):
+    """The partition cannot be made with these settings."""
+
+
+def register(name: str) -> Callable[[type], type]:
+    def add(cls: type) -> type:
+        PARTITIONS[name] = cls
+        return cls
+    return add
+
+
+def _check_enough(n: int, num_clients: int) -> None:
+    if n < num_clients:
+        raise PartitionError(f"{n} training samples cannot be split over {num_clients} clients; lower data.num_clients")
+
+
+@register("iid")
+class IID:
+    """Uniformly random, equal-sized clients (sizes differ by at most one)."""
+
+    Options = NoOptions
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: NoOptions,
+              groups: np.ndarray | None = None) -> list[np.ndarray]:
+        _check_enough(len(labels), num_clients)
+        return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
+
+
+@register("dirichlet")
+class Dirichlet:
+    """Latent Dirichlet Allocation label skew (FedNTD App. B.5, NIID-Bench/MOON code).
+
+    For every class, proportions over the clients are drawn from Dir(beta) and the
+    class's samples are cut accordingly. With ``balance`` (as in the NIID-Bench/MOON
+    code that FedCSD, FedCAD and FedGKD use), a client already holding N/K samples gets
+    no more. The whole draw is repeated until every client has ``min_size`` samples.
+    """
+
+    @dataclass
+    class Options:
+        beta: float = opt(0.5, "Dirichlet concentration; smaller is more skewed", min=0, exclusive_min=True)
+        min_size: int = opt(10, "redraw until every client has at least this many samples", min=0)
+        balance: bool = opt(True, "stop giving samples to clients that already hold N/K (NIID-Bench)")
+        max_tries: int = opt(10000, "give up after this many draws", min=1)
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "Dirichlet.Options",
+              groups: np.ndarray | None = None) -> list[np.ndarray]:
+        n = len(labels)
+        if options.min_size * num_clients > n:
+            raise PartitionError(
+                f"{num_clients} clients x data.partition.min_size={options.min_size} exceeds the {n} training samples; "
+                f"lower data.partition.min_size or data.num_clients")
+        classes = np.unique(labels)
+        by_class = [np.flatnonzero(labels == c) for c in classes]
+        for _ in range(options.max_tries):
+            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            sizes = np.zeros(num_clients, dtype=np.int64)
+            for idx in by_class:
+                idx = rng.permutation(idx)
+                p = rng.dirichlet(np.full(num_clients, options.beta))
+                if options.balance:
+                    p = p * (sizes < n / num_clients)
+                    p = p / p.sum() if p.sum() > 0 else np.full(num_clients, 1.0 / num_clients)
+                cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+                for k, piece in enumerate(np.split(idx, cuts)):
+                    parts[k].append(piece)
+                    sizes[k] += len(piece)
+            if sizes.min() >= options.min_size:
+                return [np.sort(np.concatenate(p)) for p in parts]
+        raise PartitionError(
+            f"Dirichlet(beta={options.beta}) did not give every one of {num_clients} clients "
+            f"{options.min_size} samples in {options.max_tries} draws; raise data.partition.beta, "
+            f"lower data.partition.min_size or data.num_clients")
+
+
+@register("shards")
+class Shards:
+    """Sort by label, cut into ``K * shards_per_client`` equal shards, deal ``s`` at random to each client.
+
+    McMahan et al.'s pathological split as FedNTD uses it (App. B.5). Shard sizes differ
+    by at most one when N is not a multiple of K*s; within a class the order is random.
+    """
+
+    @dataclass
+    class Options:
+        shards_per_client: int = opt(2, "shards per client (s); fewer is more skewed", min=1)
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "Shards.Options",
+              groups: np.ndarray | None = None) -> list[np.ndarray]:
+        total = num_clients * options.shards_per_client
+        if total > len(labels):
+            raise PartitionError(
+                f"{num_clients} clients x {options.shards_per_client} shards exceed the {len(labels)} samples; "
+                f"lower data.partition.shards_per_client or data.num_clients")
+        order = rng.permutation(len(labels))
+        order = order[np.argsort(labels[order], kind="stable")]
+        shards = np.array_split(order, total)
+        deal = rng.permutation(total).reshape(num_clients, options.shards_per_client)
+        return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
+
+
+def split_summary(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Per-client class counts, K x C."""
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]) if parts else np.zeros((0, num_classes), dtype=np.int64)
+
+
+def hold_out_per_class(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(held-out indices, remaining indices): ``per_class`` random samples of every class held out."""
+    held = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) <= per_class:
+            raise PartitionError(
+                f"class {c} has {len(idx)} training samples, not more than data.server_holdout_per_class={per_class}; lower it")
+        held.append(rng.choice(idx, size=per_class, replace=False))
+    held_idx = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+    mask = np.ones(len(labels), dtype=bool)
+    mask[held_idx] = False
+    return held_idx, np.flatnonzero(mask)
+

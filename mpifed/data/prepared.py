@@ -1,0 +1,258 @@
+"""Prepared data: a data set plus a partition written once as HDF5 shards and a manifest.
+
+Layout of a prepared folder::
+
+    manifest.json          spec, statistics, per-client class counts, normalisation
+    clients/client_00000.h5 ...
+    test.h5
+    server.h5              data held by the server (only with data.server_holdout_per_class)
+
+A folder is reused when its manifest's spec equals the config's; any difference is an
+error that says how to re-prepare. Folders are built in a temporary sibling and renamed
+into place, so a half-written folder is never seen.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from mpifed.config import Config, diff_keys, digest, to_dict
+from mpifed.data.datasets import DATASETS
+from mpifed.data.partitions import PARTITIONS, PartitionError, hold_out_per_class, split_summary
+from mpifed.data.raw import RawData
+from mpifed.data.shards import ShardError, read_shard, write_shard
+
+FORMAT = 1
+
+
+class PreparedDataError(RuntimeError):
+    """Prepared data is missing, stale or does not match the config."""
+
+
+@dataclass
+class Manifest:
+    """What a run needs to know about its prepared data, without opening a shard."""
+
+    root: Path
+    spec: dict[str, Any]
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    mean: list[float]
+    std: list[float]
+    crop_padding: int
+    flip: bool
+    client_sizes: np.ndarray        # K
+    client_class_counts: np.ndarray  # K x C
+    test_size: int
+    test_class_counts: np.ndarray
+    group_names: list[str]
+    test_group_counts: np.ndarray
+    server_size: int
+    stats: dict[str, Any]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_sizes)
+
+    def client_path(self, cid: int) -> Path:
+        return self.root / "clients" / f"client_{cid:05d}.h5"
+
+    @property
+    def test_path(self) -> Path:
+        return self.root / "test.h5"
+
+    @property
+    def server_path(self) -> Path:
+        return self.root / "server.h5"
+
+    @staticmethod
+    def load(root: Path) -> "Manifest":
+        path = root / "manifest.json"
+        try:
+            m = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PreparedDataError(f"{root} holds no manifest.json; prepare it with python -m mpifed.prepare --config <config>") from None
+        except json.JSONDecodeError as exc:
+            raise PreparedDataError(f"{path} is corrupt ({exc}); re-prepare with python -m mpifed.prepare --config <config> --force") from None
+        if m.get("format") != FORMAT:
+            raise PreparedDataError(f"{root} was prepared by another mpifed version (format {m.get('format')}); re-prepare with --force")
+        return Manifest(
+            root=root, spec=m["spec"], num_classes=m["num_classes"], image_shape=tuple(m["image_shape"]),
+            mean=m["mean"], std=m["std"], crop_padding=m["crop_padding"], flip=m["flip"],
+            client_sizes=np.array([c["num_samples"] for c in m["clients"]], dtype=np.int64),
+            client_class_counts=np.array([c["class_counts"] for c in m["clients"]], dtype=np.int64).reshape(len(m["clients"]), m["num_classes"]),
+            test_size=m["test"]["num_samples"], test_class_counts=np.array(m["test"]["class_counts"], dtype=np.int64),
+            group_names=m["test"]["group_names"], test_group_counts=np.array(m["test"]["group_counts"], dtype=np.int64),
+            server_size=m["server"]["num_samples"] if m["server"] else 0,
+            stats=m["stats"])
+
+
+def prepare_spec(cfg: Config) -> dict[str, Any]:
+    """Everything that determines the prepared files (and nothing else)."""
+    d = cfg.data
+    return {
+        "dataset": to_dict(d.dataset),
+        "num_clients": d.num_clients,
+        "partition": to_dict(d.partition),
+        "seed": cfg.run.seed if d.partition_seed is None else d.partition_seed,
+        "train_subset": d.train_subset,
+        "test_subset": d.test_subset,
+        "server_holdout_per_class": d.server_holdout_per_class,
+    }
+
+
+def prepared_dir(cfg: Config) -> Path:
+    """The config's prepared folder: data.prepared_dir, or a name derived from the spec."""
+    if cfg.data.prepared_dir:
+        return Path(cfg.data.prepared_dir)
+    spec = prepare_spec(cfg)
+    name = f"{cfg.data.dataset.name}-{cfg.data.partition.name}-k{cfg.data.num_clients}-{digest(spec)}"
+    return Path(cfg.data.prepared_root) / name
+
+
+def ensure_prepared(cfg: Config, log: Callable[[str], None] = print) -> Manifest:
+    """The config's prepared data: reused if its spec matches, prepared if absent, else an error."""
+    root = prepared_dir(cfg)
+    if (root / "manifest.json").exists():
+        manifest = Manifest.load(root)
+        check_matches(manifest, cfg)
+        return manifest
+    return prepare(cfg, log=log)
+
+
+def check_matches(manifest: Manifest, cfg: Config) -> None:
+    want = prepare_spec(cfg)
+    if manifest.spec != want:
+        keys = ", ".join(diff_keys(manifest.spec, want))
+        raise PreparedDataError(
+            f"the prepared data in {manifest.root} was made with other settings (differing: {keys}). "
+            f"Re-prepare it with: python -m mpifed.prepare --config <config> --force, "
+            f"or point data.prepared_dir elsewhere (or unset it to get a folder per setting)")
+
+
+def prepare(cfg: Config, force: bool = False, log: Callable[[str], None] = print) -> Manifest:
+    """Read the data set, split it, write the shards and manifest; returns the manifest."""
+    root = prepared_dir(cfg)
+    if root.exists() and not force:
+        raise PreparedDataError(f"{root} already exists; pass --force to rebuild it")
+    spec = prepare_spec(cfg)
+    dataset = DATASETS[cfg.data.dataset.name]
+    log(f"[prepare] reading {cfg.data.dataset.name} ...")
+    raw = dataset.load(cfg.data.dataset.options)
+    raw = _subset(raw, cfg.data.train_subset, cfg.data.test_subset)
+    rng = np.random.default_rng([spec["seed"], 0x5EED])
+
+    labels = raw.train_y
+    server_idx = np.zeros(0, dtype=np.int64)
+    pool = np.arange(len(labels))
+    if cfg.data.server_holdout_per_class:
+        server_idx, pool = hold_out_per_class(labels, cfg.data.server_holdout_per_class, rng)
+    partition = PARTITIONS[cfg.data.partition.name]
+    groups = raw.train_groups[pool] if raw.train_groups is not None else None
+    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options, groups)]
+    empty = [k for k, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise PartitionError(f"clients {empty[:10]} received no samples; use fewer clients or a less skewed partition")
+
+    counts = split_summary(parts, labels, raw.num_classes)
+    mean, std = _channel_stats(raw.train_x[pool])
+    common = {"dataset": cfg.data.dataset.name, "partition": spec["partition"], "seed": spec["seed"]}
+
+    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "clients").mkdir(parents=True)
+    clients = []
+    for k, idx in enumerate(parts):
+        write_shard(tmp / "clients" / f"client_{k:05d}.h5", raw.train_x[idx], labels[idx],
+                    {**common, "client_id": k, "class_counts": counts[k].tolist()},
+                    raw.train_groups[idx] if raw.train_groups is not None else None)
+        clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts[k].tolist()})
+    test_counts = np.bincount(raw.test_y, minlength=raw.num_classes)
+    write_shard(tmp / "test.h5", raw.test_x, raw.test_y, {**common, "client_id": -1, "class_counts": test_counts.tolist()},
+                raw.test_groups)
+    server = None
+    if len(server_idx):
+        sc = np.bincount(labels[server_idx], minlength=raw.num_classes)
+        write_shard(tmp / "server.h5", raw.train_x[server_idx], labels[server_idx],
+                    {**common, "client_id": -2, "class_counts": sc.tolist()})
+        server = {"num_samples": int(len(server_idx)), "class_counts": sc.tolist()}
+    manifest = {
+        "format": FORMAT, "spec": spec, "source": raw.source, "num_classes": raw.num_classes,
+        "image_shape": list(raw.image_shape), "mean": mean, "std": std,
+        "crop_padding": dataset.crop_padding, "flip": dataset.flip,
+        "clients": clients,
+        "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(), "group_names": raw.group_names,
+                 "group_counts": np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
+                 if raw.test_groups is not None else []},
+        "server": server,
+        "stats": partition_stats(counts),
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    if root.exists():
+        shutil.rmtree(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another process prepared the same folder meanwhile: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"[prepare] wrote {len(parts)} client shards, test set and manifest to {root}")
+    return Manifest.load(root)
+
+
+def _subset(raw: RawData, train: int, test: int) -> RawData:
+    if not train and not test:
+        return raw
+    tr = slice(None, train or None)
+    te = slice(None, test or None)
+    return RawData(raw.train_x[tr], raw.train_y[tr], raw.test_x[te], raw.test_y[te], raw.num_classes, raw.source,
+                   raw.train_groups[tr] if raw.train_groups is not None else None,
+                   raw.test_groups[te] if raw.test_groups is not None else None, raw.group_names)
+
+
+def _channel_stats(x: np.ndarray, chunk: int = 4096) -> tuple[list[float], list[float]]:
+    """Per-channel mean and standard deviation of images scaled to [0, 1]."""
+    c = x.shape[1]
+    s = np.zeros(c)
+    ss = np.zeros(c)
+    for i in range(0, len(x), chunk):
+        b = x[i:i + chunk].astype(np.float64) / 255.0
+        s += b.sum(axis=(0, 2, 3))
+        ss += (b * b).sum(axis=(0, 2, 3))
+    n = len(x) * x.shape[2] * x.shape[3]
+    mean = s / n
+    std = np.sqrt(np.maximum(ss / n - mean * mean, 1e-12))
+    return [round(float(v), 6) for v in mean], [round(float(v), 6) for v in std]
+
+
+def partition_stats(counts: np.ndarray) -> dict[str, Any]:
+    """Summary of a K x C class-count matrix: sizes, classes per client, label skew."""
+    sizes = counts.sum(axis=1)
+    glob = counts.sum(axis=0) / max(1, counts.sum())
+    local = counts / np.maximum(sizes[:, None], 1)
+    tv = 0.5 * np.abs(local - glob[None]).sum(axis=1)
+    held = (counts > 0).sum(axis=1)
+    return {
+        "clients": int(len(sizes)),
+        "samples": int(sizes.sum()),
+        "size_min": int(sizes.min()), "size_mean": float(sizes.mean()), "size_max": int(sizes.max()),
+        "classes_per_client_min": int(held.min()), "classes_per_client_mean": float(held.mean()),
+        "classes_per_client_max": int(held.max()),
+        "label_skew_tv_mean": round(float(tv.mean()), 4),
+    }
+
+
+def verify_files(manifest: Manifest) -> None:
+    """Every shard is present and the test set matches its checksum (checked before training)."""
+    missing = [str(manifest.client_path(k)) for k in range(manifest.num_clients) if not manifest.client_path(k).is_file()]
+    if missing:
+        raise ShardError(f"{len(missing)} client shard(s) are missing, e.g. {missing[0]}; "
+                         f"re-prepare with python -m mpifed.prepare --config <config> --force")
+    read_shard(manifest.test_path, verify=True)
+    if manifest.server_size:
+        read_shard(manifest.server_path, verify=True)

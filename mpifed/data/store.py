@@ -1,0 +1,83 @@
+"""Decoded data held by a rank: its clients' shards (cached), its share of the test set.
+
+A worker opens only the shards of the clients it trains, keeps them decoded (uint8,
+on its device) within a memory budget, and evicts the least recently used.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mpifed.data.prepared import Manifest
+from mpifed.data.shards import read_rows, read_shard
+
+
+@dataclass
+class ClientData:
+    cid: int
+    images: torch.Tensor   # uint8, N x C x H x W, on the rank's device
+    labels: torch.Tensor   # int64, N
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.labels.numel())
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.numel() + 8 * self.labels.numel()
+
+
+def to_device(images: np.ndarray, labels: np.ndarray, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(np.ascontiguousarray(images)).to(device), torch.from_numpy(np.ascontiguousarray(labels)).to(device)
+
+
+class ClientStore:
+    """LRU cache of decoded client shards within ``budget_mb``."""
+
+    def __init__(self, manifest: Manifest, device: torch.device | str, budget_mb: int) -> None:
+        self.manifest = manifest
+        self.device = device
+        self.budget = budget_mb * 2**20
+        self._cache: OrderedDict[int, ClientData] = OrderedDict()
+        self.loads = 0
+
+    def get(self, cid: int) -> ClientData:
+        if cid in self._cache:
+            self._cache.move_to_end(cid)
+            return self._cache[cid]
+        shard = read_shard(self.manifest.client_path(cid), verify=True)
+        images, labels = to_device(shard.images, shard.labels, self.device)
+        data = ClientData(cid, images, labels)
+        self.loads += 1
+        self._cache[cid] = data
+        while len(self._cache) > 1 and sum(d.nbytes for d in self._cache.values()) > self.budget:
+            self._cache.popitem(last=False)
+        return data
+
+
+@dataclass
+class EvalBatch:
+    index: int
+    images: torch.Tensor
+    labels: torch.Tensor
+    groups: torch.Tensor | None
+
+
+def eval_batch_ids(num_samples: int, batch_size: int, worker: int, workers: int) -> list[int]:
+    """The test batches worker ``worker`` of ``workers`` evaluates (batch b goes to worker b % workers)."""
+    batches = -(-num_samples // batch_size)
+    return list(range(worker, batches, workers))
+
+
+def load_eval_batches(manifest: Manifest, batch_size: int, worker: int, workers: int,
+                      device: torch.device | str) -> list[EvalBatch]:
+    """This worker's share of the test set, read row range by row range and kept on the device."""
+    out = []
+    for b in eval_batch_ids(manifest.test_size, batch_size, worker, workers):
+        x, y, g = read_rows(manifest.test_path, b * batch_size, min((b + 1) * batch_size, manifest.test_size))
+        images, labels = to_device(x, y, device)
+        out.append(EvalBatch(b, images, labels, torch.from_numpy(g).to(device) if g is not None else None))
+    return out

@@ -1,0 +1,57 @@
+"""Batch transforms on the device: uint8 images to normalised floats, with augmentation.
+
+Everything works on whole batches (no per-sample Python), with random numbers drawn
+from the client's own generator so that training is reproducible whichever worker
+runs it. Random crop pads with black (0) before normalising, as torchvision's
+``RandomCrop(padding=p)`` on images does; Cutout zeroes a square after normalising,
+as FedNTD's Cutout(16) does.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class BatchTransform:
+    """``train(x, gen)``: augment + normalise; ``eval(x)``: normalise only."""
+
+    def __init__(self, mean: list[float], std: list[float], crop_padding: int, flip: bool, cutout: int,
+                 device: torch.device | str) -> None:
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        self.inv_std = 1.0 / torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        self.crop_padding = crop_padding
+        self.flip = flip
+        self.cutout = cutout
+        self.device = torch.device(device)
+
+    @property
+    def augments(self) -> bool:
+        return bool(self.crop_padding or self.flip or self.cutout)
+
+    def eval(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() * (1.0 / 255.0) - self.mean) * self.inv_std
+
+    def train(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        x = x.float() * (1.0 / 255.0)
+        b, _, h, w = x.shape
+        if self.crop_padding:
+            p = self.crop_padding
+            offsets = torch.randint(0, 2 * p + 1, (b, 2), generator=gen).to(self.device)
+            padded = torch.nn.functional.pad(x, (p, p, p, p))
+            rows = (offsets[:, :1] + torch.arange(h, device=self.device)).view(b, 1, h, 1)
+            cols = (offsets[:, 1:] + torch.arange(w, device=self.device)).view(b, 1, 1, w)
+            x = padded[torch.arange(b, device=self.device).view(b, 1, 1, 1),
+                       torch.arange(x.shape[1], device=self.device).view(1, -1, 1, 1), rows, cols]
+        if self.flip:
+            mirror = (torch.rand(b, generator=gen) < 0.5).to(self.device).view(b, 1, 1, 1)
+            x = torch.where(mirror, x.flip(-1), x)
+        x = (x - self.mean) * self.inv_std
+        if self.cutout:
+            centre = torch.stack([torch.randint(0, h, (b,), generator=gen), torch.randint(0, w, (b,), generator=gen)], 1).to(self.device)
+            half = self.cutout // 2
+            ys = torch.arange(h, device=self.device).view(1, h)
+            xs = torch.arange(w, device=self.device).view(1, w)
+            in_y = (ys >= (centre[:, :1] - half)) & (ys < (centre[:, :1] + half))
+            in_x = (xs >= (centre[:, 1:] - half)) & (xs < (centre[:, 1:] + half))
+            keep = ~(in_y.view(b, 1, h, 1) & in_x.view(b, 1, 1, w))
+            x = x * keep
+        return x

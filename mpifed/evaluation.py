@@ -1,0 +1,68 @@
+"""Test-set evaluation split over workers, with a result that does not depend on the split.
+
+The test set is cut into fixed batches; batch b is evaluated by worker b % W. Each
+worker fills its batches' slots of a float64 vector (loss sum per batch, correct
+predictions per class and per group) and leaves the others at zero, so the MPI sum
+reproduces exactly the numbers one process would compute.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpifed.data.store import EvalBatch
+from mpifed.data.transforms import BatchTransform
+from mpifed.flat import Packer
+
+
+def eval_packer(test_size: int, batch_size: int, num_classes: int, num_groups: int) -> Packer:
+    batches = -(-test_size // batch_size)
+    return Packer({"loss": ((batches,), np.float64), "correct": ((num_classes,), np.float64),
+                   "group_correct": ((num_groups,), np.float64)})
+
+
+@torch.no_grad()
+def evaluate_share(model: nn.Module, transform: BatchTransform, batches: list[EvalBatch], packer: Packer) -> np.ndarray:
+    """This rank's contribution to the evaluation sums."""
+    buf = packer.empty()
+    out = packer.views(buf)
+    model.eval()
+    for b in batches:
+        logits = model(transform.eval(b.images))
+        out["loss"][b.index] = float(F.cross_entropy(logits.float(), b.labels, reduction="sum"))
+        hit = (logits.argmax(1) == b.labels).to(torch.float64)
+        out["correct"] += torch.zeros(out["correct"].shape, dtype=torch.float64, device=hit.device).index_add_(0, b.labels, hit).cpu()
+        if b.groups is not None and out["group_correct"].numel():
+            out["group_correct"] += torch.zeros(out["group_correct"].shape, dtype=torch.float64, device=hit.device).index_add_(0, b.groups, hit).cpu()
+    return buf
+
+
+def summarize(totals: dict[str, torch.Tensor], class_counts: np.ndarray, group_counts: np.ndarray,
+              group_names: list[str]) -> dict[str, Any]:
+    """Accuracy, mean loss, per-class (and per-group) accuracy from the summed evaluation."""
+    n = int(class_counts.sum())
+    correct = totals["correct"].numpy()
+    per_class = np.where(class_counts > 0, correct / np.maximum(class_counts, 1), np.nan)
+    result: dict[str, Any] = {
+        "test_acc": float(correct.sum() / n),
+        "test_loss": float(np.sum(totals["loss"].numpy()) / n),
+        "per_class_acc": [None if np.isnan(a) else round(float(a), 6) for a in per_class],
+    }
+    if len(group_names):
+        accs = totals["group_correct"].numpy() / np.maximum(group_counts, 1)
+        result["per_group_acc"] = {name: round(float(a), 6) for name, a in zip(group_names, accs)}
+        result["group_mean_acc"] = float(np.mean(accs))
+    return result
+
+
+def forgetting(history: list[list[float | None]]) -> float | None:
+    """FedNTD Eq. 5: mean over classes of (best accuracy before the last evaluation - last accuracy)."""
+    if len(history) < 2:
+        return None
+    acc = np.array([[np.nan if a is None else a for a in row] for row in history], dtype=np.float64)
+    gaps = np.nanmax(acc[:-1], axis=0) - acc[-1]
+    return float(np.nanmean(gaps))

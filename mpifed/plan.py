@@ -1,0 +1,43 @@
+"""The server's plan for one round: which clients train, on which worker, at which rate."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RoundPlan:
+    """Broadcast to every worker at the start of a round (a small pickled object)."""
+
+    round: int
+    lr: float
+    assignment: list[list[int]] = field(default_factory=list)   # client ids per worker
+    evaluate: bool = False
+    stop: bool = False
+    last_checkpoint: int = 0   # rounds completed at the last checkpoint (for pruning client state)
+
+
+def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) -> np.ndarray:
+    """The clients of round ``rnd``: a seeded draw that depends only on (seed, round), not on ranks."""
+    m = max(1, int(round(participation * num_clients)))
+    if m >= num_clients:
+        return np.arange(num_clients)
+    rng = np.random.default_rng([seed, 0xC11E, rnd])
+    return np.sort(rng.choice(num_clients, size=m, replace=False))
+
+
+def assign_clients(clients: np.ndarray, sizes: np.ndarray, workers: int) -> list[list[int]]:
+    """Split clients over workers balancing their sample counts (largest first to the least loaded)."""
+    load = np.zeros(workers, dtype=np.int64)
+    out: list[list[int]] = [[] for _ in range(workers)]
+    for cid in sorted((int(c) for c in clients), key=lambda c: (-int(sizes[c]), c)):
+        w = int(np.argmin(load))
+        out[w].append(cid)
+        load[w] += int(sizes[cid])
+    return [sorted(a) for a in out]
+
+
+def client_seed(seed: int, rnd: int, cid: int) -> int:
+    """Seed of one client's local training in one round (same on whichever worker trains it)."""
+    return int(np.random.SeedSequence([seed, rnd, cid, 0x7EA1]).generate_state(1, dtype=np.uint64)[0] >> 1)
