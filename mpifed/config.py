@@ -34,7 +34,7 @@ def opt(default: Any, help: str, *, min: float | None = None, max: float | None 
     checkpoint frequency, resources); a resumed run may change them.
     """
     meta = {"help": help, "min": min, "max": max, "exclusive_min": exclusive_min, "math": math}
-    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+    if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
 
@@ -53,6 +53,11 @@ class Choice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **to_dict(self.options)}
+
+
+def section(cls: type, help: str) -> Any:
+    """A nested config section (a dataclass), built when the config is."""
+    return field(default_factory=cls, metadata={"help": help, "math": True})
 
 
 def choice(registry: Callable[[], dict[str, type]], default: str, help: str,
@@ -131,7 +136,7 @@ class DataConfig:
     server_holdout_per_class: int = opt(0, "training samples per class held out for the server (FedCAD's auxiliary set, FedGKD-VOTE's validation set) and given to no client", min=0)
     prepared_root: str = opt("data/prepared", "where prepared shards are written (one folder per data/partition setting)", math=False)
     prepared_dir: str | None = opt(None, "use exactly this prepared folder instead of one under prepared_root", math=False)
-    augment: AugmentConfig = opt(AugmentConfig(), "training-time augmentation (never applied in evaluation)")
+    augment: AugmentConfig = section(AugmentConfig, "training-time augmentation (never applied in evaluation)")
 
 
 @dataclass
@@ -150,13 +155,13 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    run: RunConfig = opt(RunConfig(), "run directory, seed, evaluation and checkpoint frequency")
-    data: DataConfig = opt(DataConfig(), "data set, clients and partition")
+    run: RunConfig = section(RunConfig, "run directory, seed, evaluation and checkpoint frequency")
+    data: DataConfig = section(DataConfig, "data set, clients and partition")
     model: Choice = choice(_models, "digits_cnn", "network (digits_cnn, fedavg_cnn, resnet8, ...)")
-    train: TrainConfig = opt(TrainConfig(), "rounds and local optimisation")
+    train: TrainConfig = section(TrainConfig, "rounds and local optimisation")
     algorithm: Choice = choice(_algorithms, "fedavg", "federated algorithm (fedavg, fedntd, fedgkd, ...)")
-    resources: ResourcesConfig = opt(ResourcesConfig(), "devices, threads, memory")
-    comm: CommConfig = opt(CommConfig(), "collective timeouts and idle waiting")
+    resources: ResourcesConfig = section(ResourcesConfig, "devices, threads, memory")
+    comm: CommConfig = section(CommConfig, "collective timeouts and idle waiting")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -268,12 +273,12 @@ class _Builder:
 
     def check_range(self, v: Any, path: str, f: dataclasses.Field) -> None:
         lo, hi = f.metadata.get("min"), f.metadata.get("max")
-        if lo is not None and (v < lo or (f.metadata.get("exclusive_min") and v == lo)):
-            op = ">" if f.metadata.get("exclusive_min") else ">="
-            rng = f"{op} {lo}" + (f" and <= {hi}" if hi is not None else "")
-            self.fail(path, f"{v!r} is out of range; it must be {rng}")
-        elif hi is not None and v > hi:
-            self.fail(path, f"{v!r} is out of range; it must be <= {hi}")
+        exclusive = f.metadata.get("exclusive_min")
+        too_low = lo is not None and (v < lo or (exclusive and v == lo))
+        if too_low or (hi is not None and v > hi):
+            parts = [f"{'>' if exclusive else '>='} {lo}"] if lo is not None else []
+            parts += [f"<= {hi}"] if hi is not None else []
+            self.fail(path, f"{v!r} is out of range; it must be {' and '.join(parts)}")
 
 
 _INVALID = object()
@@ -466,20 +471,32 @@ def digest(d: Any) -> str:
 
 
 def reference() -> str:
-    """Markdown table of every key: default and help (the README's config reference)."""
+    """Markdown tables of every key (default and help), then of each choice's own options."""
     rows: list[str] = []
+    choices: list[tuple[str, dataclasses.Field]] = []
 
-    def walk(cls: type, path: str) -> None:
+    def table(cls: type, path: str) -> list[str]:
+        out = []
         hints = _hints(cls)
         for f in dataclasses.fields(cls):
             key = _join(path, f.name)
             tp = hints[f.name]
             if dataclasses.is_dataclass(tp) and "registry" not in f.metadata:
-                walk(tp, key)
+                out += table(tp, key)
                 continue
+            if "registry" in f.metadata:
+                choices.append((key, f))
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             shown = default.name if isinstance(default, Choice) else default
-            rows.append(f"| `{key}` | `{json.dumps(shown)}` | {f.metadata.get('help', '')} |")
+            out.append(f"| `{key}` | `{json.dumps(shown)}` | {f.metadata.get('help', '')} |")
+        return out
 
-    walk(Config, "")
-    return "| key | default | meaning |\n| --- | --- | --- |\n" + "\n".join(rows)
+    head = "| key | default | meaning |\n| --- | --- | --- |\n"
+    rows = table(Config, "")
+    parts = [head + "\n".join(rows)]
+    for key, f in choices:
+        for name, options in sorted(f.metadata["registry"]().items()):
+            sub = table(options, key)
+            body = head + "\n".join(sub) if sub else "(no options)"
+            parts.append(f"### `{key}: {name}`\n\n{body}")
+    return "\n\n".join(parts)

@@ -60,7 +60,8 @@ def summarize(totals: dict[str, torch.Tensor], class_counts: np.ndarray, group_c
 
 
 def forgetting(history: list[list[float | None]]) -> float | None:
-    """FedNTD Eq. 5: mean over classes of (best accuracy before the last evaluation - last accuracy)."""
+    """FedNTD Eq. 5 (backward transfer): mean over classes of (best accuracy before the last
+    evaluation - last accuracy); a class that ends at a new best contributes a negative term."""
     if len(history) < 2:
         return None
     acc = np.array([[np.nan if a is None else a for a in row] for row in history], dtype=np.float64)

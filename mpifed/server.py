@@ -26,7 +26,7 @@ from mpifed.evaluation import eval_packer, forgetting, summarize
 from mpifed.plan import RoundPlan, assign_clients, sample_clients
 from mpifed.rundir import RunDir, atomic_write
 from mpifed.signals import received, stop_requested
-from mpifed.worker import Worker, downlink_packer, state_packer, uplink_packer
+from mpifed.worker import Worker, downlink_packer, peak_rss_mb, state_packer, uplink_packer
 
 EXIT_STOPPED = 75  # stopped on a signal after writing a checkpoint: resume with --resume
 
@@ -70,6 +70,7 @@ class Server:
     def run(self) -> int:
         """Run the remaining rounds; returns the process exit code (0 done, 75 stopped)."""
         self.started = time.perf_counter()
+        self.first_round_at = time.time()
         rounds = self.cfg.train.rounds
         rnd = self.start_round
         while rnd < rounds and not self._stop_now():
@@ -177,6 +178,7 @@ class Server:
     def _broadcast_stop(self) -> None:
         self.world.sync("start of round")
         self.world.bcast_object(RoundPlan(round=-1, lr=0.0, stop=True))
+        self.peak_rss_mb = self.world.gather_object(peak_rss_mb())
 
     def checkpoint(self, rounds_done: int) -> None:
         payload = {
@@ -242,6 +244,8 @@ class Server:
             "wall_time_s": round(self.elapsed(), 2),
             "round_time_median_s": round(statistics.median(r["time"]["round"] for r in self.metrics), 4) if self.metrics else None,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "first_round_started_at": self.first_round_at,
+            "peak_rss_mb_per_rank": [round(v, 1) for v in self.peak_rss_mb],
         }
         self.run_dir.write_json("summary.json", summary)
         self.run_dir.write_json("status.json", {"state": status, "rounds_done": rounds_done,

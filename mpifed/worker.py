@@ -6,6 +6,7 @@ debug mode, so both modes run the same code.
 """
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,11 @@ class ClientReport:
     train_loss: float
     seconds: float
     extra: dict[str, float]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def downlink_packer(algo: Algorithm, num_floats: int, num_ints: int) -> Packer:
@@ -136,6 +142,7 @@ def serve(worker: Worker, world: Comm) -> None:
         world.sync("start of round")
         plan: RoundPlan = world.bcast_object(None)
         if plan.stop:
+            world.gather_object(peak_rss_mb())
             return
         world.bcast_buffer(down_buf)
         up_buf, reports = worker.train_round(plan, worker.down.views(down_buf))

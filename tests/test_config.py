@@ -1,0 +1,104 @@
+import pytest
+
+from mpifed import config
+from mpifed.config import ConfigError
+
+
+def test_defaults_are_the_quick_start():
+    cfg, d = config.load()
+    assert cfg.data.dataset.name == "digits" and cfg.algorithm.name == "fedavg"
+    assert cfg.data.num_clients == 10 and cfg.data.partition.name == "dirichlet"
+    assert d["data"]["partition"] == {"name": "dirichlet", "beta": 0.5, "min_size": 10, "balance": True, "max_tries": 10000}
+
+
+def test_yaml_then_overrides(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("train:\n  rounds: 7\n  lr: 1e-3\ndata:\n  partition: {name: shards, shards_per_client: 3}\n")
+    cfg, _ = config.load([str(f)], ["train.rounds=9", "data.partition.shards_per_client=4"])
+    assert cfg.train.rounds == 9
+    assert cfg.train.lr == pytest.approx(1e-3)  # PyYAML reads 1e-3 as a string; it is accepted as a number
+    assert cfg.data.partition.name == "shards" and cfg.data.partition.options.shards_per_client == 4
+
+
+def test_unknown_key_suggests_the_nearest(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        config.load(overrides=["train.lokal_epochs=3"])
+    assert "train.lokal_epochs" in str(e.value) and "did you mean 'train.local_epochs'" in str(e.value)
+
+
+def test_unknown_algorithm_lists_known_ones():
+    with pytest.raises(ConfigError) as e:
+        config.load(overrides=["algorithm.name=fedavgg"])
+    msg = str(e.value)
+    assert "algorithm.name" in msg and "Did you mean 'fedavg'" in msg and "fedavg" in msg
+
+
+def test_wrong_type_and_range_name_the_key():
+    with pytest.raises(ConfigError) as e:
+        config.load(overrides=["train.rounds=many", "train.participation=1.5", "run.seed=-1"])
+    msg = str(e.value)
+    assert "train.rounds: expected an integer, got 'many'" in msg
+    assert "train.participation: 1.5 is out of range; it must be > 0 and <= 1" in msg
+    assert "run.seed: -1 is out of range" in msg
+
+
+def test_options_of_another_choice_are_rejected():
+    with pytest.raises(ConfigError) as e:
+        config.load(overrides=["data.partition.name=iid", "data.partition.beta=0.1"])
+    assert "data.partition.beta: unknown key" in str(e.value)
+
+
+def test_switching_a_choice_drops_the_old_options(tmp_path):
+    f = tmp_path / "base.yaml"
+    f.write_text("data:\n  partition: {name: dirichlet, beta: 0.1}\n")
+    cfg, _ = config.load([str(f)], ["data.partition=iid"])
+    assert cfg.data.partition.name == "iid"
+
+
+def test_base_inheritance(tmp_path):
+    (tmp_path / "a.yaml").write_text("train: {rounds: 3, lr: 0.5}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\ntrain: {rounds: 4}\n")
+    cfg, _ = config.load([str(tmp_path / "b.yaml")])
+    assert (cfg.train.rounds, cfg.train.lr) == (4, 0.5)
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [rounds: 3\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load([str(bad)])
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load([str(tmp_path / "nope.yaml")])
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        config.load([str(top)])
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="key.path=value"):
+        config.load(overrides=["train.rounds"])
+
+
+def test_participation_that_samples_nobody():
+    with pytest.raises(ConfigError, match="samples no client"):
+        config.load(overrides=["train.participation=0.01"])
+
+
+def test_algorithm_needing_server_data_says_how():
+    with pytest.raises(ConfigError, match="data.server_holdout_per_class"):
+        config.load(overrides=["algorithm.name=fedcad"])
+
+
+def test_math_fingerprint_ignores_bookkeeping():
+    _, a = config.load()
+    _, b = config.load(overrides=["train.rounds=99", "run.eval_every=5", "resources.threads=3"])
+    _, c = config.load(overrides=["train.lr=0.3"])
+    assert config.diff_keys(config.math_fingerprint(a), config.math_fingerprint(b)) == []
+    assert config.diff_keys(config.math_fingerprint(a), config.math_fingerprint(c)) == ["train.lr"]
+
+
+def test_reference_lists_every_section():
+    ref = config.reference()
+    for key in ("run.seed", "data.partition", "train.lr_decay", "algorithm", "comm.timeout_s"):
+        assert f"`{key}`" in ref

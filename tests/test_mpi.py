@@ -1,0 +1,98 @@
+"""Integration: real mpirun runs on tiny synthetic shards, compared with the debug mode."""
+import json
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, tiny
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("debug")
+    run_debug(tiny(tmp))
+    return tmp / "runs" / "run"
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_mpi_run_equals_debug_run(has_mpirun, debug_run, tmp_path, ranks):
+    p = run_mpi(ranks, tiny(tmp_path))
+    assert f"MPI, {ranks} ranks (1 server + {ranks - 1} workers)" in p.stdout
+    run = tmp_path / "runs" / "run"
+    assert_same_model(final_model(run), final_model(debug_run), atol=1e-6)
+    a, b = metrics(run), metrics(debug_run)
+    assert [r["test_acc"] for r in a] == [r["test_acc"] for r in b]
+    assert np.allclose([r["test_loss"] for r in a], [r["test_loss"] for r in b], rtol=1e-6)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["rounds_done"] == 2
+    clients = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+    assert {c["worker"] for c in clients[0]["clients"]} == set(range(ranks - 1))
+
+
+def test_fewer_clients_than_workers(has_mpirun, tmp_path):
+    run_debug(tiny(tmp_path, "data.num_clients=2", name="debug"))
+    run_mpi(4, tiny(tmp_path, "data.num_clients=2"))
+    assert_same_model(final_model(tmp_path / "runs" / "run"), final_model(tmp_path / "runs" / "debug"), atol=1e-6)
+
+
+def test_same_seed_same_result_other_seed_other_result(debug_run, tmp_path):
+    run_debug(tiny(tmp_path, name="again"))
+    run_debug(tiny(tmp_path, "run.seed=1", name="other"))
+    assert_same_model(final_model(tmp_path / "runs" / "again"), final_model(debug_run))
+    with pytest.raises(AssertionError):
+        assert_same_model(final_model(tmp_path / "runs" / "other"), final_model(debug_run))
+
+
+def test_quick_start_with_11_ranks(has_mpirun, tmp_path):
+    p = run_mpi(11, ["--set", "train.rounds=1", f"run.root={tmp_path}", f"data.prepared_root={tmp_path / 'data'}",
+                     "run.name=qs"], timeout=400)
+    assert "MPI, 11 ranks (1 server + 10 workers)" in p.stdout and "final test accuracy" in p.stdout
+
+
+def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=1", name="prep"))
+    shard = next((tmp_path / "data").glob("*/clients/client_00003.h5"))
+    with h5py.File(shard, "r+") as f:
+        f["images"][0] = 255 - f["images"][0]   # damage the content; the checksum attribute stays
+    start = time.time()
+    p = run_mpi(3, tiny(tmp_path), check=False, timeout=120)
+    assert p.returncode != 0 and time.time() - start < 60
+    assert "does not match its checksum" in p.stderr and "client_00003.h5" in p.stderr
+    assert "[mpifed] rank" in p.stderr
+
+
+def test_config_error_under_mpirun_is_reported_once(has_mpirun, tmp_path):
+    p = run_mpi(3, tiny(tmp_path, "train.lokal_epochs=2"), check=False, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.count("did you mean 'train.local_epochs'") == 1
+
+
+def test_nan_loss_is_a_clear_error(tmp_path):
+    p = run_debug(tiny(tmp_path, "train.lr=1e12", "train.momentum=0"), check=False)
+    assert p.returncode == 2
+    assert "the local loss is nan" in p.stderr.lower() and "Lower train.lr" in p.stderr
+
+
+def test_existing_run_directory_is_not_overwritten(debug_run, tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=1"))
+    p = run_debug(tiny(tmp_path, "train.rounds=1"), check=False)
+    assert p.returncode == 2 and "already holds a run" in p.stderr and "--resume" in p.stderr
+    run_debug(tiny(tmp_path, "train.rounds=1") + ["--overwrite"])
+
+
+def test_client_state_follows_clients_across_workers(has_mpirun, tmp_path):
+    """SCAFFOLD's per-client control variates, with clients changing workers between rounds."""
+    args = ("algorithm.name=scaffold", "train.participation=0.6", "train.rounds=4")
+    run_debug(tiny(tmp_path, *args, name="debug"))
+    run_mpi(3, tiny(tmp_path, *args))
+    clients = [json.loads(line) for line in (tmp_path / "runs" / "run" / "clients.jsonl").read_text().splitlines()]
+    where = {}
+    for rnd in clients:
+        for c in rnd["clients"]:
+            where.setdefault(c["cid"], set()).add(c["worker"])
+    assert any(len(w) > 1 for w in where.values()), "no client moved between workers; the test proves nothing"
+    assert_same_model(final_model(tmp_path / "runs" / "run"), final_model(tmp_path / "runs" / "debug"), atol=1e-6)

@@ -1,0 +1,97 @@
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from mpifed import config
+from mpifed.data.prepared import Manifest, PreparedDataError, ensure_prepared, prepare, prepared_dir, verify_files
+from mpifed.data.shards import ShardError, read_rows, read_shard, write_shard
+
+
+def cfg_for(tmp_path, *extra):
+    cfg, _ = config.load(overrides=["data.dataset.name=synthetic", "data.dataset.train_samples=300",
+                                    "data.dataset.test_samples=50", "data.num_clients=4", "data.partition.min_size=5",
+                                    f"data.prepared_root={tmp_path}", *extra])
+    return cfg
+
+
+def test_round_trip_and_attributes(tmp_path):
+    x = np.random.default_rng(0).integers(0, 255, (20, 3, 4, 4), dtype=np.uint8)
+    y = np.arange(20, dtype=np.int64) % 3
+    write_shard(tmp_path / "s.h5", x, y, {"client_id": 7, "class_counts": [7, 7, 6], "partition": {"name": "iid"}})
+    s = read_shard(tmp_path / "s.h5")
+    assert np.array_equal(s.images, x) and np.array_equal(s.labels, y) and s.labels.dtype == np.int64
+    assert s.attrs["client_id"] == 7 and s.attrs["class_counts"] == [7, 7, 6] and s.attrs["partition"] == {"name": "iid"}
+    assert s.attrs["num_samples"] == 20
+    xi, yi, g = read_rows(tmp_path / "s.h5", 5, 9)
+    assert np.array_equal(xi, x[5:9]) and np.array_equal(yi, y[5:9]) and g is None
+
+
+def test_corrupt_truncated_and_missing_shards_are_reported(tmp_path):
+    x = np.random.default_rng(1).integers(0, 255, (50, 1, 8, 8), dtype=np.uint8)
+    y = np.zeros(50, dtype=np.int64)
+    path = tmp_path / "s.h5"
+    write_shard(path, x, y, {"client_id": 0})
+    raw = bytearray(path.read_bytes())
+    idx = raw.find(x.tobytes()[:64])  # the image data inside the file
+    assert idx > 0
+    raw[idx + 10] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ShardError, match="checksum"):
+        read_shard(path)
+    path.write_bytes(bytes(raw[: len(raw) // 2]))
+    with pytest.raises(ShardError, match="corrupt or truncated"):
+        read_shard(path)
+    with pytest.raises(ShardError, match="missing.*mpifed.prepare"):
+        read_shard(tmp_path / "nope.h5")
+
+
+def test_prepare_writes_shards_and_manifest(tmp_path):
+    cfg = cfg_for(tmp_path, "data.server_holdout_per_class=3")
+    m = prepare(cfg, log=lambda s: None)
+    assert m.num_clients == 4 and m.client_class_counts.shape == (4, 10)
+    assert m.client_sizes.sum() + m.server_size == 300 and m.server_size == 30
+    assert m.test_size == 50 and m.image_shape == (1, 8, 8)
+    for k in range(4):
+        s = read_shard(m.client_path(k))
+        assert s.attrs["client_id"] == k and s.attrs["dataset"] == "synthetic" and s.attrs["seed"] == 0
+        assert np.bincount(s.labels, minlength=10).tolist() == m.client_class_counts[k].tolist()
+    raw = json.loads((m.root / "manifest.json").read_text())
+    assert raw["stats"]["clients"] == 4 and "label_skew_tv_mean" in raw["stats"]
+    verify_files(m)
+
+
+def tree_digest(root):
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def test_same_config_prepared_twice_gives_identical_files(tmp_path):
+    a = prepare(cfg_for(tmp_path / "a"), log=lambda s: None)
+    b = prepare(cfg_for(tmp_path / "b"), log=lambda s: None)
+    assert a.root.name == b.root.name
+    assert tree_digest(a.root) == tree_digest(b.root)
+
+
+def test_reuse_and_mismatch(tmp_path):
+    cfg = cfg_for(tmp_path)
+    m = ensure_prepared(cfg, log=lambda s: None)
+    mtime = (m.root / "manifest.json").stat().st_mtime_ns
+    assert ensure_prepared(cfg, log=lambda s: None).root == m.root
+    assert (m.root / "manifest.json").stat().st_mtime_ns == mtime
+    other = cfg_for(tmp_path, "data.partition.beta=0.1")
+    assert prepared_dir(other) != m.root  # another setting gets its own folder
+    pinned = cfg_for(tmp_path, "data.partition.beta=0.1", f"data.prepared_dir={m.root}")
+    with pytest.raises(PreparedDataError, match=r"differing: partition.beta.*--force"):
+        ensure_prepared(pinned, log=lambda s: None)
+
+
+def test_missing_client_shard_is_caught_before_training(tmp_path):
+    m = prepare(cfg_for(tmp_path), log=lambda s: None)
+    m.client_path(2).unlink()
+    with pytest.raises(ShardError, match="missing.*--force"):
+        verify_files(Manifest.load(m.root))
