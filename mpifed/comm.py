@@ -20,6 +20,12 @@ import numpy as np
 _SYNC_TAG = 7301
 
 
+def _summable(buf: np.ndarray) -> np.ndarray:
+    if buf.dtype not in (np.float64, np.int64):
+        raise TypeError(f"reductions sum float64 or int64 buffers, not {buf.dtype} (view a packed buffer as float64)")
+    return buf
+
+
 class Comm:
     """The single-process group: every collective returns its own input."""
 
@@ -46,10 +52,10 @@ class Comm:
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
         """Element-wise sum of every rank's ``buf`` (float64 or int64) on ``root``; None elsewhere."""
-        return buf
+        return _summable(buf)
 
     def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
-        return buf
+        return _summable(buf)
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         return [obj]
@@ -113,6 +119,7 @@ class MpiComm(Comm):
         self.comm.Bcast(buf, root=root)
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+        _summable(buf)
         if self.rank == root:
             self.comm.Reduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM, root=root)
             return buf
@@ -120,6 +127,7 @@ class MpiComm(Comm):
         return None
 
     def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
+        _summable(buf)
         self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
         return buf
 

@@ -1,6 +1,7 @@
 """Typed run configuration: defaults, YAML layers, ``--set`` overrides and validation.
 
-A configuration is a tree of dataclasses. Some sections are *choices*: a ``name``
+A configuration is a tree of dataclasses (a dataclass may define ``check() -> list[str]``
+for rules between its own keys). Some sections are *choices*: a ``name``
 picks an entry of a registry (an algorithm, a partition, a data set, a model) and the
 remaining keys are that entry's own options, validated against its ``Options``
 dataclass. Everything is checked before any work starts; every problem is reported
@@ -223,7 +224,10 @@ class _Builder:
         for name, f in fields.items():
             if name in data:
                 kwargs[name] = self.value(hints[name], data[name], _join(path, name), f)
-        return cls(**kwargs)
+        obj = cls(**kwargs)
+        if hasattr(obj, "check") and not self.errors:
+            self.errors.extend(f"{path}: {m}" for m in obj.check())
+        return obj
 
     def choice(self, f: dataclasses.Field, data: Any, path: str) -> Choice:
         registry = f.metadata["registry"]()

@@ -64,6 +64,8 @@ class Server:
             algo.server_start(self.global_floats, tools)
         else:
             self._restore(resume)
+            algo.server_start(self.global_floats, tools)
+            algo.load_state_dict(resume["algorithm"])
         world.context = self.describe_checkpoint
 
     # ------------------------------------------------------------------ the run
@@ -200,7 +202,6 @@ class Server:
     def _restore(self, state: dict[str, Any]) -> None:
         self.global_floats = state["global_floats"].to(self.device)
         self.global_ints = state["global_ints"].to(self.device)
-        self.algo.load_state_dict(state["algorithm"])
         self.metrics = state["metrics"]
         self.clients_log = state["clients"]
         self.start_round = state["rounds_done"]

@@ -97,7 +97,8 @@ class Worker:
                     sums[k] += v.detach().cpu().double()
             buf = self.stats.pack(sums)
             self.peers.sync("client statistics")
-            self.algo.use_statistics({k: v.to(self.device) for k, v in self.stats.views(self.peers.allreduce_sum(buf)).items()})
+            summed = self.peers.allreduce_sum(buf.view(np.float64)).view(np.uint8)
+            self.algo.use_statistics({k: v.to(self.device) for k, v in self.stats.views(summed).items()})
         up_buf = self.up.empty()
         totals = self.up.views(up_buf)
         reports = []

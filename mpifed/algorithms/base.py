@@ -128,7 +128,7 @@ class Algorithm:
 
     # ---------------------------------------------------------------- server side
     def server_start(self, global_floats: torch.Tensor, tools: ServerTools) -> None:
-        """Called once on the server before the first round (not on resume)."""
+        """Called once on the server before its first round; on resume ``load_state_dict`` follows."""
 
     def downlink(self, rnd: int, global_floats: torch.Tensor) -> dict[str, torch.Tensor]:
         """The extra tensors of ``downlink_spec`` for round ``rnd``."""

@@ -1,0 +1,106 @@
+"""The distillation losses of the papers, as pure functions on logits.
+
+Conventions: every loss is a mean over the batch (KL terms are "batchmean": summed over
+classes, averaged over samples); temperature-scaled KL terms carry the tau^2 factor; the
+teacher side never carries a gradient. Paper references are to ``../shared/papers``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _kl_per_sample(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float) -> torch.Tensor:
+    """tau^2 * KL(softmax(teacher/tau) || softmax(student/tau)) for each sample."""
+    log_p = F.log_softmax(student_logits / tau, dim=1)
+    log_q = F.log_softmax(teacher_logits / tau, dim=1)
+    return tau * tau * (log_q.exp() * (log_q - log_p)).sum(dim=1)
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float) -> torch.Tensor:
+    """Hinton et al.'s distillation term: tau^2 * KL(softmax(t/tau) || softmax(s/tau)), batch mean.
+
+    FedGKD Eqs. 3-4 use it with tau = 1 and weight gamma/2.
+    """
+    return _kl_per_sample(student_logits, teacher_logits.detach(), tau).mean()
+
+
+def not_true_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The C-1 logits of each sample other than its true class, in class order (B x (C-1))."""
+    b, c = logits.shape
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    keep[torch.arange(b, device=logits.device), targets] = False
+    return logits[keep].view(b, c - 1)
+
+
+def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, tau: float) -> torch.Tensor:
+    """FedNTD's not-true distillation (Eq. 11): the KD term over the not-true classes only.
+
+    The true-class logit is removed from both sides before the softmax (not zeroed), so
+    the loss does not depend on it and gives it no gradient.
+    """
+    return kd_loss(not_true_logits(student_logits, targets), not_true_logits(teacher_logits, targets), tau)
+
+
+def csd_similarity(student_logits: torch.Tensor, global_prototypes: torch.Tensor) -> torch.Tensor:
+    """FedCSD Eqs. 8-9: softmax over classes of the cosine similarity between each sample's
+    logits and each row of the C x C global prototype matrix (a zero row has similarity 0)."""
+    sim = F.normalize(student_logits, dim=1) @ F.normalize(global_prototypes, dim=1).T
+    return F.softmax(sim, dim=1)
+
+
+def csd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
+             global_prototypes: torch.Tensor, tau: float, similarity_grad: bool = False) -> torch.Tensor:
+    """FedCSD's class-prototype similarity distillation with the adaptive mask (Eqs. 8-14).
+
+    The teacher logits are refined element-wise by the similarity score (Eq. 10); the
+    per-sample term is tau^2 * KL(softmax(refined/tau) || softmax(student/tau)) (Eq. 11 as
+    a KL, which differs from the paper's cross-entropy form by the teacher's entropy, a
+    constant for the student); the mask (Eq. 13) keeps samples whose teacher softmax
+    probability (no temperature, unrefined logits) of the true class exceeds 1/C; the
+    mean is over the whole batch, masked samples included (Eq. 14).
+
+    ``similarity_grad=False`` (default) treats the similarity score as part of the target
+    and detaches it; the official code lets the gradient flow through it into the student
+    (``similarity_grad=True``).
+    """
+    c = student_logits.shape[1]
+    teacher_logits = teacher_logits.detach()
+    score = csd_similarity(student_logits if similarity_grad else student_logits.detach(), global_prototypes)
+    refined = score * teacher_logits
+    log_p = F.log_softmax(student_logits / tau, dim=1)
+    log_q = F.log_softmax(refined / tau, dim=1)
+    per_sample = tau * tau * (log_q.exp() * (log_q - log_p)).sum(dim=1)
+    true_prob = F.softmax(teacher_logits, dim=1).gather(1, targets.view(-1, 1)).squeeze(1)
+    mask = (true_prob > 1.0 / c).to(per_sample.dtype)
+    return (mask * per_sample).mean()
+
+
+def cad_class_weights(teacher_probs: torch.Tensor, labels: torch.Tensor, beta: float, gamma: float,
+                      num_classes: int) -> torch.Tensor:
+    """FedCAD Eq. 6: alpha_y = (gamma-beta)/2 * E_{x|y}[p_y(x) - sum_{k!=y} p_k(x)] + (gamma+beta)/2.
+
+    The expectation is over the auxiliary samples of class y; a class with no auxiliary
+    sample gets the lower bound ``beta``. Since the probabilities sum to one, alpha_y =
+    beta + (gamma - beta) * E[p_y], which lies in [beta, gamma].
+    """
+    p_true = teacher_probs.gather(1, labels.view(-1, 1)).squeeze(1)
+    margin = 2 * p_true - teacher_probs.sum(dim=1)           # p_y - sum_{k != y} p_k
+    sums = torch.zeros(num_classes, dtype=teacher_probs.dtype, device=teacher_probs.device).index_add_(0, labels, margin)
+    counts = torch.bincount(labels, minlength=num_classes).to(teacher_probs.dtype)
+    mean = sums / counts.clamp(min=1)
+    alpha = (gamma - beta) / 2 * mean + (gamma + beta) / 2
+    return torch.where(counts > 0, alpha, torch.full_like(alpha, beta))
+
+
+def cad_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
+             class_weights: torch.Tensor, tau: float) -> torch.Tensor:
+    """FedCAD Eq. 5: per sample (1 - alpha_y) * CE + alpha_y * tau^2 * KL(teacher || student at tau), batch mean.
+
+    The cross-entropy is at temperature 1 (the paper's Alg. 1 uses CrossEntropyLoss on the
+    logits). With a constant alpha this is FedLSD; with alpha = 0, plain cross-entropy.
+    """
+    alpha = class_weights[targets]
+    ce = F.cross_entropy(student_logits, targets, reduction="none")
+    kl = _kl_per_sample(student_logits, teacher_logits.detach(), tau)
+    return ((1 - alpha) * ce + alpha * kl).mean()
