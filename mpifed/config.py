@@ -433,7 +433,13 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     data = merge(to_dict(Config()), base) if base else to_dict(Config())
     for p in paths or []:
         data = merge(data, read_yaml(p))
-    for o in overrides or []:
+    # a choice's name first, so that `--set x.opt=1 x.name=y` keeps x.opt
+    def picks_choice(o: str) -> bool:
+        key = o.split("=", 1)[0].strip()
+        return key.endswith(".name") or _is_choice_path(tuple(key.split(".")))
+
+    ordered = sorted(overrides or [], key=lambda o: not picks_choice(o))
+    for o in ordered:
         data = merge(data, parse_override(o))
     cfg = build(data)
     return cfg, cfg.to_dict()

@@ -102,3 +102,10 @@ def test_reference_lists_every_section():
     ref = config.reference()
     for key in ("run.seed", "data.partition", "train.lr_decay", "algorithm", "comm.timeout_s"):
         assert f"`{key}`" in ref
+
+
+def test_choice_name_applies_before_its_options_within_overrides():
+    cfg, _ = config.load(overrides=["data.dataset.train_samples=50", "data.dataset.name=synthetic"])
+    assert cfg.data.dataset.name == "synthetic" and cfg.data.dataset.options.train_samples == 50
+    cfg, _ = config.load(overrides=["data.partition.k=3", "data.partition=label_k"])
+    assert cfg.data.partition.options.k == 3

@@ -8,9 +8,9 @@ def labels(n=2000, classes=10, seed=0):
     return np.random.default_rng(seed).integers(0, classes, size=n)
 
 
-def split(name, y, k, seed=1, **opts):
+def split(name, y, clients, seed=1, groups=None, **opts):
     p = PARTITIONS[name]
-    return p.split(y, k, np.random.default_rng(seed), p.Options(**opts))
+    return p.split(y, clients, np.random.default_rng(seed), p.Options(**opts), groups)
 
 
 @pytest.mark.parametrize("name,opts", [("iid", {}), ("dirichlet", {"beta": 0.3}), ("shards", {"shards_per_client": 2})])
@@ -79,3 +79,35 @@ def test_hold_out_per_class():
     assert len(np.intersect1d(held, rest)) == 0 and len(held) + len(rest) == 1000
     with pytest.raises(PartitionError, match="server_holdout_per_class"):
         hold_out_per_class(y, 500, np.random.default_rng(0))
+
+
+def test_label_k_gives_each_client_k_classes():
+    y = labels(3000)
+    parts = split("label_k", y, 8, k=3)
+    assert all(len(np.unique(y[p])) == 3 for p in parts)
+    allidx = np.concatenate(parts)
+    assert len(np.unique(allidx)) == len(allidx) == len(y)   # 8 x 3 >= 10 classes: every class drawn here
+    with pytest.raises(PartitionError, match="exceeds"):
+        split("label_k", y, 4, k=11)
+
+
+@pytest.mark.parametrize("opts", [{"distribution": "dirichlet", "beta": 0.3}, {"distribution": "power_law", "exponent": 1.5}])
+def test_quantity_skew_keeps_labels_iid(opts):
+    y = labels(20000)
+    parts = split("quantity", y, 10, min_size=50, **opts)
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.sum() == len(y) and sizes.min() >= 50 and sizes.max() > 3 * sizes.min()
+    big = parts[int(np.argmax(sizes))]
+    assert np.abs(np.bincount(y[big], minlength=10) / len(big) - 0.1).max() < 0.03
+
+
+def test_natural_and_domain_need_groups():
+    y = labels(100)
+    groups = np.repeat(np.arange(10), 10)
+    parts = split("natural", y, 3, groups=groups)
+    assert sorted(len(np.unique(groups[p])) for p in parts) == [3, 3, 4]
+    assert len(np.concatenate(parts)) == 100
+    with pytest.raises(PartitionError, match="writers"):
+        split("natural", y, 3)
+    dom = split("domain", y, 10, groups=groups)
+    assert [set(groups[p]) for p in dom] == [{g} for g in range(10)]

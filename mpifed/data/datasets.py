@@ -138,3 +138,6 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
 
 register("mnist")(_idx_dataset("MNIST", "data/raw/mnist", "MNIST"))
 register("fashion_mnist")(_idx_dataset("Fashion-MNIST", "/usr/share/datasets/fashion-mnist", "FashionMNIST"))
+
+
+from mpifed.data import cifar, folders, leaf  # noqa: E402,F401  (register the paper data sets)

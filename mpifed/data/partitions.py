@@ -8,7 +8,7 @@ exactly one, except where a partition says otherwise).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -119,6 +119,102 @@ class Shards:
         shards = np.array_split(order, total)
         deal = rng.permutation(total).reshape(num_clients, options.shards_per_client)
         return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
+
+
+@register("label_k")
+class LabelK:
+    """Each client holds ``k`` classes (NIID-Bench's #C=k): client i gets class i mod C plus k-1
+    other random classes; each class's samples are split evenly among the clients holding it.
+    Samples of a class no client drew are left out (only possible when K * k < C)."""
+
+    @dataclass
+    class Options:
+        k: int = opt(2, "classes per client", min=1)
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "LabelK.Options",
+              groups: np.ndarray | None = None) -> list[np.ndarray]:
+        classes = np.unique(labels)
+        if options.k > len(classes):
+            raise PartitionError(f"data.partition.k={options.k} exceeds the {len(classes)} classes")
+        held = []
+        for i in range(num_clients):
+            first = classes[i % len(classes)]
+            others = rng.permutation(classes[classes != first])[: options.k - 1]
+            held.append({int(first), *map(int, others)})
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in classes:
+            owners = [i for i in range(num_clients) if int(c) in held[i]]
+            if owners:
+                for i, piece in zip(owners, np.array_split(rng.permutation(np.flatnonzero(labels == c)), len(owners))):
+                    parts[i].append(piece)
+        return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+@register("quantity")
+class Quantity:
+    """Quantity skew with IID labels: client sizes from Dir(beta) proportions (NIID-Bench), or a
+    power law (size of the i-th client proportional to (i + 1)^-exponent, clients shuffled);
+    samples dealt at random. Every client gets at least ``min_size`` samples."""
+
+    @dataclass
+    class Options:
+        distribution: Literal["dirichlet", "power_law"] = opt("dirichlet", "how client sizes are drawn")
+        beta: float = opt(0.5, "Dirichlet concentration of the size proportions", min=0, exclusive_min=True)
+        exponent: float = opt(1.0, "power-law exponent", min=0)
+        min_size: int = opt(10, "every client gets at least this many samples", min=1)
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "Quantity.Options",
+              groups: np.ndarray | None = None) -> list[np.ndarray]:
+        n = len(labels)
+        if options.min_size * num_clients > n:
+            raise PartitionError(f"{num_clients} clients x data.partition.min_size={options.min_size} exceed {n} samples")
+        if options.distribution == "dirichlet":
+            p = rng.dirichlet(np.full(num_clients, options.beta))
+        else:
+            p = rng.permutation((np.arange(num_clients) + 1.0) ** -options.exponent)
+            p = p / p.sum()
+        spare = n - options.min_size * num_clients
+        sizes = options.min_size + np.floor(p * spare).astype(np.int64)
+        sizes[: n - sizes.sum()] += 1
+        return [np.sort(piece) for piece in np.split(rng.permutation(n), np.cumsum(sizes)[:-1])]
+
+
+@register("natural")
+class Natural:
+    """The data set's own groups (FEMNIST's writers): groups are shuffled and dealt to the clients
+    in K nearly equal runs (NIID-Bench's "real" FEMNIST split; FedCAD's ~2,000 writers into
+    10 clients)."""
+
+    Options = NoOptions
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: NoOptions,
+              groups: np.ndarray | None = None) -> list[np.ndarray]:
+        if groups is None:
+            raise PartitionError("partition 'natural' needs a data set with writers or users (femnist); use dirichlet otherwise")
+        ids = np.unique(groups)
+        if len(ids) < num_clients:
+            raise PartitionError(f"{len(ids)} writers cannot be split over {num_clients} clients; lower data.num_clients")
+        return [np.sort(np.flatnonzero(np.isin(groups, run))) for run in np.array_split(rng.permutation(ids), num_clients)]
+
+
+@register("domain")
+class Domain:
+    """One client per domain (Office-Caltech-10's amazon, caltech, dslr, webcam), in the data set's order."""
+
+    Options = NoOptions
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: NoOptions,
+              groups: np.ndarray | None = None) -> list[np.ndarray]:
+        if groups is None:
+            raise PartitionError("partition 'domain' needs a data set with domains (office_caltech)")
+        ids = np.unique(groups)
+        if len(ids) != num_clients:
+            raise PartitionError(f"partition 'domain' makes one client per domain: set data.num_clients={len(ids)}")
+        return [np.flatnonzero(groups == g) for g in ids]
 
 
 def split_summary(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:

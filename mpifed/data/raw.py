@@ -11,7 +11,8 @@ class RawData:
     """Decoded images (uint8, N x C x H x W) and int64 labels of a train and a test split.
 
     ``train_groups``/``test_groups`` give each sample's natural group (a writer, a domain)
-    where the data set has one; ``group_names`` names them.
+    where the data set has one; ``group_names`` names the groups that evaluation reports
+    separately (the ids in ``test_groups``; empty when test accuracy is not split by group).
     """
 
     train_x: np.ndarray

@@ -24,4 +24,4 @@ def build_model(name: str, options, image_shape: tuple[int, int, int], num_class
     return MODELS[name].build(options, tuple(image_shape), num_classes)
 
 
-from mpifed.models import cnn  # noqa: E402,F401  (registers the models)
+from mpifed.models import cnn, resnet, vision  # noqa: E402,F401  (registers the models)

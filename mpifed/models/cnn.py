@@ -42,3 +42,29 @@ class FedAvgCNN:
             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
         n = _flat_size(features, image_shape)
         return nn.Sequential(features, nn.Linear(n, 512), nn.ReLU(), nn.Linear(512, num_classes))
+
+
+@register("lenet5")
+class LeNet5:
+    """FedCAD's CIFAR-10 CNN (NIID-Bench/MOON's simple CNN): Conv 5x5 6, max-pool, Conv 5x5 16,
+    max-pool, FC 120, FC 84, FC classes (no padding: 16 x 5 x 5 features for 32x32 inputs)."""
+
+    Options = NoOptions
+
+    @staticmethod
+    def build(options: NoOptions, image_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+        features = nn.Sequential(
+            nn.Conv2d(image_shape[0], 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
+        n = _flat_size(features, image_shape)
+        return nn.Sequential(features, nn.Linear(n, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, num_classes))
+
+
+@register("femnist_cnn")
+class FemnistCNN:
+    """The simple 2-conv CNN FedCSD uses on FEMNIST (its ref. [18], MOON; NIID-Bench's
+    SimpleCNNMNIST): Conv 5x5 6, max-pool, Conv 5x5 16, max-pool, FC 120, FC 84, FC classes
+    (16 x 4 x 4 features for 28x28 inputs; 62 classes for FEMNIST)."""
+
+    Options = NoOptions
+    build = LeNet5.build

@@ -1,0 +1,140 @@
+"""Each loader on small files written here in the data set's real on-disk format."""
+import json
+import pickle
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mpifed import config
+from mpifed.data.datasets import DATASETS, DataMissing
+from mpifed.data.idx import write_idx
+from mpifed.data.prepared import prepare
+
+RNG = np.random.default_rng(0)
+
+
+def load(name, **options):
+    cls = DATASETS[name]
+    return cls.load(cls.Options(**options))
+
+
+def write_cifar_batch(path, n, label_key, classes):
+    data = RNG.integers(0, 255, (n, 3072), dtype=np.uint8)
+    labels = RNG.integers(0, classes, n).tolist()
+    with open(path, "wb") as f:
+        pickle.dump({b"data": data, label_key: labels, b"batch_label": b"x"}, f)
+    return data, labels
+
+
+def test_cifar10_pickle_batches(tmp_path):
+    base = tmp_path / "cifar-10-batches-py"
+    base.mkdir()
+    batches = [write_cifar_batch(base / f"data_batch_{i}", 7, b"labels", 10) for i in range(1, 6)]
+    write_cifar_batch(base / "test_batch", 5, b"labels", 10)
+    raw = load("cifar10", root=str(tmp_path))
+    assert raw.train_x.shape == (35, 3, 32, 32) and raw.test_x.shape == (5, 3, 32, 32) and raw.num_classes == 10
+    first = batches[0][0][0]
+    assert np.array_equal(raw.train_x[0, 0].ravel(), first[:1024])       # red plane first, as CIFAR stores it
+    assert np.array_equal(raw.train_x[0, 2].ravel(), first[2048:])
+    assert raw.train_y[:7].tolist() == batches[0][1]
+
+
+def test_cifar100_fine_and_coarse(tmp_path):
+    base = tmp_path / "cifar-100-python"
+    base.mkdir()
+    for name, n in (("train", 9), ("test", 4)):
+        data = RNG.integers(0, 255, (n, 3072), dtype=np.uint8)
+        with open(base / name, "wb") as f:
+            pickle.dump({b"data": data, b"fine_labels": list(range(n)), b"coarse_labels": [i % 20 for i in range(n)]}, f)
+    fine = load("cifar100", root=str(tmp_path))
+    coarse = load("cifar100", root=str(tmp_path), labels="coarse")
+    assert fine.num_classes == 100 and coarse.num_classes == 20 and fine.train_y.tolist() == list(range(9))
+
+
+def test_cifar_missing_says_where(tmp_path):
+    with pytest.raises(DataMissing, match="data.dataset.root"):
+        load("cifar10", root=str(tmp_path))
+
+
+def test_mnist_idx_files(tmp_path):
+    for prefix, n in (("train", 12), ("t10k", 4)):
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", RNG.integers(0, 255, (n, 28, 28), dtype=np.uint8))
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", np.arange(n, dtype=np.uint8) % 10)
+    raw = load("fashion_mnist", root=str(tmp_path))
+    assert raw.train_x.shape == (12, 1, 28, 28) and raw.test_y.tolist() == [0, 1, 2, 3]
+    with pytest.raises(DataMissing, match="download=true"):
+        load("mnist", root=str(tmp_path / "nowhere"))
+
+
+def write_leaf(folder, users, per_user):
+    folder.mkdir(parents=True)
+    data = {"users": users, "num_samples": [per_user] * len(users), "user_data": {}}
+    for i, u in enumerate(users):
+        data["user_data"][u] = {"x": RNG.random((per_user, 784)).round(3).tolist(), "y": [(i * 7 + j) % 62 for j in range(per_user)]}
+    (folder / "all_data_0.json").write_text(json.dumps(data))
+
+
+def test_femnist_leaf_json_and_natural_partition(tmp_path):
+    root = tmp_path / "femnist"
+    write_leaf(root / "train", [f"f{i:04d}_00" for i in range(6)], 5)
+    write_leaf(root / "test", [f"f{i:04d}_00" for i in range(6)], 2)
+    raw = load("femnist", root=str(root))
+    assert raw.num_classes == 62 and raw.train_x.shape == (30, 1, 28, 28) and raw.train_x.dtype == np.uint8
+    assert sorted(np.unique(raw.train_groups).tolist()) == list(range(6)) and raw.test_groups is None
+    cfg, _ = config.load(overrides=["data.dataset.name=femnist", f"data.dataset.root={root}", "data.num_clients=3",
+                                    "data.partition=natural", "model=femnist_cnn", f"data.prepared_root={tmp_path / 'p'}"])
+    m = prepare(cfg, log=lambda s: None)
+    assert m.client_sizes.tolist() == [10, 10, 10]      # two whole writers per client
+    digits = load("femnist", root=str(root), digits_only=True)
+    assert digits.num_classes == 10 and digits.train_y.max() < 10
+
+
+def write_png(path, colour, size=32):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (size, size), colour).save(path)
+
+
+def test_cinic10_folders(tmp_path):
+    for split in ("train", "valid", "test"):
+        for c, name in enumerate(("airplane", "cat")):
+            for i in range(3):
+                write_png(tmp_path / split / name / f"{split}_{i}.png", (c * 100, i * 50, 7))
+    raw = load("cinic10", root=str(tmp_path))
+    assert raw.train_x.shape == (6, 3, 32, 32) and raw.num_classes == 2
+    assert raw.train_x[3, 0, 0, 0] == 100 and raw.train_y.tolist() == [0, 0, 0, 1, 1, 1]
+    assert load("cinic10", root=str(tmp_path), include_valid=True).train_x.shape[0] == 12
+
+
+def test_tiny_imagenet_layout(tmp_path):
+    wnids = ["n01", "n02"]
+    (tmp_path / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    for w in wnids:
+        for i in range(2):
+            write_png(tmp_path / "train" / w / "images" / f"{w}_{i}.JPEG", (5, 5, 5), size=64)
+    ann = []
+    for i, w in enumerate(wnids * 2):
+        write_png(tmp_path / "val" / "images" / f"val_{i}.JPEG", (9, 9, 9), size=64)
+        ann.append(f"val_{i}.JPEG\t{w}\t0\t0\t10\t10")
+    (tmp_path / "val" / "val_annotations.txt").write_text("\n".join(ann) + "\n")
+    raw = load("tiny_imagenet", root=str(tmp_path))
+    assert raw.train_x.shape == (4, 3, 64, 64) and raw.test_y.tolist() == [0, 1, 0, 1] and raw.num_classes == 2
+
+
+def test_office_caltech_domains_and_domain_partition(tmp_path):
+    for d in ("amazon", "caltech", "dslr", "webcam"):
+        for c in ("back_pack", "bike"):
+            for i in range(5):
+                write_png(tmp_path / d / c / f"{i}.jpg", (i, 0, 0), size=40)
+    raw = load("office_caltech", root=str(tmp_path), size=32)
+    assert raw.train_x.shape[1:] == (3, 32, 32) and raw.group_names == ["amazon", "caltech", "dslr", "webcam"]
+    assert np.bincount(raw.test_groups).tolist() == [2, 2, 2, 2]       # 20% of each class of each domain
+    cfg, _ = config.load(overrides=["data.dataset.name=office_caltech", f"data.dataset.root={tmp_path}", "data.dataset.size=32",
+                                    "data.num_clients=4", "data.partition=domain", f"data.prepared_root={tmp_path / 'p'}"])
+    m = prepare(cfg, log=lambda s: None)
+    assert m.client_sizes.tolist() == [8, 8, 8, 8] and m.group_names == raw.group_names
+    assert m.test_group_counts.tolist() == [2, 2, 2, 2]
+    cfg3, _ = config.load(overrides=[f"data.dataset.root={tmp_path}", "data.dataset.name=office_caltech", "data.dataset.size=32",
+                                     "data.num_clients=3", "data.partition=domain", f"data.prepared_root={tmp_path / 'q'}"])
+    with pytest.raises(Exception, match="num_clients=4"):
+        prepare(cfg3, log=lambda s: None)
