@@ -42,22 +42,23 @@ class FedGKD(Algorithm):
         self.buffer: list[torch.Tensor] = []
         self.teacher: Teacher | None = None
         self.active = False
+        self.teacher_models = 0      # global models behind this round's teacher (for the log)
 
     def downlink_spec(self):
         return {"teacher": (self.setup.num_floats,), "active": (1,)}
 
     def downlink(self, rnd, global_floats):
-        if self.buffer:
-            return {"teacher": torch.stack(self.buffer).mean(0), "active": torch.ones(1)}
-        if self.options.distill_first_round:
-            return {"teacher": global_floats, "active": torch.ones(1)}
+        models = self.buffer or ([global_floats] if self.options.distill_first_round else [])
+        self.teacher_models = len(models)
+        if models:
+            return {"teacher": torch.stack(models).mean(0), "active": torch.ones(1)}
         return {"teacher": torch.zeros_like(global_floats), "active": torch.zeros(1)}
 
     def after_round(self, rnd, global_floats):
         self.buffer = (self.buffer + [global_floats.clone()])[-self.options.buffer_size:]
 
     def round_log(self) -> dict[str, Any]:
-        return {"teacher_models": len(self.buffer)}
+        return {"teacher_models": self.teacher_models}
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffer": [b.cpu() for b in self.buffer]}
@@ -117,6 +118,7 @@ class FedGKDVote(FedGKD):
     def downlink(self, rnd, global_floats):
         m = self.options.buffer_size
         models = self.buffer or ([global_floats] if self.options.distill_first_round else [])
+        self.teacher_models = len(models)
         teachers = torch.zeros(m, self.setup.num_floats, device=global_floats.device)
         self.weights = torch.zeros(m)
         if models:
@@ -129,7 +131,7 @@ class FedGKDVote(FedGKD):
         return {"teachers": teachers, "weights": self.weights}
 
     def round_log(self) -> dict[str, Any]:
-        return {"teacher_models": len(self.buffer), "teacher_weights": [round(float(w), 6) for w in self.weights],
+        return {"teacher_models": self.teacher_models, "teacher_weights": [round(float(w), 6) for w in self.weights],
                 "teacher_validation_losses": [round(v, 6) for v in self.validation_losses]}
 
     def round_start(self, rnd, down):

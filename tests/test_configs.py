@@ -1,0 +1,77 @@
+"""Every config under configs/ validates; tables expand; a paper config runs on synthetic data of its shape."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, env, run_debug
+from mpifed import config
+from mpifed.table import load_table, main as table_main, validate
+
+CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.endswith(".table.yaml") and p.parent.name != "methods")
+TABLES = sorted((REPO / "configs").rglob("*.table.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(REPO / "configs")) for p in CONFIGS])
+def test_config_validates(path):
+    config.load([str(path)])
+
+
+@pytest.mark.parametrize("path", TABLES, ids=[str(p.relative_to(REPO / "configs")) for p in TABLES])
+def test_table_expands_and_every_run_validates(path):
+    table = load_table(path)
+    validate(table, [])
+    assert len(table.runs) == len({r.name for r in table.runs}) > 0
+
+
+def test_every_setting_and_method_file_is_used_by_a_table():
+    used = {c.resolve() for t in TABLES for r in load_table(t).runs for c in r.configs}
+    papers = [p for p in (REPO / "configs" / "papers").rglob("*.yaml")
+              if not p.name.endswith(".table.yaml") and p.name != "base.yaml"]
+    unused = [str(p.relative_to(REPO)) for p in papers if p.resolve() not in used and not any(
+        f"base: {p.name}" in q.read_text() for q in p.parent.glob("*.yaml"))]
+    assert not unused, f"not in any table: {unused}"
+
+
+def test_fedntd_cifar10_setting_resolves_to_the_paper_values():
+    cfg, _ = config.load([str(REPO / "configs/papers/fedntd/cifar10-shard2.yaml"), str(REPO / "configs/papers/fedntd/methods/fedntd.yaml")])
+    assert (cfg.data.num_clients, cfg.train.participation, cfg.train.local_epochs, cfg.train.batch_size) == (100, 0.1, 5, 50)
+    assert (cfg.train.lr, cfg.train.lr_decay, cfg.data.augment.cutout) == (0.01, 0.99, 16)
+    assert cfg.data.partition.options.shards_per_client == 2 and cfg.algorithm.name == "fedntd"
+    cfg, _ = config.load([str(REPO / "configs/papers/fedgkd/tiny_imagenet-alpha0.1.yaml"), str(REPO / "configs/papers/fedgkd/methods/fedgkd.yaml")])
+    assert cfg.algorithm.options.gamma == 0.1 and cfg.model.name == "resnet50" and cfg.train.rounds == 30
+
+
+def test_paper_config_smoke_run_on_synthetic_data_of_its_shape(tmp_path):
+    """FedGKD Table 3's CIFAR-10 setting (ResNet-8 GN, 20 clients, C = 0.2) on random 3x32x32 data."""
+    args = ["--config", str(REPO / "configs/papers/fedgkd/cifar10-alpha0.5.yaml"),
+            "--config", str(REPO / "configs/papers/fedgkd/methods/fedgkd_vote.yaml"),
+            "--set", "data.dataset.name=synthetic", "data.dataset.channels=3", "data.dataset.size=32",
+            "data.dataset.train_samples=700", "data.dataset.test_samples=100", "data.server_holdout_per_class=4",
+            "data.partition.min_size=5", "train.rounds=2", "train.local_epochs=1", "resources.threads=1",
+            f"run.root={tmp_path}", "run.name=smoke", f"data.prepared_root={tmp_path / 'data'}"]
+    run_debug(args)
+    rows = [json.loads(line) for line in (tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients"] for r in rows] == [4, 4] and rows[1]["teacher_models"] == 1
+
+
+def test_table_cli_writes_runs_and_summarises(tmp_path):
+    table = tmp_path / "t"
+    table.mkdir()
+    (table / "s.yaml").write_text(
+        "data:\n  dataset: {name: synthetic, train_samples: 200, test_samples: 50}\n  num_clients: 3\n"
+        f"  partition: iid\n  prepared_root: {tmp_path / 'data'}\ntrain: {{rounds: 1, local_epochs: 1}}\nresources: {{threads: 1}}\n")
+    (table / "a.yaml").write_text("algorithm: fedavg\n")
+    (table / "b.yaml").write_text("algorithm: {name: fedntd, beta: 0.5}\n")
+    (table / "x.table.yaml").write_text("title: X\nmetric: final_test_acc\nsettings: [s.yaml]\nmethods: [a.yaml, b.yaml]\nseeds: [0, 1]\n")
+    runs_file = tmp_path / "runs.txt"
+    root = ["--runs-root", str(tmp_path / "runs")]
+    assert table_main([str(table / "x.table.yaml"), *root, "--write-runs", str(runs_file)]) == 0
+    lines = runs_file.read_text().splitlines()
+    assert len(lines) == 4 and all("--resume" in line and "run.name=s-" in line for line in lines)
+    p = subprocess.run([sys.executable, "-m", "mpifed.table", str(table / "x.table.yaml"), *root, "--run", "0"],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "| a | " in p.stdout and "(2)" in p.stdout
