@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import numpy as np
@@ -83,56 +85,91 @@ class MpiComm(Comm):
     def world_rank(self, rank: int) -> int:
         return self._mpi.Group.Translate_ranks(self.comm.Get_group(), [rank], self._world)[0]
 
+    def _limit(self) -> float:
+        # the group's rank 0 can name the missing ranks, so the others give it time to do so first
+        return self.timeout_s if self.rank == 0 else self.timeout_s + max(30.0, 0.5 * self.timeout_s)
+
     def _poll(self, requests: list[Any], what: str, missing: Callable[[], list[int]]) -> float:
         start = time.perf_counter()
         pause = min(50e-6, self.poll_s)
+        limit = self._limit()
         while not self._mpi.Request.Testall(requests):
             waited = time.perf_counter() - start
-            if waited > self.timeout_s:
+            if waited > limit:
                 lost = ", ".join(str(self.world_rank(r)) for r in missing())
                 extra = self.context()
                 sys.stderr.write(
                     f"\n[mpifed] rank {self.world_rank(self.rank)}: rank(s) {lost} did not reach '{what}' within "
-                    f"{self.timeout_s:.0f} s (comm.timeout_s): a rank hung or died. Ending the job.{extra}\n")
+                    f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died. Ending the job.{extra}\n")
                 self.abort(1)
             time.sleep(pause)
             pause = min(pause * 2, self.poll_s)
         return time.perf_counter() - start
 
     def sync(self, what: str) -> float:
+        """A handshake with rank 0: arrival, go, acknowledgement. A rank that stops before it has
+        acted on the go (even if its arrival was already delivered) is named by rank 0."""
         if self.size == 1:
             return 0.0
         if self.rank == 0:
-            recvs = [self.comm.Irecv(self._token[i:i + 1], source=i, tag=_SYNC_TAG) for i in range(1, self.size)]
-            waited = self._poll(recvs, what, lambda: [i for i, r in zip(range(1, self.size), recvs) if not r.Test()])
-            self._mpi.Request.Waitall([self.comm.Isend(self._go, dest=i, tag=_SYNC_TAG + 1) for i in range(1, self.size)])
+            peers = range(1, self.size)
+            recvs = [self.comm.Irecv(self._token[i:i + 1], source=i, tag=_SYNC_TAG) for i in peers]
+            waited = self._poll(recvs, what, lambda: [i for i, r in zip(peers, recvs) if not r.Test()])
+            self._mpi.Request.Waitall([self.comm.Isend(self._go, dest=i, tag=_SYNC_TAG + 1) for i in peers])
+            acks = [self.comm.Irecv(self._token[i:i + 1], source=i, tag=_SYNC_TAG + 2) for i in peers]
+            self._poll(acks, what, lambda: [i for i, r in zip(peers, acks) if not r.Test()])
             return waited
         send = self.comm.Isend(self._token[:1], dest=0, tag=_SYNC_TAG)
         go = self.comm.Irecv(self._go, source=0, tag=_SYNC_TAG + 1)
         waited = self._poll([send, go], what, lambda: [0])
+        self.comm.Isend(self._token[:1], dest=0, tag=_SYNC_TAG + 2).Wait()
         return waited
 
+    @contextmanager
+    def _watchdog(self, what: str):
+        """End the job if a blocking collective does not complete (a rank hung or died inside it)."""
+        limit = self._limit()
+
+        def stuck() -> None:
+            sys.stderr.write(f"\n[mpifed] rank {self.world_rank(self.rank)}: '{what}' has not completed after "
+                             f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died during "
+                             f"the transfer. Ending the job.{self.context()}\n")
+            self.abort(1)
+
+        timer = threading.Timer(limit, stuck)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
     def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
-        return self.comm.bcast(obj, root=root)
+        with self._watchdog("broadcast of the round plan"):
+            return self.comm.bcast(obj, root=root)
 
     def bcast_buffer(self, buf: np.ndarray, root: int = 0) -> None:
-        self.comm.Bcast(buf, root=root)
+        with self._watchdog("broadcast of the model"):
+            self.comm.Bcast(buf, root=root)
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
         _summable(buf)
-        if self.rank == root:
-            self.comm.Reduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM, root=root)
-            return buf
-        self.comm.Reduce(buf, None, op=self._mpi.SUM, root=root)
+        with self._watchdog("reduction of the sums"):
+            if self.rank == root:
+                self.comm.Reduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM, root=root)
+                return buf
+            self.comm.Reduce(buf, None, op=self._mpi.SUM, root=root)
         return None
 
     def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
         _summable(buf)
-        self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        with self._watchdog("all-reduce of the statistics"):
+            self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
         return buf
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
-        return self.comm.gather(obj, root=root)
+        with self._watchdog("gather of the client reports"):
+            return self.comm.gather(obj, root=root)
 
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()
@@ -145,7 +182,14 @@ def world() -> tuple[Any, int, int]:
     (mpirun, mpiexec, srun), or when MPIFED_MPI=1; MPIFED_MPI=0 forces the debug mode."""
     forced = os.environ.get("MPIFED_MPI")
     launched = any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"))
-    if forced == "0" or (forced != "1" and not launched):
-        return None, 0, 1
-    from mpi4py import MPI
-    return MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    comm, rank, size = None, 0, 1
+    if forced == "1" or (forced != "0" and launched):
+        from mpi4py import MPI
+        comm, rank, size = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+    if size == 1 and tasks > 1 and forced != "0":
+        raise SystemExit(
+            f"[mpifed] srun started {tasks} tasks, but each sees an MPI world of 1 process: srun's --mpi "
+            f"plugin does not match the MPI library (Open MPI 5 needs --mpi=pmix; see srun --mpi=list), "
+            f"or launch with mpirun inside the allocation (LAUNCHER=mpirun for the scripts in slurm/)")
+    return comm, rank, size

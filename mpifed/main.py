@@ -12,16 +12,19 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mpifed import checkpoint, config, signals
-from mpifed.client_state import ClientStateStore
-from mpifed.comm import Comm, MpiComm, world
+# Only light modules at import time: signals.start() must block the stop signals before numpy
+# or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
+from mpifed import config, signals
 from mpifed.rundir import RunDir
 
-USER_ERRORS: tuple[type[Exception], ...] = ()  # filled in _user_errors(), kept import-light
+if TYPE_CHECKING:
+    from mpifed.comm import Comm
+
+USER_ERRORS: tuple[type[Exception], ...] = ()  # filled in main()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +48,7 @@ class RunError(RuntimeError):
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
+    from mpifed import checkpoint
     from mpifed.algorithms.base import NonFiniteLoss
     from mpifed.data.datasets import DataMissing
     from mpifed.data.partitions import PartitionError
@@ -56,6 +60,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
     """Rank 0: the validated config, the run directory and the checkpoint to resume (if any)."""
+    from mpifed import checkpoint
     overrides = [o for group in args.set for o in group]
     base = None
     run_path = None
@@ -97,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.config_reference:
         print(config.reference())
         return 0
+    signals.start()
+    from mpifed.comm import Comm, MpiComm, world
     comm, rank, size = world()
     global USER_ERRORS
     USER_ERRORS = _user_errors()
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _agree(w: Comm, rank: int, work) -> Any:
+def _agree(w: "Comm", rank: int, work) -> Any:
     """Rank 0 does ``work()`` while the others wait (yielding the CPU); all get its result or its error."""
     outcome = None
     if rank == 0:
@@ -135,9 +142,12 @@ def _agree(w: Comm, rank: int, work) -> Any:
     return outcome[1]
 
 
-def _run(args: argparse.Namespace, w: Comm, comm: Any, rank: int, size: int) -> int:
+def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int) -> int:
     import torch
 
+    from mpifed import checkpoint
+    from mpifed.client_state import ClientStateStore
+    from mpifed.comm import Comm, MpiComm
     from mpifed.algorithms import get_algorithm
     from mpifed.algorithms.base import ServerTools, Setup
     from mpifed.data.prepared import Manifest, ensure_prepared, verify_files
@@ -198,7 +208,6 @@ def _run(args: argparse.Namespace, w: Comm, comm: Any, rank: int, size: int) -> 
         if rank > 0:
             peers = MpiComm(sub, cfg.comm.timeout_s, cfg.comm.poll_ms)
     if rank != 0:
-        signals.install()
         worker = Worker(rank - 1, size - 1, algo, manifest, transform, peers, cfg.run.seed,
                         cfg.resources.cache_mb, cfg.train.eval_batch_size, run.path)
         serve(worker, w)
@@ -237,7 +246,7 @@ def _run(args: argparse.Namespace, w: Comm, comm: Any, rank: int, size: int) -> 
         sys.stderr.flush()
 
     server = Server(cfg, cfg_dict, manifest, algo, w, run, tools, max(size - 1, 1), local_worker, resume_state)
-    signals.install(on_signal)
+    signals.on_signal(on_signal)
     try:
         return server.run()
     except BaseException as exc:

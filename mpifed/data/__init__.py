@@ -1,0 +1,1 @@
+"""Data sets, partitions, HDF5 shards and the prepare step."""

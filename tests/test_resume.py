@@ -1,0 +1,92 @@
+"""Checkpoints and resume: a run stopped by a signal and resumed equals the run never stopped."""
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
+from mpifed import checkpoint
+
+
+def start(cmd):
+    return subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stop_after(proc, marker, sig=signal.SIGUSR1, timeout=240):
+    """Send ``sig`` once ``marker`` appears in the output; return (exit code, output)."""
+    out = []
+    deadline = time.time() + timeout
+    sent = False
+    for line in proc.stdout:
+        out.append(line)
+        if not sent and marker in line:
+            proc.send_signal(sig)
+            sent = True
+        if time.time() > deadline:
+            proc.kill()
+            break
+    return proc.wait(), "".join(out)
+
+
+def args_for(tmp, *extra, name):
+    return tiny(tmp, "train.rounds=6", "run.checkpoint_every=2", *extra, name=name)
+
+
+@pytest.mark.parametrize("method", [(), ("algorithm.name=scaffold", "train.participation=0.6"),
+                                    ("algorithm.name=fedgkd", "algorithm.buffer_size=2")], ids=["fedavg", "scaffold", "fedgkd"])
+def test_stopped_and_resumed_equals_uninterrupted_debug(tmp_path, method):
+    run_debug(args_for(tmp_path, *method, name="full"))
+    code, out = stop_after(start([sys.executable, "-m", "mpifed.main", *args_for(tmp_path, *method, name="cut")]), "round 2/6")
+    assert code == 75, out
+    assert "stopped after round" in out and "resume with --resume" in out
+    cut = tmp_path / "runs" / "cut"
+    assert '"state": "stopped"' in (cut / "status.json").read_text()
+    done = len(metrics(cut))
+    assert 2 <= done < 6
+    run_debug(["--resume", str(cut)])
+    assert_same_model(final_model(cut), final_model(tmp_path / "runs" / "full"))
+    assert metrics(cut) == metrics(tmp_path / "runs" / "full")
+
+
+@pytest.mark.mpi
+def test_stopped_and_resumed_equals_uninterrupted_mpi(has_mpirun, tmp_path):
+    method = ("algorithm.name=fedcsd", "algorithm.mu=0.5")
+    run_mpi(3, args_for(tmp_path, *method, name="full"))
+    code, out = stop_after(start([str(LAUNCH), "3", *args_for(tmp_path, *method, name="cut")]), "round 2/6")
+    assert code == 75, out
+    run_mpi(3, ["--resume", str(tmp_path / "runs" / "cut")])
+    assert_same_model(final_model(tmp_path / "runs" / "cut"), final_model(tmp_path / "runs" / "full"))
+    assert metrics(tmp_path / "runs" / "cut") == metrics(tmp_path / "runs" / "full")
+
+
+def test_more_rounds_on_resume_continue_the_same_run(tmp_path):
+    run_debug(args_for(tmp_path, "algorithm.name=fedgkd", name="full"))
+    short = tiny(tmp_path, "train.rounds=4", "run.checkpoint_every=2", "algorithm.name=fedgkd", name="short")
+    run_debug(short)
+    run_debug(["--resume", str(tmp_path / "runs" / "short"), "--set", "train.rounds=6", "run.eval_every=1"])
+    assert_same_model(final_model(tmp_path / "runs" / "short"), final_model(tmp_path / "runs" / "full"))
+    assert metrics(tmp_path / "runs" / "short") == metrics(tmp_path / "runs" / "full")
+
+
+def test_resume_refuses_changes_to_the_math(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=2"))
+    p = run_debug(["--resume", str(tmp_path / "runs" / "run"), "--set", "train.lr=0.5", "data.partition.beta=0.1"], check=False)
+    assert p.returncode == 2
+    assert "data.partition.beta" in p.stderr and "train.lr" in p.stderr and "change the results" in p.stderr
+
+
+def test_corrupt_checkpoint_is_reported_not_loaded(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=2"))
+    latest = checkpoint.latest(tmp_path / "runs" / "run" / "checkpoints")
+    latest.write_bytes(latest.read_bytes()[:-100])
+    p = run_debug(["--resume", str(tmp_path / "runs" / "run")], check=False)
+    assert p.returncode == 2 and "truncated" in p.stderr and latest.name in p.stderr
+
+
+def test_resume_without_checkpoint_starts_the_run(tmp_path):
+    p = run_debug(tiny(tmp_path, "train.rounds=1") + ["--resume"])
+    assert "no checkpoint" in p.stdout and "finished" in p.stdout
+    p = run_debug(["--resume", str(tmp_path / "nothing-here")], check=False)
+    assert p.returncode == 2 and "no run there" in p.stderr
