@@ -111,6 +111,7 @@ class ResourcesConfig:
     server_device: Literal["cpu", "cuda"] = opt("cpu", "the server's device (cuda means the node's first visible GPU)", math=False)
     threads: int = opt(0, "torch threads per rank; 0: the node's cores divided by its ranks (at least 1)", min=0, math=False)
     cache_mb: int = opt(2048, "per-worker memory budget for decoded client data (least recently used evicted)", min=1, math=False)
+    deterministic: bool = opt(False, "bit-reproducible GPU runs: deterministic torch algorithms (slower); CPU runs are always reproducible", math=False)
 
 
 @dataclass

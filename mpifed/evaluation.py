@@ -34,10 +34,11 @@ def evaluate_share(model: nn.Module, transform: BatchTransform, batches: list[Ev
     for b in batches:
         logits = model(transform.eval(b.images))
         out["loss"][b.index] = float(F.cross_entropy(logits.float(), b.labels, reduction="sum"))
-        hit = (logits.argmax(1) == b.labels).to(torch.float64)
-        out["correct"] += torch.zeros(out["correct"].shape, dtype=torch.float64, device=hit.device).index_add_(0, b.labels, hit).cpu()
+        hit = (logits.argmax(1) == b.labels).cpu()
+        labels = b.labels.cpu()
+        out["correct"] += torch.bincount(labels[hit], minlength=out["correct"].numel()).double()
         if b.groups is not None and out["group_correct"].numel():
-            out["group_correct"] += torch.zeros(out["group_correct"].shape, dtype=torch.float64, device=hit.device).index_add_(0, b.groups, hit).cpu()
+            out["group_correct"] += torch.bincount(b.groups.cpu()[hit], minlength=out["group_correct"].numel()).double()
     return buf
 
 

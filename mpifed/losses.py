@@ -86,8 +86,9 @@ def cad_class_weights(teacher_probs: torch.Tensor, labels: torch.Tensor, beta: f
     """
     p_true = teacher_probs.gather(1, labels.view(-1, 1)).squeeze(1)
     margin = 2 * p_true - teacher_probs.sum(dim=1)           # p_y - sum_{k != y} p_k
-    sums = torch.zeros(num_classes, dtype=teacher_probs.dtype, device=teacher_probs.device).index_add_(0, labels, margin)
-    counts = torch.bincount(labels, minlength=num_classes).to(teacher_probs.dtype)
+    one_hot = F.one_hot(labels, num_classes).to(teacher_probs.dtype)
+    sums = one_hot.T @ margin
+    counts = one_hot.sum(dim=0)
     mean = sums / counts.clamp(min=1)
     alpha = (gamma - beta) / 2 * mean + (gamma + beta) / 2
     return torch.where(counts > 0, alpha, torch.full_like(alpha, beta))

@@ -181,6 +181,10 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int) -
     slot = node_slot(comm if size > 1 else None, is_server and size > 1)
     threads = choose_threads(cfg.resources.threads, slot.ranks_on_node)
     torch.set_num_threads(threads)
+    if cfg.resources.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     gpus = torch.cuda.device_count()
     worker_device = choose_device(False, slot.worker_index, cfg.resources.device, cfg.resources.server_device, gpus)
     device = torch.device(choose_device(True, -1, cfg.resources.device, cfg.resources.server_device, gpus)

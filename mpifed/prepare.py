@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         cfg, _ = config.load(args.config, [o for group in args.set for o in group])
-        manifest = prepare(cfg, force=True) if args.force else ensure_prepared(cfg)
+        manifest = prepare(cfg) if args.force else ensure_prepared(cfg)
     except Exception as exc:  # every error here is a user's: say it plainly
         print(f"[mpifed.prepare] {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ def tiny(tmp: Path, *extra: str, name: str = "run") -> list[str]:
     return ["--set", "data.dataset.name=synthetic", "data.dataset.train_samples=300", "data.dataset.test_samples=120",
             "data.num_clients=5", "data.partition.beta=0.5", "data.partition.min_size=5", "model.name=digits_cnn",
             "train.rounds=2", "train.local_epochs=1", "train.batch_size=16", "train.eval_batch_size=50",
-            "resources.threads=1", f"run.root={tmp / 'runs'}", f"data.prepared_root={tmp / 'data'}",
+            "resources.threads=1", "resources.device=cpu", f"run.root={tmp / 'runs'}", f"data.prepared_root={tmp / 'data'}",
             f"run.name={name}", *extra]
 
 

@@ -95,3 +95,19 @@ def test_missing_client_shard_is_caught_before_training(tmp_path):
     m.client_path(2).unlink()
     with pytest.raises(ShardError, match="missing.*--force"):
         verify_files(Manifest.load(m.root))
+
+
+def test_concurrent_preparation_of_the_same_folder(tmp_path):
+    """Processes that prepare the same folder at once (a job array) all end up using one copy."""
+    import subprocess
+    import sys
+    code = ("import sys; from mpifed import config; from mpifed.data.prepared import ensure_prepared; "
+            "cfg, _ = config.load(overrides=sys.argv[1:]); print(ensure_prepared(cfg, log=lambda s: None).root)")
+    sets = ["data.dataset.name=synthetic", "data.dataset.train_samples=3000", "data.num_clients=20",
+            f"data.prepared_root={tmp_path}"]
+    procs = [subprocess.Popen([sys.executable, "-c", code, *sets], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(6)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    assert len({o.strip() for o, _ in outs}) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [outs[0][0].strip().split("/")[-1]]   # no temporary folders left

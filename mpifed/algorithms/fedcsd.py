@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm
 from mpifed.algorithms.teacher import Teacher
@@ -83,7 +84,7 @@ class FedCSD(Algorithm):
         batch = self.setup.train.eval_batch_size
         for i in range(0, data.num_samples, batch):
             logits = self.teacher.logits(transform.eval(data.images[i:i + batch])).double()
-            sums.index_add_(0, data.labels[i:i + batch], logits)
+            sums += F.one_hot(data.labels[i:i + batch], c).double().T @ logits   # per-class sums, deterministic on GPUs
         counts = torch.bincount(data.labels, minlength=c).double()
         held = counts > 0
         means = torch.where(held[:, None], sums / counts.clamp(min=1)[:, None], torch.zeros_like(sums))

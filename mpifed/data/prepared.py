@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -117,13 +118,17 @@ def prepared_dir(cfg: Config) -> Path:
 
 
 def ensure_prepared(cfg: Config, log: Callable[[str], None] = print) -> Manifest:
-    """The config's prepared data: reused if its spec matches, prepared if absent, else an error."""
+    """The config's prepared data: reused if its spec matches, prepared if absent, else an error.
+
+    Safe when several processes ask at once (a job array): each builds in a folder of its own
+    and the first rename wins; the others use the winner's folder.
+    """
     root = prepared_dir(cfg)
-    if (root / "manifest.json").exists():
-        manifest = Manifest.load(root)
-        check_matches(manifest, cfg)
-        return manifest
-    return prepare(cfg, log=log)
+    if not (root / "manifest.json").exists():
+        _build(cfg, root, replace=False, log=log)
+    manifest = Manifest.load(root)
+    check_matches(manifest, cfg)
+    return manifest
 
 
 def check_matches(manifest: Manifest, cfg: Config) -> None:
@@ -136,11 +141,14 @@ def check_matches(manifest: Manifest, cfg: Config) -> None:
             f"or point data.prepared_dir elsewhere (or unset it to get a folder per setting)")
 
 
-def prepare(cfg: Config, force: bool = False, log: Callable[[str], None] = print) -> Manifest:
-    """Read the data set, split it, write the shards and manifest; returns the manifest."""
+def prepare(cfg: Config, log: Callable[[str], None] = print) -> Manifest:
+    """Read the data set, split it, write the shards and manifest (replacing any earlier ones)."""
     root = prepared_dir(cfg)
-    if root.exists() and not force:
-        raise PreparedDataError(f"{root} already exists; pass --force to rebuild it")
+    _build(cfg, root, replace=True, log=log)
+    return Manifest.load(root)
+
+
+def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -> None:
     spec = prepare_spec(cfg)
     dataset = DATASETS[cfg.data.dataset.name]
     log(f"[prepare] reading {cfg.data.dataset.name} ...")
@@ -164,7 +172,7 @@ def prepare(cfg: Config, force: bool = False, log: Callable[[str], None] = print
     mean, std = _channel_stats(raw.train_x[pool])
     common = {"dataset": cfg.data.dataset.name, "partition": spec["partition"], "seed": spec["seed"]}
 
-    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
+    tmp = root.with_name(f"{root.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "clients").mkdir(parents=True)
     clients = []
@@ -194,15 +202,16 @@ def prepare(cfg: Config, force: bool = False, log: Callable[[str], None] = print
         "stats": partition_stats(counts),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    if root.exists():
+    if replace and root.exists():
         shutil.rmtree(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(tmp, root)
     except OSError:  # another process prepared the same folder meanwhile: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+        log(f"[prepare] {root} was prepared by another process meanwhile; using it")
+        return
     log(f"[prepare] wrote {len(parts)} client shards, test set and manifest to {root}")
-    return Manifest.load(root)
 
 
 def _subset(raw: RawData, train: int, test: int) -> RawData:
