@@ -95,6 +95,9 @@ class MpiComm(Comm):
         limit = self._limit()
         while not self._mpi.Request.Testall(requests):
             waited = time.perf_counter() - start
+            # sleep at most 0.5% of the time waited so far (and at most poll_ms): long waits wake
+            # rarely, short ones add little latency
+            pause = min(pause * 2, max(50e-6, waited / 200), self.poll_s)
             if waited > limit:
                 lost = ", ".join(str(self.world_rank(r)) for r in missing())
                 extra = self.context()
@@ -103,7 +106,6 @@ class MpiComm(Comm):
                     f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died. Ending the job.{extra}\n")
                 self.abort(1)
             time.sleep(pause)
-            pause = min(pause * 2, self.poll_s)
         return time.perf_counter() - start
 
     def sync(self, what: str) -> float:

@@ -117,7 +117,7 @@ class ResourcesConfig:
 @dataclass
 class CommConfig:
     timeout_s: float = opt(3600.0, "a rank that does not reach a round's synchronisation point within this many seconds ends the job", exclusive_min=True, min=0, math=False)
-    poll_ms: float = opt(2.0, "longest sleep between checks while a rank waits for the others (waiting ranks yield the CPU)", exclusive_min=True, min=0, math=False)
+    poll_ms: float = opt(20.0, "longest sleep between checks while a rank waits for the others (waiting ranks sleep, yielding the CPU; each sleep is at most 0.5% of the time waited so far)", exclusive_min=True, min=0, math=False)
 
 
 @dataclass

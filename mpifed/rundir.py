@@ -1,8 +1,8 @@
 """The run directory ``runs/<name>/`` and atomic writes of everything in it.
 
     config.yaml      the resolved configuration
-    metrics.jsonl    one line per round
-    clients.jsonl    per round: each sampled client's worker, samples, loss, time
+    metrics.jsonl    one line per round (appended; cut back to the checkpoint on resume)
+    clients.jsonl    per round: each sampled client's worker, samples, loss, time (likewise)
     summary.json     final and best accuracy, forgetting, timing, status
     status.json      running | stopped (resumable) | finished | failed
     model.pt         the final global model (state_dict)
@@ -58,11 +58,19 @@ class RunDir:
     def read_config(self) -> dict[str, Any]:
         return yaml.safe_load((self.path / "config.yaml").read_text())
 
-    def write_metrics(self, rows: list[dict[str, Any]]) -> None:
-        atomic_write(self.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    def append_row(self, name: str, row: dict[str, Any]) -> None:
+        """Append one complete line to a .jsonl log (one write, then flushed to disk)."""
+        with open(self.path / name, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
-    def write_clients(self, rows: list[dict[str, Any]]) -> None:
-        atomic_write(self.path / "clients.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    def keep_rounds(self, name: str, rounds_done: int) -> None:
+        """Rewrite a .jsonl log (atomically) without the lines of rounds after ``rounds_done``."""
+        path = self.path / name
+        lines = path.read_text().splitlines() if path.exists() else []
+        kept = [line for line in lines if line.strip() and json.loads(line).get("round", 0) <= rounds_done]
+        atomic_write(path, "".join(line + "\n" for line in kept))
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         atomic_write(self.path / name, json.dumps(data, indent=1) + "\n")

@@ -8,6 +8,7 @@ line of the round.
 from __future__ import annotations
 
 import io
+import json
 import statistics
 import time
 from dataclasses import asdict
@@ -26,7 +27,7 @@ from mpifed.evaluation import eval_packer, forgetting, summarize
 from mpifed.plan import RoundPlan, assign_clients, sample_clients
 from mpifed.rundir import RunDir, atomic_write
 from mpifed.signals import received, stop_requested
-from mpifed.worker import Worker, downlink_packer, peak_rss_mb, state_packer, uplink_packer
+from mpifed.worker import Worker, downlink_packer, state_packer, uplink_packer, usage
 
 EXIT_STOPPED = 75  # stopped on a signal after writing a checkpoint: resume with --resume
 
@@ -51,7 +52,6 @@ class Server:
         self.state = state_packer(num_floats, num_ints)
         self.eval = eval_packer(manifest.test_size, cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names))
         self.metrics: list[dict[str, Any]] = []
-        self.clients_log: list[dict[str, Any]] = []
         self.start_round = 0
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_round = 0
@@ -61,6 +61,8 @@ class Server:
         if resume is None:
             self.global_floats = tools.flat.floats.detach().clone()
             self.global_ints = tools.flat.ints.detach().clone()
+            for log in ("metrics.jsonl", "clients.jsonl"):
+                run.keep_rounds(log, 0)
             algo.server_start(self.global_floats, tools)
         else:
             self._restore(resume)
@@ -148,6 +150,7 @@ class Server:
             share = self.local_worker.evaluate(self.global_floats, self.global_ints)
         else:
             share = self.eval.empty()
+        self.world.sync("end of evaluation")
         totals = self.eval.views(self.world.reduce_sum(share.view(np.float64)).view(np.uint8))
         m = self.manifest
         return summarize(totals, m.test_class_counts, m.test_group_counts, m.group_names)
@@ -165,9 +168,8 @@ class Server:
         row.update(self.algo.round_log())
         row["time"] = timing
         self.metrics.append(row)
-        self.clients_log.append({"round": rnd + 1, "clients": [asdict(r) for r in reports]})
-        self.run_dir.write_metrics(self.metrics)
-        self.run_dir.write_clients(self.clients_log)
+        self.run_dir.append_row("metrics.jsonl", row)
+        self.run_dir.append_row("clients.jsonl", {"round": rnd + 1, "clients": [asdict(r) for r in reports]})
         acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
         self.run_dir.log(
             f"round {rnd + 1}/{self.cfg.train.rounds}{acc}  train_loss {row['train_loss']:.4f}  "
@@ -180,7 +182,7 @@ class Server:
     def _broadcast_stop(self) -> None:
         self.world.sync("start of round")
         self.world.bcast_object(RoundPlan(round=-1, lr=0.0, stop=True))
-        self.peak_rss_mb = self.world.gather_object(peak_rss_mb())
+        self.usage = self.world.gather_object(usage())
 
     def checkpoint(self, rounds_done: int) -> None:
         payload = {
@@ -189,7 +191,6 @@ class Server:
             "global_ints": self.global_ints.cpu(),
             "algorithm": self.algo.state_dict(),
             "metrics": self.metrics,
-            "clients": self.clients_log,
             "config": self.cfg_dict,
             "config_math": math_fingerprint(self.cfg_dict),
             "elapsed_s": self.elapsed(),
@@ -203,13 +204,12 @@ class Server:
         self.global_floats = state["global_floats"].to(self.device)
         self.global_ints = state["global_ints"].to(self.device)
         self.metrics = state["metrics"]
-        self.clients_log = state["clients"]
         self.start_round = state["rounds_done"]
         self.last_checkpoint_round = state["rounds_done"]
         self.last_checkpoint = checkpoint.path_for(self.run_dir.checkpoints, state["rounds_done"])
         self.elapsed_before = state["elapsed_s"]
-        self.run_dir.write_metrics(self.metrics)
-        self.run_dir.write_clients(self.clients_log)
+        atomic_write(self.run_dir.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.metrics))
+        self.run_dir.keep_rounds("clients.jsonl", self.start_round)
 
     def elapsed(self) -> float:
         """Wall time of the run so far, across resumes."""
@@ -246,7 +246,8 @@ class Server:
             "round_time_median_s": round(statistics.median(r["time"]["round"] for r in self.metrics), 4) if self.metrics else None,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
             "first_round_started_at": self.first_round_at,
-            "peak_rss_mb_per_rank": [round(v, 1) for v in self.peak_rss_mb],
+            "peak_rss_mb_per_rank": [round(rss, 1) for rss, _ in self.usage],
+            "cpu_s_per_rank": [round(cpu, 2) for _, cpu in self.usage],
         }
         self.run_dir.write_json("summary.json", summary)
         self.run_dir.write_json("status.json", {"state": status, "rounds_done": rounds_done,

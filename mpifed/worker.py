@@ -38,9 +38,10 @@ class ClientReport:
     extra: dict[str, float]
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def usage() -> tuple[float, float]:
+    """This process's peak resident memory (MB) and CPU time (user + system seconds) so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_maxrss / 1024.0, r.ru_utime + r.ru_stime
 
 
 def downlink_packer(algo: Algorithm, num_floats: int, num_ints: int) -> Packer:
@@ -143,7 +144,7 @@ def serve(worker: Worker, world: Comm) -> None:
         world.sync("start of round")
         plan: RoundPlan = world.bcast_object(None)
         if plan.stop:
-            world.gather_object(peak_rss_mb())
+            world.gather_object(usage())
             return
         world.bcast_buffer(down_buf)
         up_buf, reports = worker.train_round(plan, worker.down.views(down_buf))
@@ -154,4 +155,6 @@ def serve(worker: Worker, world: Comm) -> None:
             world.sync("evaluation")
             world.bcast_buffer(state_buf)
             views = worker.state.views(state_buf)
-            world.reduce_sum(worker.evaluate(views["global"], views["global_ints"]).view(np.float64))
+            share = worker.evaluate(views["global"], views["global_ints"])
+            world.sync("end of evaluation")
+            world.reduce_sum(share.view(np.float64))

@@ -118,3 +118,25 @@ def test_fedcsd_prototype_reduction_equals_central_prototypes():
     assert torch.allclose(workers[0].prototypes.double(), central, atol=1e-5)
     assert torch.equal(workers[0].prototypes, workers[1].prototypes)
     assert torch.all(workers[0].prototypes[3] == 0)
+
+
+def test_teacher_logit_cache_equals_per_batch_logits():
+    from mpifed.algorithms.base import ClientContext
+    from mpifed.algorithms.teacher import Teacher
+    setup = small_setup()
+    teacher = Teacher(setup)
+    teacher.load(torch.randn(setup.num_floats))
+    x = torch.randint(0, 255, (23, 1, 2, 2), dtype=torch.uint8)
+    data = ClientData(5, x, torch.arange(23) % 3)
+    plain = BatchTransform([0.5], [0.5], 0, False, 0, "cpu")
+    ctx = ClientContext(5, 0, 0.1, setup.new_model(), torch.zeros(1), data, plain, torch.Generator(), batch=torch.tensor([3, 17, 8]))
+    expected = teacher.logits(plain.eval(x[ctx.batch]))
+    assert torch.allclose(teacher.batch_logits(ctx, plain.eval(x[ctx.batch])), expected, atol=1e-6)
+    assert 5 in teacher._cache
+    teacher.load(torch.randn(setup.num_floats))        # a new round's teacher drops the cache
+    assert not teacher._cache
+    flipped = BatchTransform([0.5], [0.5], 0, True, 0, "cpu")
+    ctx.transform = flipped
+    aug = flipped.train(x[ctx.batch], torch.Generator().manual_seed(1))
+    assert torch.equal(teacher.batch_logits(ctx, aug), teacher.logits(aug))   # augmented inputs: no cache
+    assert not teacher._cache

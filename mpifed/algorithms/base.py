@@ -66,6 +66,7 @@ class ClientContext:
     transform: BatchTransform
     generator: torch.Generator      # seeded by (seed, round, client): batches and augmentation
     state: dict[str, Any] | None = None   # persistent per-client state (has_client_state)
+    batch: torch.Tensor | None = None     # indices (into data) of the batch being trained on
     steps: int = 0
     loss_sum: float = 0.0
     seen: int = 0
@@ -184,6 +185,7 @@ class Algorithm:
         for epoch in range(cfg.local_epochs):
             epoch_loss = torch.zeros((), device=ctx.data.images.device)
             for idx in batch_indices(n, cfg.batch_size, ctx.generator, ctx.data.images.device):
+                ctx.batch = idx
                 x = ctx.transform.train(ctx.data.images[idx], ctx.generator)
                 y = ctx.data.labels[idx]
                 loss = self.loss(ctx, x, y, model(x))

@@ -68,7 +68,7 @@ class FedCAD(Algorithm):
         self.teacher.load(down["global"], down["global_ints"])
 
     def loss(self, ctx, x, y, logits):
-        return cad_loss(logits, self.teacher.logits(x), y, self.weights, self.options.tau)
+        return cad_loss(logits, self.teacher.batch_logits(ctx, x), y, self.weights, self.options.tau)
 
 
 class FedLSD(FedCAD):

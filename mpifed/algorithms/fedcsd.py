@@ -80,12 +80,10 @@ class FedCSD(Algorithm):
 
     def client_statistics(self, data, transform):
         c = self.setup.num_classes
-        sums = torch.zeros(c, c, dtype=torch.float64, device=data.labels.device)
-        batch = self.setup.train.eval_batch_size
-        for i in range(0, data.num_samples, batch):
-            logits = self.teacher.logits(transform.eval(data.images[i:i + batch])).double()
-            sums += F.one_hot(data.labels[i:i + batch], c).double().T @ logits   # per-class sums, deterministic on GPUs
-        counts = torch.bincount(data.labels, minlength=c).double()
+        logits = self.teacher.client_logits(data, transform).double()   # reused by the loss when cached
+        one_hot = F.one_hot(data.labels, c).double()
+        sums = one_hot.T @ logits            # per-class sums (a matrix product: deterministic on GPUs)
+        counts = one_hot.sum(dim=0)
         held = counts > 0
         means = torch.where(held[:, None], sums / counts.clamp(min=1)[:, None], torch.zeros_like(sums))
         return {"prototype_sum": means, "holders": held.double()}
@@ -95,5 +93,5 @@ class FedCSD(Algorithm):
         self.prototypes = (totals["prototype_sum"] / holders).float()
 
     def loss(self, ctx, x, y, logits):
-        distill = csd_loss(logits, self.teacher.logits(x), y, self.prototypes, self.options.tau, self.options.similarity_grad)
+        distill = csd_loss(logits, self.teacher.batch_logits(ctx, x), y, self.prototypes, self.options.tau, self.options.similarity_grad)
         return super().loss(ctx, x, y, logits) + self.options.mu * distill

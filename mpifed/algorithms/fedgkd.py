@@ -76,7 +76,7 @@ class FedGKD(Algorithm):
         ce = super().loss(ctx, x, y, logits)
         if not self.active:
             return ce
-        return ce + self.options.gamma / 2 * kd_loss(logits, self.teacher.logits(x), self.options.tau)
+        return ce + self.options.gamma / 2 * kd_loss(logits, self.teacher.batch_logits(ctx, x), self.options.tau)
 
 
 class FedGKDVote(FedGKD):
@@ -147,5 +147,5 @@ class FedGKDVote(FedGKD):
     def loss(self, ctx, x, y, logits):
         total = F.cross_entropy(logits, y)
         for teacher, weight in self.active_teachers:
-            total = total + weight * kd_loss(logits, teacher.logits(x), self.options.tau)
+            total = total + weight * kd_loss(logits, teacher.batch_logits(ctx, x), self.options.tau)
         return total

@@ -34,4 +34,4 @@ class FedNTD(Algorithm):
         self.teacher.load(down["global"], down["global_ints"])
 
     def loss(self, ctx, x, y, logits):
-        return super().loss(ctx, x, y, logits) + self.options.beta * ntd_loss(logits, self.teacher.logits(x), y, self.options.tau)
+        return super().loss(ctx, x, y, logits) + self.options.beta * ntd_loss(logits, self.teacher.batch_logits(ctx, x), y, self.options.tau)
