@@ -7,12 +7,11 @@ reproduces exactly the numbers one process would compute.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mpifed.data.store import EvalBatch
 from mpifed.data.transforms import BatchTransform
@@ -26,11 +25,11 @@ def eval_packer(test_size: int, batch_size: int, num_classes: int, num_groups: i
 
 
 @torch.no_grad()
-def evaluate_share(model: nn.Module, transform: BatchTransform, batches: list[EvalBatch], packer: Packer) -> np.ndarray:
-    """This rank's contribution to the evaluation sums."""
+def evaluate_share(model: Callable[[torch.Tensor], torch.Tensor], transform: BatchTransform, batches: list[EvalBatch],
+                   packer: Packer) -> np.ndarray:
+    """This rank's contribution to the evaluation sums (``model`` in eval mode, e.g. an InferenceCopy)."""
     buf = packer.empty()
     out = packer.views(buf)
-    model.eval()
     for b in batches:
         logits = model(transform.eval(b.images))
         out["loss"][b.index] = float(F.cross_entropy(logits.float(), b.labels, reduction="sum"))

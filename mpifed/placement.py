@@ -18,21 +18,20 @@ class NodeSlot:
     host: str
     ranks_on_node: int
     worker_index: int      # among the workers on this node (-1 for the server)
-    workers_on_node: int
 
 
 def node_slot(world_comm: Any, is_server: bool) -> NodeSlot:
     """This rank's place on its node (a single process is alone on its node)."""
     host = socket.gethostname()
     if world_comm is None:
-        return NodeSlot(host, 1, 0, 1)
+        return NodeSlot(host, 1, 0)
     from mpi4py import MPI
     node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
     roles = node.allgather(is_server)
     mine = node.Get_rank()
     node.Free()
     workers_before = sum(1 for r in roles[:mine] if not r)
-    return NodeSlot(host, len(roles), -1 if is_server else workers_before, sum(1 for r in roles if not r))
+    return NodeSlot(host, len(roles), -1 if is_server else workers_before)
 
 
 def choose_device(is_server: bool, worker_index: int, device: str, server_device: str, gpu_count: int) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -85,8 +84,3 @@ class RunDir:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def warn(message: str) -> None:
-    sys.stderr.write(f"[mpifed] {message}\n")
-    sys.stderr.flush()

@@ -21,6 +21,7 @@ from mpifed.data.store import ClientStore, load_eval_batches
 from mpifed.data.transforms import BatchTransform
 from mpifed.evaluation import eval_packer, evaluate_share
 from mpifed.flat import Packer
+from mpifed.inference import InferenceCopy
 from mpifed.plan import RoundPlan, client_seed
 from mpifed.signals import stop_requested
 
@@ -76,6 +77,7 @@ class Worker:
         self.seed = seed
         self.device = algo.setup.device
         self.flat = algo.setup.new_model()
+        self.eval_net = InferenceCopy(self.flat)
         self.transform = transform
         self.store = ClientStore(manifest, self.device, cache_mb)
         self.eval_batches = load_eval_batches(manifest, eval_batch_size, index, count, self.device)
@@ -133,7 +135,8 @@ class Worker:
     def evaluate(self, floats: torch.Tensor, ints: torch.Tensor) -> np.ndarray:
         """This worker's share of the test-set evaluation sums for the given global state."""
         self.flat.load(floats.to(self.device), ints.to(self.device))
-        return evaluate_share(self.flat.model, self.transform, self.eval_batches, self.eval_packer)
+        self.eval_net.load_from(self.flat)
+        return evaluate_share(self.eval_net, self.transform, self.eval_batches, self.eval_packer)
 
 
 def serve(worker: Worker, world: Comm) -> None:

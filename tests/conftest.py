@@ -23,6 +23,19 @@ def tiny(tmp: Path, *extra: str, name: str = "run") -> list[str]:
             f"run.name={name}", *extra]
 
 
+def write_tiny_table(folder: Path, data_root: Path, seeds: str = "[0, 1]") -> Path:
+    """A table of one tiny synthetic setting x {fedavg, fedntd}; returns the table file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "s.yaml").write_text(
+        "data:\n  dataset: {name: synthetic, train_samples: 200, test_samples: 50}\n  num_clients: 3\n"
+        f"  partition: iid\n  prepared_root: {data_root}\ntrain: {{rounds: 2, local_epochs: 1}}\nresources: {{threads: 1}}\n")
+    (folder / "a.yaml").write_text("algorithm: fedavg\n")
+    (folder / "b.yaml").write_text("algorithm: {name: fedntd, beta: 0.5}\n")
+    table = folder / "x.table.yaml"
+    table.write_text(f"title: X\nmetric: final_test_acc\nsettings: [s.yaml]\nmethods: [a.yaml, b.yaml]\nseeds: {seeds}\n")
+    return table
+
+
 def env() -> dict[str, str]:
     e = dict(os.environ)
     e.pop("MPIFED_MPI", None)

@@ -46,7 +46,7 @@ def make_batches(n=230, bs=50, classes=4, seed=0):
 
 def test_evaluation_sums_do_not_depend_on_the_split():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4)).eval()
     tf = BatchTransform([0.5], [0.25], 0, False, 0, "cpu")
     batches, y = make_batches()
     packer = eval_packer(230, 50, 4, 0)

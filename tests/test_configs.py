@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, env, run_debug
+from conftest import REPO, env, run_debug, write_tiny_table
 from mpifed import config
 from mpifed.table import load_table, main as table_main, validate
 
@@ -58,20 +58,13 @@ def test_paper_config_smoke_run_on_synthetic_data_of_its_shape(tmp_path):
 
 
 def test_table_cli_writes_runs_and_summarises(tmp_path):
-    table = tmp_path / "t"
-    table.mkdir()
-    (table / "s.yaml").write_text(
-        "data:\n  dataset: {name: synthetic, train_samples: 200, test_samples: 50}\n  num_clients: 3\n"
-        f"  partition: iid\n  prepared_root: {tmp_path / 'data'}\ntrain: {{rounds: 1, local_epochs: 1}}\nresources: {{threads: 1}}\n")
-    (table / "a.yaml").write_text("algorithm: fedavg\n")
-    (table / "b.yaml").write_text("algorithm: {name: fedntd, beta: 0.5}\n")
-    (table / "x.table.yaml").write_text("title: X\nmetric: final_test_acc\nsettings: [s.yaml]\nmethods: [a.yaml, b.yaml]\nseeds: [0, 1]\n")
+    table = write_tiny_table(tmp_path / "t", tmp_path / "data")
     runs_file = tmp_path / "runs.txt"
     root = ["--runs-root", str(tmp_path / "runs")]
-    assert table_main([str(table / "x.table.yaml"), *root, "--write-runs", str(runs_file)]) == 0
+    assert table_main([str(table), *root, "--write-runs", str(runs_file)]) == 0
     lines = runs_file.read_text().splitlines()
     assert len(lines) == 4 and all("--resume" in line and "run.name=s-" in line for line in lines)
-    p = subprocess.run([sys.executable, "-m", "mpifed.table", str(table / "x.table.yaml"), *root, "--run", "0"],
+    p = subprocess.run([sys.executable, "-m", "mpifed.table", str(table), *root, "--run", "0"],
                        cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "| a | " in p.stdout and "(2)" in p.stdout

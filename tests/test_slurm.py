@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_same_model, final_model, metrics
+from conftest import REPO, assert_same_model, final_model, metrics, write_tiny_table
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 
@@ -194,16 +194,9 @@ def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_pat
 
 
 def test_table_as_array_job(cluster, tmp_path):
-    table = tmp_path / "t"
-    table.mkdir()
-    (table / "s.yaml").write_text(
-        "data:\n  dataset: {name: synthetic, train_samples: 200, test_samples: 50}\n  num_clients: 4\n  partition: iid\n"
-        f"  prepared_root: {tmp_path / 'data'}\ntrain: {{rounds: 2, local_epochs: 1}}\nresources: {{threads: 1}}\n")
-    (table / "a.yaml").write_text("algorithm: fedavg\n")
-    (table / "b.yaml").write_text("algorithm: fedntd\n")
-    (table / "x.table.yaml").write_text("metric: final_test_acc\nsettings: [s.yaml]\nmethods: [a.yaml, b.yaml]\nseeds: [0]\n")
+    table = write_tiny_table(tmp_path / "t", tmp_path / "data", seeds="[0]")
     runs_file = tmp_path / "runs.txt"
-    subprocess.run([sys.executable, "-m", "mpifed.table", str(table / "x.table.yaml"), "--runs-root", str(tmp_path / "runs"),
+    subprocess.run([sys.executable, "-m", "mpifed.table", str(table), "--runs-root", str(tmp_path / "runs"),
                     "--write-runs", str(runs_file)], cwd=REPO, env=cluster.env, check=True, capture_output=True)
     jid = cluster.sbatch("--array=0-1", "-n", "3", "-o", str(tmp_path / "%A_%a.out"), "slurm/array.sbatch", str(runs_file))
     for task in ("0", "1"):

@@ -56,16 +56,6 @@ def _fix(path: Path) -> str:
     return f"re-prepare the data: python -m mpifed.prepare --config <your config> --force (it rewrites {path.parent})"
 
 
-def read_attrs(path: Path) -> dict[str, Any]:
-    try:
-        with h5py.File(path, "r") as f:
-            return _attrs(f)
-    except FileNotFoundError:
-        raise ShardError(f"shard {path} is missing; {_fix(path)}") from None
-    except OSError as exc:
-        raise ShardError(f"shard {path} cannot be read ({exc}); {_fix(path)}") from None
-
-
 def _attrs(f: h5py.File) -> dict[str, Any]:
     out = {}
     for key, value in f.attrs.items():

@@ -42,7 +42,6 @@ class ClientStore:
         self.device = device
         self.budget = budget_mb * 2**20
         self._cache: OrderedDict[int, ClientData] = OrderedDict()
-        self.loads = 0
 
     def get(self, cid: int) -> ClientData:
         if cid in self._cache:
@@ -51,7 +50,6 @@ class ClientStore:
         shard = read_shard(self.manifest.client_path(cid), verify=True)
         images, labels = to_device(shard.images, shard.labels, self.device)
         data = ClientData(cid, images, labels)
-        self.loads += 1
         self._cache[cid] = data
         while len(self._cache) > 1 and sum(d.nbytes for d in self._cache.values()) > self.budget:
             self._cache.popitem(last=False)
