@@ -80,6 +80,22 @@ def test_fedgkd_vote_weights_follow_validation_losses():
     assert torch.equal(down["teachers"][:2], torch.stack(models)) and torch.all(down["teachers"][2] == 0)
 
 
+def test_fedcad_class_weights_from_the_softmax_at_tau():
+    from types import SimpleNamespace
+    cls = get_algorithm("fedcad")
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])     # one auxiliary sample of class 0, one of class 1
+    tools = SimpleNamespace(logits=lambda floats: logits, data=SimpleNamespace(labels=torch.tensor([0, 1])))
+    # tau = 2: p_0 = e / (e + 2) = 0.57612, alpha_0 = 0.2 (2 p_0 - 1) + 0.5; p_1 = e^0.5 / (e^0.5 + 2) = 0.45186;
+    # class 2 has no auxiliary sample: beta
+    expected = {True: [0.530447, 0.480745, 0.3],
+                # tau = 1: p_0 = e^2 / (e^2 + 2) = 0.78698, p_1 = e / (e + 2) = 0.57612
+                False: [0.614794, 0.530447, 0.3]}
+    for at_tau, values in expected.items():
+        algo = cls(cls.Options(beta=0.3, gamma=0.7, tau=2.0, weights_at_tau=at_tau), small_setup())
+        algo.server_start(None, tools)
+        assert torch.allclose(algo.class_weights(None).float(), torch.tensor(values), atol=1e-5)
+
+
 def test_fedcsd_prototype_reduction_equals_central_prototypes():
     setup = small_setup(classes=4)
     cls = get_algorithm("fedcsd")

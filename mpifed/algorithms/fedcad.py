@@ -18,13 +18,20 @@ class FedCAD(Algorithm):
     Before each round (Alg. 1, line 3) the server runs the global model on its auxiliary
     set (``data.server_holdout_per_class``: 32 per class in the paper, drawn from the
     training data and given to no client) and computes alpha_y with
-    :func:`mpifed.losses.cad_class_weights` (Eq. 6) from its plain softmax (temperature 1:
-    the paper leaves the temperature of Eq. 6 open; its source, Lukasik et al., uses plain
-    probabilities), then broadcasts the C weights. The teacher is the round's global model.
-    tau = 2 as the paper sets for FedLSD. beta = 0.3, gamma = 0.7 from the paper's grid
-    {0, 0.3, 0.5, 0.7}: the paper reports no chosen pair; this one keeps every class
-    distilled (beta > 0) and spans the widest range the grid allows above it. With
-    beta = gamma = 0 the method is FedAvg; with beta = gamma = alpha, FedLSD.
+    :func:`mpifed.losses.cad_class_weights` (Eq. 6), then broadcasts the C weights. Eq. 6
+    uses the paper's p^g, the global model's softmax at temperature tau (Eq. 2);
+    ``weights_at_tau: false`` uses the plain softmax instead (as Lukasik et al., the source
+    of Eq. 6, do), which gives larger weights to the classes the global model gets right.
+    The teacher is the round's global model. tau = 2 as the paper sets for FedLSD.
+    beta = 0.3, gamma = 0.7 from the paper's grid {0, 0.3, 0.5, 0.7}: the paper reports no
+    chosen pair; this one keeps every class distilled (beta > 0) and spans the widest range
+    the grid allows above it. With beta = gamma = 0 the method is FedAvg; with
+    beta = gamma = alpha, FedLSD.
+
+    The KL term carries tau^2, as every temperature-scaled KL in :mod:`mpifed.losses` does
+    (it keeps the term's gradient scale independent of tau). Alg. 1 writes L_d without it,
+    so at tau = 2 the distillation term weighs 4x the literal formula's against the
+    cross-entropy.
     """
 
     name = "fedcad"
@@ -35,6 +42,8 @@ class FedCAD(Algorithm):
         beta: float = opt(0.3, "lower bound of the class weights", min=0, max=1)
         gamma: float = opt(0.7, "upper bound of the class weights", min=0, max=1)
         tau: float = opt(2.0, "distillation temperature", min=0, exclusive_min=True)
+        weights_at_tau: bool = opt(True, "Eq. 6 from the global model's softmax at temperature tau (the paper's p^g); "
+                                         "false: at temperature 1")
 
         def check(self) -> list[str]:
             return [f"beta ({self.beta}) must not exceed gamma ({self.gamma})"] if self.beta > self.gamma else []
@@ -52,7 +61,8 @@ class FedCAD(Algorithm):
         self.tools = tools
 
     def class_weights(self, global_floats: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.tools.logits(global_floats).double(), dim=1)
+        tau = self.options.tau if self.options.weights_at_tau else 1.0
+        probs = torch.softmax(self.tools.logits(global_floats).double() / tau, dim=1)
         return cad_class_weights(probs, self.tools.data.labels, self.options.beta, self.options.gamma, self.setup.num_classes)
 
     def downlink(self, rnd, global_floats):

@@ -30,7 +30,11 @@ class FedCSD(Algorithm):
 
     The paper calls the teacher frozen, so by default the similarity score carries no
     gradient and the teacher runs in eval mode; ``similarity_grad`` and ``teacher_train_mode``
-    reproduce the official code (gradient through the score; BatchNorm in train mode).
+    take the official code's choices instead (gradient through the score; BatchNorm in train
+    mode). Two more differences of the official code follow the paper here and have no
+    option: it takes the mask from the refined teacher logits (the paper's Eq. 13: the
+    teacher's own prediction), and it weighs the losses (1 - mu) CE + mu L_CSD (Eq. 15:
+    CE + mu L_CSD).
     """
 
     name = "fedcsd"

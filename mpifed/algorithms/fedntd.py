@@ -14,8 +14,9 @@ class FedNTD(Algorithm):
 
     The teacher is this round's global model, frozen, in eval mode, queried under no_grad
     on the same (augmented) batch as the student. Defaults tau = 1, beta = 1 are the
-    official configuration's (``config/fedntd.json``). The KL carries tau^2 as in the
-    official code's latest criterion (no effect at tau = 1). No extra communication.
+    official configuration's (``config/fedntd.json``). The KL carries tau^2 as every
+    temperature-scaled KL in :mod:`mpifed.losses` does (the official code has had versions
+    with and without it; no effect at the default tau = 1). No extra communication.
     """
 
     name = "fedntd"
