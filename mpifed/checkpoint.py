@@ -65,6 +65,11 @@ def load(path: Path) -> dict[str, Any]:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
+def rounds_done(path: Path) -> int:
+    """The number of completed rounds a checkpoint file holds, from its name."""
+    return int(_NAME.match(path.name).group(1))
+
+
 def all_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoint files, oldest first."""
     if not folder.is_dir():

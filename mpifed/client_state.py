@@ -3,8 +3,8 @@
 Clients move between workers from round to round, so their state lives in files of the
 run directory that any worker can read: ``client_state/<cid>/r<round>.pt``, one version
 per round the client trained in. A worker loads the newest version written before the
-current round; versions that a resume from the last checkpoint could still need are kept,
-older ones are deleted, newer ones are discarded on resume.
+current round; versions that a resume from any checkpoint still on disk could need are
+kept, older ones are deleted, newer ones are discarded on resume.
 """
 from __future__ import annotations
 
@@ -36,14 +36,15 @@ class ClientStateStore:
             return None
         return torch.load(self.root / str(cid) / f"r{before[-1]}.pt", map_location="cpu", weights_only=False)
 
-    def save(self, cid: int, rnd: int, state: dict[str, Any], last_checkpoint: int) -> None:
-        """Write the state after round ``rnd`` (atomically) and delete versions no resume can need."""
+    def save(self, cid: int, rnd: int, state: dict[str, Any], keep_from_round: int) -> None:
+        """Write the state after round ``rnd`` (atomically) and delete the versions that no resume at
+        round ``keep_from_round`` or later can need."""
         folder = self.root / str(cid)
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".r{rnd}.pt.tmp{os.getpid()}"
         torch.save({k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in state.items()}, tmp)
         os.replace(tmp, folder / f"r{rnd}.pt")
-        needed = [v for v in self._versions(cid) if v < last_checkpoint]
+        needed = [v for v in self._versions(cid) if v < keep_from_round]
         keep_from = needed[-1] if needed else 0
         for v in self._versions(cid):
             if v < keep_from:

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -271,6 +272,9 @@ class _Builder:
         converted = _convert_scalar(tp, v)
         if converted is _INVALID:
             self.fail(path, f"expected {_type_name(tp)}, got {v!r}")
+            return v
+        if isinstance(converted, float) and not math.isfinite(converted):
+            self.fail(path, f"expected a finite number, got {v!r}")
             return v
         if f is not None:
             self.check_range(converted, path, f)

@@ -68,8 +68,15 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         run_path = Path(args.resume)
         if not RunDir(run_path).holds_run():
             raise RunError(f"--resume {run_path}: no run there (no config.yaml); give the run directory, e.g. runs/<name>")
-        base = RunDir(run_path).read_config()
+        try:
+            base = RunDir(run_path).read_config()
+        except yaml.YAMLError as exc:
+            raise RunError(f"--resume {run_path}: its config.yaml is not valid YAML ({exc}); repair it "
+                           "(every checkpoint holds a copy of the resolved config under the key 'config')") from None
     cfg, d = config.load(args.config, overrides, base=base)
+    if args.resume == "" and cfg.run.name is None:
+        raise RunError("--resume without a run directory continues run.root/run.name, but run.name is not set: "
+                       "give the directory (--resume runs/<name>) or the name (--set run.name=<name>)")
     if run_path is None:
         if cfg.run.name is None:
             stem = Path(args.config[-1]).stem if args.config else "quickstart"
@@ -84,11 +91,14 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         resume_from = checkpoint.latest(run.checkpoints)
         if resume_from is not None:
             state = checkpoint.load(resume_from)
+            if state["rounds_done"] > cfg.train.rounds:
+                raise RunError(f"cannot resume {run_path} with train.rounds={cfg.train.rounds}: it has already "
+                               f"completed {state['rounds_done']} rounds. Set train.rounds to at least that")
             changed = config.diff_keys(state["config_math"], config.math_fingerprint(d))
             if changed:
                 raise RunError(f"cannot resume {run_path}: these settings differ from the checkpoint and change the "
                                f"results: {', '.join(changed)}. Undo them, or start a new run (another run.name)")
-    elif run.holds_run():
+    elif run.holds_run() and not args.show_config:
         if not args.overwrite:
             raise RunError(f"{run_path} already holds a run. Continue it with --resume {run_path}, start a new one "
                            f"with --set run.name=<new name>, or replace it with --overwrite")
@@ -214,7 +224,14 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int) -
     if rank != 0:
         worker = Worker(rank - 1, size - 1, algo, manifest, transform, peers, cfg.run.seed,
                         cfg.resources.cache_mb, cfg.train.eval_batch_size, run.path)
-        serve(worker, w)
+        try:
+            serve(worker, w)
+        except BaseException as exc:
+            latest = checkpoint.latest(run.checkpoints)
+            if run.path.is_dir():
+                run.write_json("status.json", {"state": "failed", "error": f"rank {rank}: {type(exc).__name__}: {exc}",
+                                               "checkpoint": str(latest) if latest else None})
+            raise
         return 0
 
     run.create()

@@ -15,7 +15,7 @@ class RoundPlan:
     assignment: list[list[int]] = field(default_factory=list)   # client ids per worker
     evaluate: bool = False
     stop: bool = False
-    last_checkpoint: int = 0   # rounds completed at the last checkpoint (for pruning client state)
+    keep_states_from: int = 0   # a resume may start at this round or later (client-state versions it needs are kept)
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) -> np.ndarray:

@@ -68,7 +68,7 @@ class RunDir:
         """Rewrite a .jsonl log (atomically) without the lines of rounds after ``rounds_done``."""
         path = self.path / name
         lines = path.read_text().splitlines() if path.exists() else []
-        kept = [line for line in lines if line.strip() and json.loads(line).get("round", 0) <= rounds_done]
+        kept = [line for line in lines if (r := _round_of(line)) is not None and r <= rounds_done]
         atomic_write(path, "".join(line + "\n" for line in kept))
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
@@ -84,3 +84,12 @@ class RunDir:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _round_of(line: str) -> int | None:
+    """The round of a .jsonl line; None for a blank line or one cut short by a crash mid-append."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row.get("round", 0) if isinstance(row, dict) else None

@@ -100,7 +100,7 @@ class Server:
         plan = RoundPlan(round=rnd, lr=cfg.train.lr * cfg.train.lr_decay ** rnd,
                          assignment=assign_clients(clients, self.manifest.client_sizes, self.workers),
                          evaluate=(rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.train.rounds,
-                         last_checkpoint=self.last_checkpoint_round)
+                         keep_states_from=self._oldest_resume_round(rnd))
         world.sync("start of round")
         world.bcast_object(plan)
 
@@ -175,6 +175,12 @@ class Server:
             f"round {rnd + 1}/{self.cfg.train.rounds}{acc}  train_loss {row['train_loss']:.4f}  "
             f"{t['round']:.2f} s (down {t['downlink']:.3f}, train {t['local_training']:.2f}, "
             f"up {t['uplink']:.3f}, eval {t.get('evaluation', 0.0):.2f})")
+
+    def _oldest_resume_round(self, rnd: int) -> int:
+        """The earliest round a resume could start at: the oldest checkpoint on disk, or (with none)
+        a checkpoint written after this round."""
+        kept = checkpoint.all_checkpoints(self.run_dir.checkpoints)
+        return checkpoint.rounds_done(kept[0]) if kept else rnd + 1
 
     def _stop_now(self) -> bool:
         return stop_requested() or self.worker_stop

@@ -113,7 +113,7 @@ class Worker:
             totals["_ints"] += ctx.flat.ints.cpu().double() * ctx.num_samples
             totals["_samples"] += ctx.num_samples
             if self.states is not None:
-                self.states.save(cid, plan.round, ctx.state or {}, plan.last_checkpoint)
+                self.states.save(cid, plan.round, ctx.state or {}, plan.keep_states_from)
             reports.append(ClientReport(cid, self.index, ctx.num_samples, ctx.steps, ctx.loss_sum / max(ctx.seen, 1),
                                         time.perf_counter() - start, ctx.extra))
         return up_buf, reports

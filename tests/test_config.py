@@ -42,6 +42,14 @@ def test_wrong_type_and_range_name_the_key():
     assert "run.seed: -1 is out of range" in msg
 
 
+@pytest.mark.parametrize("key", ["train.participation", "train.lr", "comm.timeout_s", "algorithm.mu"])
+@pytest.mark.parametrize("value", ["nan", ".inf", "-inf"])
+def test_non_finite_numbers_are_rejected(key, value):
+    overrides = ["algorithm.name=fedcsd"] if key.startswith("algorithm.") else []
+    with pytest.raises(ConfigError, match=f"{key}: expected a finite number"):
+        config.load(overrides=overrides + [f"{key}={value}"])
+
+
 def test_options_of_another_choice_are_rejected():
     with pytest.raises(ConfigError) as e:
         config.load(overrides=["data.partition.name=iid", "data.partition.beta=0.1"])

@@ -63,8 +63,11 @@ def test_mnist_idx_files(tmp_path):
         write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", np.arange(n, dtype=np.uint8) % 10)
     raw = load("fashion_mnist", root=str(tmp_path))
     assert raw.train_x.shape == (12, 1, 28, 28) and raw.test_y.tolist() == [0, 1, 2, 3]
-    with pytest.raises(DataMissing, match="download=true"):
+    with pytest.raises(DataMissing, match="the folder does not exist.*download=true"):
         load("mnist", root=str(tmp_path / "nowhere"))
+    (tmp_path / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataMissing, match=r"t10k-labels-idx1-ubyte\(\.gz\) is missing"):
+        load("fashion_mnist", root=str(tmp_path))
 
 
 def write_leaf(folder, users, per_user):

@@ -77,11 +77,21 @@ def test_nan_loss_is_a_clear_error(tmp_path):
     assert "the local loss is nan" in p.stderr.lower() and "Lower train.lr" in p.stderr
 
 
+
+def test_nan_loss_on_a_worker_marks_the_run_failed(has_mpirun, tmp_path):
+    p = run_mpi(3, tiny(tmp_path, "train.lr=1e12", "train.momentum=0"), check=False, timeout=120)
+    assert p.returncode != 0 and "Lower train.lr" in p.stderr
+    status = json.loads((tmp_path / "runs" / "run" / "status.json").read_text())
+    assert status["state"] == "failed" and "rank" in status["error"] and "nan" in status["error"].lower()
+
+
 def test_existing_run_directory_is_not_overwritten(debug_run, tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=1"))
     p = run_debug(tiny(tmp_path, "train.rounds=1"), check=False)
     assert p.returncode == 2 and "already holds a run" in p.stderr and "--resume" in p.stderr
     run_debug(tiny(tmp_path, "train.rounds=1") + ["--overwrite"])
+    p = run_debug(tiny(tmp_path, "train.rounds=5") + ["--show-config", "--overwrite"])
+    assert "rounds: 5" in p.stdout and (tmp_path / "runs" / "run" / "model.pt").exists()
 
 
 def test_client_state_follows_clients_across_workers(has_mpirun, tmp_path):

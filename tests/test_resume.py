@@ -1,4 +1,5 @@
 """Checkpoints and resume: a run stopped by a signal and resumed equals the run never stopped."""
+import json
 import signal
 import subprocess
 import sys
@@ -90,3 +91,40 @@ def test_resume_without_checkpoint_starts_the_run(tmp_path):
     assert "no checkpoint" in p.stdout and "finished" in p.stdout
     p = run_debug(["--resume", str(tmp_path / "nothing-here")], check=False)
     assert p.returncode == 2 and "no run there" in p.stderr
+    p = run_debug(["--resume", "--set", f"run.root={tmp_path / 'runs'}"], check=False)
+    assert p.returncode == 2 and "run.name is not set" in p.stderr
+
+
+def test_resume_from_an_older_checkpoint_keeps_client_state(tmp_path):
+    """Client-state versions stay while any kept checkpoint needs them, and a line torn by a
+    crash mid-append does not stop the resume."""
+    scaffold = ("algorithm.name=scaffold", "train.participation=0.6", "run.keep_checkpoints=3")
+    run_debug(args_for(tmp_path, *scaffold, name="full"))
+    run_debug(args_for(tmp_path, *scaffold, name="cut"))
+    cut = tmp_path / "runs" / "cut"
+    for rounds_done in (4, 6):
+        checkpoint.path_for(cut / "checkpoints", rounds_done).unlink()
+    with open(cut / "clients.jsonl", "a") as f:
+        f.write('{"round": 7, "clie')
+    p = run_debug(["--resume", str(cut)])
+    assert "resuming" in p.stdout and "after round 2" in p.stdout
+    assert_same_model(final_model(cut), final_model(tmp_path / "runs" / "full"))
+    assert metrics(cut) == metrics(tmp_path / "runs" / "full")
+    assert client_losses(cut) == client_losses(tmp_path / "runs" / "full")
+
+
+def client_losses(run):
+    rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+    return [(r["round"], [(c["cid"], c["train_loss"]) for c in r["clients"]]) for r in rows]
+
+
+def test_client_state_without_checkpoints_keeps_one_version_per_client(tmp_path):
+    run_debug(tiny(tmp_path, "algorithm.name=scaffold", "train.rounds=4", "run.checkpoint_every=0"))
+    folders = list((tmp_path / "runs" / "run" / "client_state").iterdir())
+    assert folders and all(len(list(f.iterdir())) == 1 for f in folders)
+
+
+def test_resume_with_fewer_rounds_than_done_is_refused(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=2"))
+    p = run_debug(["--resume", str(tmp_path / "runs" / "run"), "--set", "train.rounds=1"], check=False)
+    assert p.returncode == 2 and "already completed 2 rounds" in p.stderr

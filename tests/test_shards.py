@@ -97,6 +97,15 @@ def test_missing_client_shard_is_caught_before_training(tmp_path):
         verify_files(Manifest.load(m.root))
 
 
+def test_incomplete_manifest_says_how_to_re_prepare(tmp_path):
+    m = prepare(cfg_for(tmp_path), log=lambda s: None)
+    raw = json.loads((m.root / "manifest.json").read_text())
+    del raw["spec"]
+    (m.root / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(PreparedDataError, match=r"incomplete or malformed.*'spec'.*--force"):
+        Manifest.load(m.root)
+
+
 def test_concurrent_preparation_of_the_same_folder(tmp_path):
     """Processes that prepare the same folder at once (a job array) all end up using one copy."""
     import subprocess

@@ -118,7 +118,7 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
             except FileNotFoundError as missing:
                 if not options.download:
                     raise DataMissing(
-                        f"{title}: {missing} not found under {root}. Point data.dataset.root at the folder "
+                        f"{title}: cannot read the IDX files in {root}: {missing}. Point data.dataset.root at the folder "
                         f"with the IDX files, or set data.dataset.download=true to fetch them with torchvision") from None
             import torchvision
             getattr(torchvision.datasets, torchvision_name)(str(root), train=True, download=True)
@@ -127,7 +127,7 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
         @staticmethod
         def _read(root: Path) -> RawData:
             if not root.is_dir():
-                raise FileNotFoundError(f"folder {root}")
+                raise FileNotFoundError("the folder does not exist")
             trx, try_ = load_idx_split(root, "train")
             tex, tey = load_idx_split(root, "t10k")
             return RawData(trx, try_, tex, tey, 10, f"{title} IDX files in {root}")

@@ -39,7 +39,7 @@ def find_idx(root: Path, stem: str) -> Path:
         for name in (stem, stem + ".gz"):
             if (folder / name).is_file():
                 return folder / name
-    raise FileNotFoundError(stem)
+    raise FileNotFoundError(f"{stem}(.gz) is missing")
 
 
 def load_idx_split(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:

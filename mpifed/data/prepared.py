@@ -83,6 +83,14 @@ class Manifest:
             raise PreparedDataError(f"{path} is corrupt ({exc}); re-prepare with python -m mpifed.prepare --config <config> --force") from None
         if m.get("format") != FORMAT:
             raise PreparedDataError(f"{root} was prepared by another mpifed version (format {m.get('format')}); re-prepare with --force")
+        try:
+            return Manifest._from_json(root, m)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PreparedDataError(f"{path} is incomplete or malformed ({type(exc).__name__}: {exc}); "
+                                    "re-prepare with python -m mpifed.prepare --config <config> --force") from None
+
+    @staticmethod
+    def _from_json(root: Path, m: dict[str, Any]) -> "Manifest":
         return Manifest(
             root=root, spec=m["spec"], num_classes=m["num_classes"], image_shape=tuple(m["image_shape"]),
             mean=m["mean"], std=m["std"], crop_padding=m["crop_padding"], flip=m["flip"],
