@@ -4,9 +4,9 @@
 #   launch/local.sh N [mpifed arguments...]
 #   launch/local.sh 11 --config configs/quickstart.yaml --set train.rounds=5
 #
-# Adds what the machine needs: Open MPI's root variables only when run as root,
+# Adds what the machine needs (with Open MPI): its root variables only when run as root,
 # --oversubscribe and --bind-to none when N exceeds the cores (waiting ranks yield
-# the CPU, so oversubscription is cheap). PYTHON selects the interpreter (default python3).
+# the CPU, so oversubscription is cheap), --bind-to none inside a Slurm job. PYTHON selects the interpreter (default python3).
 set -euo pipefail
 
 if [ $# -lt 1 ] || ! [[ "$1" =~ ^[0-9]+$ ]] || [ "$1" -lt 1 ]; then

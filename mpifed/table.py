@@ -7,7 +7,7 @@
 
 A table file lists ``settings`` and ``methods`` (config files relative to it, each run is
 ``--config <setting> --config <method>``), ``seeds`` and the ``metric`` its paper reports.
-Runs go to ``runs/<table>/<setting>-<method>-s<seed>``; finished runs are skipped and
+Runs go to ``runs/<paper>-<table>/<setting>-<method>-s<seed>``; finished runs are skipped and
 stopped ones resumed, so ``--run`` and array jobs can be repeated safely.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ The round (server.py / worker.py) calls, in this order::
 
     server: downlink(rnd, w)            -> extra tensors sent with the global weights w
     worker: round_start(rnd, down)      once per round, e.g. load the teacher
-    worker: client_statistics(client)   summed over all clients of all workers (MPI
+    worker: client_statistics(data, tf) summed over all clients of all workers (MPI
             use_statistics(totals)      Allreduce) before local training, e.g. prototypes
     worker: local_train(ctx)            per client; the default loop calls loss(...)
     worker: client_uplink(ctx)          per client, summed over clients and workers
