@@ -227,10 +227,8 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int) -
         try:
             serve(worker, w)
         except BaseException as exc:
-            latest = checkpoint.latest(run.checkpoints)
             if run.path.is_dir():
-                run.write_json("status.json", {"state": "failed", "error": f"rank {rank}: {type(exc).__name__}: {exc}",
-                                               "checkpoint": str(latest) if latest else None})
+                _mark_failed(run, f"rank {rank}: {type(exc).__name__}: {exc}")
             raise
         return 0
 
@@ -271,11 +269,17 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int) -
     try:
         return server.run()
     except BaseException as exc:
-        run.write_json("status.json", {"state": "failed", "error": f"{type(exc).__name__}: {exc}",
-                                       "checkpoint": str(server.last_checkpoint) if server.last_checkpoint else None})
+        _mark_failed(run, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         run.close()
+
+
+def _mark_failed(run: RunDir, error: str) -> None:
+    """Record in status.json that the run failed, with the checkpoint to resume from."""
+    from mpifed import checkpoint
+    latest = checkpoint.latest(run.checkpoints)
+    run.write_json("status.json", {"state": "failed", "error": error, "checkpoint": str(latest) if latest else None})
 
 
 if __name__ == "__main__":

@@ -64,6 +64,10 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
+    def write_rows(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """Replace a .jsonl log (atomically) with ``rows``."""
+        atomic_write(self.path / name, "".join(json.dumps(r) + "\n" for r in rows))
+
     def keep_rounds(self, name: str, rounds_done: int) -> None:
         """Rewrite a .jsonl log (atomically) without the lines of rounds after ``rounds_done``."""
         path = self.path / name

@@ -8,7 +8,6 @@ line of the round.
 from __future__ import annotations
 
 import io
-import json
 import statistics
 import time
 from dataclasses import asdict
@@ -62,7 +61,7 @@ class Server:
             self.global_floats = tools.flat.floats.detach().clone()
             self.global_ints = tools.flat.ints.detach().clone()
             for log in ("metrics.jsonl", "clients.jsonl"):
-                run.keep_rounds(log, 0)
+                run.write_rows(log, [])
             algo.server_start(self.global_floats, tools)
         else:
             self._restore(resume)
@@ -214,7 +213,7 @@ class Server:
         self.last_checkpoint_round = state["rounds_done"]
         self.last_checkpoint = checkpoint.path_for(self.run_dir.checkpoints, state["rounds_done"])
         self.elapsed_before = state["elapsed_s"]
-        atomic_write(self.run_dir.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.metrics))
+        self.run_dir.write_rows("metrics.jsonl", self.metrics)
         self.run_dir.keep_rounds("clients.jsonl", self.start_round)
 
     def elapsed(self) -> float:
