@@ -1,27 +1,101 @@
-"""Per-client state that persists across rounds (SCAFFOLD's control variate, a previous model).
+"""Per-client state that persists across rounds (SCAFFOLD's control variate, MOON's previous model).
 
-Clients move between workers from round to round, so their state lives in files of the
-run directory that any worker can read: ``client_state/<cid>/r<round>.pt``, one version
-per round the client trained in. A worker loads the newest version written before the
-current round; versions that a resume from any checkpoint still on disk could need are
-kept, older ones are deleted, newer ones are discarded on resume.
+A method declares its per-client state (``Messages.client_state``); each client's state is
+one packed buffer. A worker keeps the states of the clients it trained in memory, within
+``resources.client_state_mb``; what does not fit is written to the run directory
+(``client_state/<cid>/r<round>.bin``, the round the client last trained in). When a client
+is next trained by another worker, the round protocol moves its state there (point to
+point), so with enough memory a state is written to disk only at checkpoints:
+:meth:`ClientStates.flush` writes every state changed since the last flush before the
+server writes a checkpoint, which keeps resume exact.
+
+Versions on disk that a resume from any checkpoint still on disk could need are kept, older
+ones deleted; a resume discards the versions written after its checkpoint.
 """
 from __future__ import annotations
 
 import os
 import re
-import shutil
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
 
-_VERSION = re.compile(r"^r(\d+)\.pt$")
+from mpifed.protocol import Layout
+
+_VERSION = re.compile(r"^r(\d+)\.bin$")
 
 
-class ClientStateStore:
-    def __init__(self, root: Path) -> None:
+class ClientStateError(RuntimeError):
+    """A stored client state is unreadable or has the wrong size."""
+
+
+@dataclass
+class _Entry:
+    round: int          # the round the client last trained in
+    buf: np.ndarray     # the packed state (uint8)
+    dirty: bool         # not yet written to disk
+
+
+class ClientStates:
+    """One worker's client states: memory (least recently used beyond the budget spills to disk) and disk."""
+
+    def __init__(self, root: Path, layout: Layout, budget_mb: int) -> None:
         self.root = root
+        self.layout = layout
+        self.budget = budget_mb * 2**20
+        self._memory: OrderedDict[int, _Entry] = OrderedDict()
+
+    # ------------------------------------------------------------ one client
+    def get(self, cid: int, rnd: int) -> dict[str, torch.Tensor] | None:
+        """The client's state from its latest round before ``rnd`` (copies); None if it never trained."""
+        entry = self._memory.get(cid)
+        if entry is None:
+            entry = self._read_latest(cid, rnd)
+            if entry is None:
+                return None
+        return {k: v.clone() for k, v in self.layout.views(entry.buf).items()}
+
+    def put(self, cid: int, rnd: int, state: dict[str, torch.Tensor], keep_from: int) -> None:
+        """Keep the client's state after round ``rnd``; spill the least recently used beyond the budget."""
+        self._memory[cid] = _Entry(rnd, self.layout.pack(state), dirty=True)
+        self._memory.move_to_end(cid)
+        while self._memory and self._bytes() > self.budget:
+            old_cid, old = self._memory.popitem(last=False)
+            if old.dirty:
+                self._write(old_cid, old, keep_from)
+
+    def export(self, cid: int, rnd: int) -> np.ndarray | None:
+        """The client's state as one buffer to send to another worker (the round first, as int64),
+        dropped from this worker's memory; None if it has none."""
+        entry = self._memory.pop(cid, None) or self._read_latest(cid, rnd)
+        if entry is None:
+            return None
+        head = np.array([entry.round, int(entry.dirty)], dtype=np.int64).view(np.uint8)
+        return np.concatenate([head, entry.buf])
+
+    def adopt(self, cid: int, message: np.ndarray) -> None:
+        """Take a state that :meth:`export` produced on another worker."""
+        rnd, dirty = message[:16].view(np.int64)
+        self._memory[cid] = _Entry(int(rnd), message[16:].copy(), bool(dirty))
+        self._memory.move_to_end(cid)
+
+    @property
+    def message_bytes(self) -> int:
+        return 16 + self.layout.nbytes
+
+    # ------------------------------------------------------------ all clients
+    def flush(self, keep_from: int) -> None:
+        """Write every state changed since the last flush (before a checkpoint)."""
+        for cid, entry in self._memory.items():
+            if entry.dirty:
+                self._write(cid, entry, keep_from)
+
+    # ------------------------------------------------------------ disk
+    def _bytes(self) -> int:
+        return sum(e.buf.nbytes for e in self._memory.values())
 
     def _versions(self, cid: int) -> list[int]:
         folder = self.root / str(cid)
@@ -29,36 +103,41 @@ class ClientStateStore:
             return []
         return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _VERSION.match(p.name)))
 
-    def load(self, cid: int, rnd: int) -> dict[str, Any] | None:
-        """The client's state as written in its latest round before ``rnd`` (None if it never trained)."""
+    def _read_latest(self, cid: int, rnd: int) -> _Entry | None:
         before = [v for v in self._versions(cid) if v < rnd]
         if not before:
             return None
-        return torch.load(self.root / str(cid) / f"r{before[-1]}.pt", map_location="cpu", weights_only=False)
+        path = self.root / str(cid) / f"r{before[-1]}.bin"
+        buf = np.fromfile(path, dtype=np.uint8)
+        if buf.nbytes != self.layout.nbytes:
+            raise ClientStateError(f"{path} holds {buf.nbytes} bytes, the method's client state has {self.layout.nbytes}: "
+                                   f"the file is damaged or from another run; resume from an earlier checkpoint or start afresh")
+        return _Entry(before[-1], buf, dirty=False)
 
-    def save(self, cid: int, rnd: int, state: dict[str, Any], keep_from_round: int) -> None:
-        """Write the state after round ``rnd`` (atomically) and delete the versions that no resume at
-        round ``keep_from_round`` or later can need."""
+    def _write(self, cid: int, entry: _Entry, keep_from: int) -> None:
         folder = self.root / str(cid)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".r{rnd}.pt.tmp{os.getpid()}"
-        torch.save({k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in state.items()}, tmp)
-        os.replace(tmp, folder / f"r{rnd}.pt")
-        needed = [v for v in self._versions(cid) if v < keep_from_round]
-        keep_from = needed[-1] if needed else 0
+        tmp = folder / f".r{entry.round}.bin.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(entry.buf.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / f"r{entry.round}.bin")
+        entry.dirty = False
+        needed = [v for v in self._versions(cid) if v < keep_from]
+        oldest_needed = needed[-1] if needed else 0
         for v in self._versions(cid):
-            if v < keep_from:
-                (folder / f"r{v}.pt").unlink(missing_ok=True)
+            if v < oldest_needed:
+                (folder / f"r{v}.bin").unlink(missing_ok=True)
 
-    def discard_from(self, rnd: int) -> None:
-        """Delete every version written in round ``rnd`` or later (on resume from a checkpoint at ``rnd``)."""
-        if not self.root.is_dir():
-            return
-        for folder in self.root.iterdir():
-            for p in folder.iterdir():
-                m = _VERSION.match(p.name)
-                if (m and int(m.group(1)) >= rnd) or p.name.startswith("."):
-                    p.unlink(missing_ok=True)
 
-    def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+def discard_from(root: Path, rnd: int) -> None:
+    """Delete every stored version written in round ``rnd`` or later, and leftovers of interrupted
+    writes (on resume from the checkpoint after ``rnd`` rounds)."""
+    if not root.is_dir():
+        return
+    for folder in root.iterdir():
+        for p in folder.iterdir():
+            m = _VERSION.match(p.name)
+            if (m and int(m.group(1)) >= rnd) or p.name.startswith("."):
+                p.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 _SYNC_TAG = 7301
+_MOVE_TAG = 7401
 
 
 def _summable(buf: np.ndarray) -> np.ndarray:
@@ -61,6 +62,16 @@ class Comm:
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         return [obj]
+
+    def gatherv(self, buf: np.ndarray, counts: list[int], recv: np.ndarray | None, root: int = 0) -> np.ndarray | None:
+        """Rank r's ``buf`` (``counts[r]`` bytes, uint8) concatenated in rank order into ``recv`` on ``root``."""
+        return buf
+
+    def exchange(self, sends: list[tuple[int, int, np.ndarray]], recvs: list[tuple[int, int, np.ndarray]]) -> None:
+        """Point to point: each (peer, key, buffer) of ``sends`` goes to that peer, each of ``recvs`` is
+        filled from it; between two ranks, sends and receives pair up in list order."""
+        if sends or recvs:
+            raise RuntimeError("a single process has no peer to exchange buffers with")
 
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()
@@ -172,6 +183,25 @@ class MpiComm(Comm):
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         with self._watchdog("gather of the client reports"):
             return self.comm.gather(obj, root=root)
+
+    def gatherv(self, buf: np.ndarray, counts: list[int], recv: np.ndarray | None, root: int = 0) -> np.ndarray | None:
+        if buf.nbytes != counts[self.rank]:
+            raise RuntimeError(f"rank {self.rank} sends {buf.nbytes} bytes where the layout expects {counts[self.rank]}")
+        with self._watchdog("gather of the per-client rows"):
+            if self.rank == root:
+                total = sum(counts)
+                displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
+                self.comm.Gatherv(buf, [recv[:total], counts, displs, self._mpi.BYTE], root=root)
+                return recv[:total]
+            self.comm.Gatherv(buf, None, root=root)
+        return None
+
+    def exchange(self, sends: list[tuple[int, int, np.ndarray]], recvs: list[tuple[int, int, np.ndarray]]) -> None:
+        # one tag for all: MPI delivers the messages between two ranks in the order they were posted,
+        # and both sides post them in the order of the (same) list of moves
+        requests = [self.comm.Isend(buf, dest=peer, tag=_MOVE_TAG) for peer, _, buf in sends]
+        requests += [self.comm.Irecv(buf, source=peer, tag=_MOVE_TAG) for peer, _, buf in recvs]
+        self._poll(requests, "moves of client state between workers", lambda: sorted({p for p, _, _ in sends + recvs}))
 
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()

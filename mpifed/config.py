@@ -74,24 +74,17 @@ def choice(registry: Callable[[], dict[str, type]], default: str, help: str,
 
 
 # --------------------------------------------------------------------- registries
-def _algorithms() -> dict[str, type]:
-    from mpifed.algorithms import options_registry
-    return options_registry()
+def _options_of(kind: str) -> Callable[[], dict[str, type]]:
+    def options() -> dict[str, type]:
+        from mpifed import registry
+        return {name: entry.Options for name, entry in getattr(registry, kind).items().items()}
+    return options
 
 
-def _partitions() -> dict[str, type]:
-    from mpifed.data.partitions import PARTITIONS
-    return {name: p.Options for name, p in PARTITIONS.items()}
-
-
-def _datasets() -> dict[str, type]:
-    from mpifed.data.datasets import DATASETS
-    return {name: d.Options for name, d in DATASETS.items()}
-
-
-def _models() -> dict[str, type]:
-    from mpifed.models import MODELS
-    return {name: m.Options for name, m in MODELS.items()}
+_algorithms = _options_of("ALGORITHMS")
+_partitions = _options_of("PARTITIONS")
+_datasets = _options_of("DATASETS")
+_models = _options_of("MODELS")
 
 
 # ------------------------------------------------------------------------ schema
@@ -104,6 +97,7 @@ class RunConfig:
     checkpoint_every: int = opt(10, "write a checkpoint every this many rounds (0: only when stopped and at the end)", min=0, math=False)
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
+    tensorboard: bool = opt(False, "also write TensorBoard event files (runs/<name>/tensorboard/) from the metrics rows; needs pip install 'mpifed[tensorboard]'", math=False)
 
 
 @dataclass
@@ -113,6 +107,7 @@ class ResourcesConfig:
     threads: int = opt(0, "torch threads per rank; 0: the node's cores divided by its ranks (at least 1)", min=0, math=False)
     cache_mb: int = opt(2048, "per-worker memory budget for decoded client data (least recently used evicted)", min=1, math=False)
     deterministic: bool = opt(False, "bit-reproducible GPU runs: deterministic torch algorithms (slower); CPU runs are always reproducible", math=False)
+    client_state_mb: int = opt(1024, "per-worker memory for per-client state (MOON's previous models, SCAFFOLD's controls); what does not fit is kept on disk in the run directory", min=0, math=False)
 
 
 @dataclass
@@ -125,6 +120,7 @@ class CommConfig:
 class AugmentConfig:
     crop_padding: int | None = opt(None, "random crop with this zero padding (null: the data set's default, 0: off)", min=0)
     flip: bool | None = opt(None, "random horizontal flip (null: the data set's default)")
+    rotation: float = opt(0.0, "random rotation by up to this many degrees either way (0: off; FedCSD's CIFAR-100 code: 15)", min=0, max=180)
     cutout: int = opt(0, "Cutout square side in pixels (0: off; FedNTD uses 16)", min=0)
 
 
@@ -148,12 +144,26 @@ class TrainConfig:
     participation: float = opt(1.0, "fraction of clients sampled each round", min=0, max=1, exclusive_min=True)
     local_epochs: int = opt(2, "local epochs per client per round", min=1)
     batch_size: int = opt(32, "local mini-batch size", min=1)
-    lr: float = opt(0.05, "local learning rate in round 0", min=0, exclusive_min=True)
-    lr_decay: float = opt(1.0, "learning rate multiplied by this once per round (FedNTD: 0.99)", min=0, max=1, exclusive_min=True)
+    optimizer: Literal["sgd", "adam", "adamw"] = opt("sgd", "local optimiser, rebuilt for every client every round: SGD (with momentum), Adam (L2 weight decay) or AdamW (decoupled weight decay)")
+    lr: float = opt(0.05, "local learning rate in round 1", min=0, exclusive_min=True)
+    lr_schedule: Literal["exponential", "step", "cosine"] = opt("exponential", "learning rate per round: lr * lr_decay^r (exponential), lr * lr_step_factor^(r // lr_step_rounds) (step), or cosine from lr down to lr_min over train.rounds")
+    lr_decay: float = opt(1.0, "exponential schedule: learning rate multiplied by this once per round (FedNTD: 0.99)", min=0, max=1, exclusive_min=True)
+    lr_step_rounds: int = opt(50, "step schedule: rounds between learning-rate drops", min=1)
+    lr_step_factor: float = opt(0.1, "step schedule: factor of each drop", min=0, max=1, exclusive_min=True)
+    lr_min: float = opt(0.0, "cosine schedule: the learning rate after the last round", min=0)
     momentum: float = opt(0.9, "SGD momentum (local; reset for every client every round)", min=0, max=1)
-    weight_decay: float = opt(0.0, "SGD weight decay", min=0)
+    adam_beta1: float = opt(0.9, "Adam/AdamW beta1", min=0, max=1)
+    adam_beta2: float = opt(0.999, "Adam/AdamW beta2", min=0, max=1)
+    adam_eps: float = opt(1e-8, "Adam/AdamW epsilon", min=0, exclusive_min=True)
+    weight_decay: float = opt(0.0, "weight decay (SGD and Adam: L2 term in the gradient; AdamW: decoupled)", min=0)
     grad_clip: float = opt(0.0, "clip the local gradient to this norm (0: off; FedGKD clips at 10)", min=0)
+    client_weights: Literal["samples", "uniform"] = opt("samples", "weight of each client in the server's average: its sample count n_k (the papers' n_k/n) or uniform (FedGKD's official code)")
     eval_batch_size: int = opt(500, "batch size of test-set evaluation", min=1, math=False)
+
+    def check(self) -> list[str]:
+        if self.lr_schedule == "cosine" and self.lr_min > self.lr:
+            return [f"lr_min ({self.lr_min}) must not exceed lr ({self.lr})"]
+        return []
 
 
 @dataclass
@@ -204,6 +214,7 @@ class _Builder:
 
     def __init__(self) -> None:
         self.errors: list[str] = []
+        self.registries: dict[str, dict[str, type]] = {}   # choice path -> its registry's options
 
     def fail(self, path: str, message: str) -> None:
         self.errors.append(f"{path}: {message}")
@@ -219,9 +230,9 @@ class _Builder:
         for key in data:
             if key not in fields:
                 close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-                hint = f"; did you mean '{_join(path, close[0])}'?" if close else ""
-                allowed = ", ".join(fields) or "(no options)"
-                self.fail(_join(path, str(key)), f"unknown key{hint} Allowed here: {allowed}")
+                hint = f"; did you mean '{_join(path, close[0])}'?" if close else "."
+                allowed = ", ".join(fields) or "none"
+                self.fail(_join(path, str(key)), f"unknown key{hint} Allowed here: {allowed}.{self.owners(path, str(key))}")
         kwargs = {}
         for name, f in fields.items():
             if name in data:
@@ -230,6 +241,17 @@ class _Builder:
         if hasattr(obj, "check") and not self.errors:
             self.errors.extend(f"{path}: {m}" for m in obj.check())
         return obj
+
+    def owners(self, path: str, key: str) -> str:
+        """For an option of a choice (algorithm.mu), which entries do have it."""
+        registry = self.registries.get(path)
+        if registry is None:
+            return ""
+        have = sorted(name for name, options in registry.items()
+                      if dataclasses.is_dataclass(options) and key in {f.name for f in dataclasses.fields(options)})
+        if not have:
+            return ""
+        return f" '{key}' is an option of {', '.join(have)}: choose one with {path}.name=..."
 
     def choice(self, f: dataclasses.Field, data: Any, path: str) -> Choice:
         registry = f.metadata["registry"]()
@@ -240,6 +262,7 @@ class _Builder:
             return f.default_factory()
         data = dict(data)
         name = data.pop("name")
+        self.registries[path] = registry
         if name not in registry:
             close = difflib.get_close_matches(str(name), list(registry), n=1, cutoff=0.5)
             hint = f" Did you mean '{close[0]}'?" if close else ""
@@ -360,21 +383,53 @@ def merge(base: dict[str, Any], over: dict[str, Any], path: tuple[str, ...] = ()
     return out
 
 
-def parse_override(text: str) -> dict[str, Any]:
-    """``a.b.c=value`` (value read as YAML) to a nested dict."""
+def _is_string_key(path: tuple[str, ...], data: dict[str, Any]) -> bool:
+    """Whether the config key at ``path`` holds text (so ``run.name=off`` stays the string 'off')."""
+    cls: Any = Config
+    node: Any = data
+    for i, key in enumerate(path):
+        if not dataclasses.is_dataclass(cls):
+            return False
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if key not in fields:
+            return False
+        f = fields[key]
+        node = node.get(key) if isinstance(node, dict) else None
+        if "registry" in f.metadata:
+            if i == len(path) - 1:
+                return False
+            name = node.get("name") if isinstance(node, dict) else node
+            options = f.metadata["registry"]().get(name)
+            if options is None:
+                return False
+            if path[i + 1] == "name":
+                return i + 1 == len(path) - 1
+            cls = options
+            continue
+        cls = _hints(cls)[key]
+    args = typing.get_args(cls) if typing.get_origin(cls) in (Union, types.UnionType) else (cls,)
+    return str in args
+
+
+def parse_override(text: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``a.b.c=value`` to a nested dict: the value read as YAML, or kept as typed when the key
+    holds text (in the config ``data`` being built)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like key.path=value, e.g. train.rounds=5")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: the key {key!r} is not a dotted path like train.rounds")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
+    parts = key.split(".")
+    if data is not None and raw.strip() and _is_string_key(tuple(parts), data):
+        value: Any = raw
+    else:
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
     node: dict[str, Any] = {}
     cur = node
-    parts = key.split(".")
     for part in parts[:-1]:
         cur[part] = {}
         cur = cur[part]
@@ -424,35 +479,77 @@ def cross_checks(cfg: Config) -> list[str]:
     sampled = round(cfg.train.participation * cfg.data.num_clients)
     if sampled < 1:
         errors.append(f"train.participation: {cfg.train.participation} of {cfg.data.num_clients} clients samples no client; raise it to at least {1 / cfg.data.num_clients:.3g}")
-    from mpifed.algorithms import get_algorithm
-    needs = get_algorithm(cfg.algorithm.name).needs_server_data
-    if needs and cfg.data.server_holdout_per_class <= 0:
-        errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({needs}); set it, e.g. --set data.server_holdout_per_class=32")
+    from mpifed.registry import ALGORITHMS
+    method = ALGORITHMS.get(cfg.algorithm.name)
+    if method.needs_server_data and cfg.data.server_holdout_per_class <= 0:
+        errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
+    errors.extend(method.check_config(cfg))
     return errors
+
+
+PER_ALGORITHM = "per_algorithm"
+
+
+def _per_algorithm(layer: dict[str, Any], source: str) -> dict[str, Any]:
+    """Pop and check a file's ``per_algorithm`` section: algorithm name -> config values."""
+    section = layer.pop(PER_ALGORITHM, None) or {}
+    if not isinstance(section, dict) or not all(isinstance(v, dict) for v in section.values()):
+        raise ConfigError(f"{source}: '{PER_ALGORITHM}' must map algorithm names to config values, "
+                          f"e.g. per_algorithm: {{fedprox: {{algorithm: {{mu: 0.001}}}}}}")
+    known = _algorithms()
+    for name in section:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"{source}: {PER_ALGORITHM}.{name}: unknown algorithm.{hint} Known: {', '.join(sorted(known))}")
+    return section
 
 
 def load(paths: list[str] | None = None, overrides: list[str] | None = None,
          base: dict[str, Any] | None = None) -> tuple[Config, dict[str, Any]]:
-    """Defaults (or ``base``, e.g. a run's saved config), then each YAML file, then each
-    ``key=value`` override; returns the config and its plain dict."""
+    """Defaults (or ``base``, e.g. a run's saved config), then each YAML file, then the files'
+    ``per_algorithm`` values for the chosen algorithm, then each ``key=value`` override;
+    returns the config and its plain dict.
+
+    ``per_algorithm`` lets a setting file hold the values a paper uses for a method on that
+    setting (FedProx's mu per data set, say): they are merged after every file, method files
+    included, and before the command line's ``--set``.
+    """
     data = merge(to_dict(Config()), base) if base else to_dict(Config())
+    per_algorithm: dict[str, Any] = {}
     for p in paths or []:
-        data = merge(data, read_yaml(p))
+        layer = read_yaml(p)
+        per_algorithm = merge(per_algorithm, _per_algorithm(layer, str(p)))
+        data = merge(data, layer)
+
     # a choice's name first, so that `--set x.opt=1 x.name=y` keeps x.opt
     def picks_choice(o: str) -> bool:
         key = o.split("=", 1)[0].strip()
         return key.endswith(".name") or _is_choice_path(tuple(key.split(".")))
 
-    ordered = sorted(overrides or [], key=lambda o: not picks_choice(o))
+    ordered: list[dict[str, Any]] = []
+    chosen = data
+    for text in sorted(overrides or [], key=lambda o: not picks_choice(o)):
+        ordered.append(parse_override(text, chosen))
+        chosen = merge(chosen, ordered[-1])
+    algorithm = chosen.get("algorithm", {})
+    name = algorithm.get("name") if isinstance(algorithm, dict) else algorithm
+    if name in per_algorithm:
+        data = merge(data, per_algorithm[name])
     for o in ordered:
-        data = merge(data, parse_override(o))
+        data = merge(data, o)
     cfg = build(data)
     return cfg, cfg.to_dict()
 
 
 def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
-    """The part of a config dict that changes a run's numbers (keys marked ``math=True``)."""
-    return _filter_math(Config, d)
+    """The part of a config dict that changes a run's numbers (keys marked ``math=True``; and
+    train.rounds when the learning-rate schedule depends on it)."""
+    out = _filter_math(Config, d)
+    train = d.get("train", {})
+    if isinstance(train, dict) and train.get("lr_schedule") == "cosine":
+        out.setdefault("train", {})["rounds"] = train.get("rounds")
+    return out
 
 
 def _filter_math(cls: type, d: Any) -> Any:

@@ -15,23 +15,17 @@ import torch.nn.functional as F
 
 from mpifed.data.store import EvalBatch
 from mpifed.data.transforms import BatchTransform
-from mpifed.flat import Packer
-
-
-def eval_packer(test_size: int, batch_size: int, num_classes: int, num_groups: int) -> Packer:
-    batches = -(-test_size // batch_size)
-    return Packer({"loss": ((batches,), np.float64), "correct": ((num_classes,), np.float64),
-                   "group_correct": ((num_groups,), np.float64)})
 
 
 @torch.no_grad()
-def evaluate_share(model: Callable[[torch.Tensor], torch.Tensor], transform: BatchTransform, batches: list[EvalBatch],
-                   packer: Packer) -> np.ndarray:
-    """This rank's contribution to the evaluation sums (``model`` in eval mode, e.g. an InferenceCopy)."""
-    buf = packer.empty()
-    out = packer.views(buf)
+def evaluate_share(model: Callable[[Any], torch.Tensor], transform: BatchTransform, batches: list[EvalBatch],
+                   layout: Any) -> np.ndarray:
+    """This rank's contribution to the evaluation sums (``model`` in eval mode, e.g. an InferenceCopy),
+    in the protocol's evaluation layout (per-batch ``loss``, per-class ``correct``, ``group_correct``)."""
+    buf = layout.empty()
+    out = layout.views(buf)
     for b in batches:
-        logits = model(transform.eval(b.images))
+        logits = model(transform.eval(b.inputs))
         out["loss"][b.index] = float(F.cross_entropy(logits.float(), b.labels, reduction="sum"))
         hit = (logits.argmax(1) == b.labels).cpu()
         labels = b.labels.cpu()

@@ -1,4 +1,4 @@
-"""A network's whole state as two flat tensors, and named tensors packed into one buffer.
+"""A network's whole state as two flat tensors.
 
 :class:`FlatModel` rebinds every floating-point parameter and buffer of a network as a
 view into one contiguous float32 tensor, and every integer buffer (BatchNorm's
@@ -6,8 +6,6 @@ view into one contiguous float32 tensor, and every integer buffer (BatchNorm's
 the local model is sent up without copying it out first.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -77,50 +75,3 @@ class FlatModel:
             out.append(flat[offset: offset + n].view(shape))
             offset += n
         return out
-
-
-@dataclass(frozen=True)
-class Entry:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    offset: int
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * self.dtype.itemsize
-
-
-class Packer:
-    """Named arrays of fixed shapes and dtypes laid out in one contiguous byte buffer."""
-
-    def __init__(self, spec: dict[str, tuple[tuple[int, ...], type | np.dtype]]) -> None:
-        self.entries: dict[str, Entry] = {}
-        offset = 0
-        for name, (shape, dtype) in spec.items():
-            entry = Entry(tuple(int(s) for s in shape), np.dtype(dtype), offset)
-            self.entries[name] = entry
-            offset += -(-entry.nbytes // 8) * 8  # keep every entry 8-byte aligned
-        self.nbytes = offset
-
-    def empty(self) -> np.ndarray:
-        """A zeroed buffer (uint8) for this layout."""
-        return np.zeros(self.nbytes, dtype=np.uint8)
-
-    def views(self, buf: np.ndarray) -> dict[str, torch.Tensor]:
-        """Named torch views into ``buf`` (no copies)."""
-        out = {}
-        for name, e in self.entries.items():
-            arr = buf[e.offset: e.offset + e.nbytes].view(e.dtype).reshape(e.shape)
-            out[name] = torch.from_numpy(arr)
-        return out
-
-    def pack(self, tensors: dict[str, torch.Tensor], buf: np.ndarray | None = None) -> np.ndarray:
-        """Copy ``tensors`` (any device) into a buffer; missing names stay zero."""
-        buf = self.empty() if buf is None else buf
-        views = self.views(buf)
-        unknown = set(tensors) - set(views)
-        if unknown:
-            raise KeyError(f"tensors {sorted(unknown)} are not in the layout {sorted(views)}")
-        for name, t in tensors.items():
-            views[name].copy_(t.detach().reshape(views[name].shape))
-        return buf

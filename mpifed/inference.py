@@ -9,6 +9,7 @@ rounding; they are deterministic.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,11 +35,23 @@ class InferenceCopy:
             for target, source in zip(self._targets, list(flat.model.parameters()) + list(flat.model.buffers())):
                 target.copy_(source)
 
-    def __call__(self, x: torch.Tensor, train_mode: bool = False) -> torch.Tensor:
-        if self.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+    def _layout(self, x: Any) -> Any:
+        if self.channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def __call__(self, x: Any, train_mode: bool = False) -> torch.Tensor:
+        """The logits for inputs ``x``."""
         # inference mode skips autograd's bookkeeping; the clone makes the result an ordinary
         # tensor that a loss may use
         with torch.inference_mode():
-            out = self.net.train(train_mode)(x)
+            out = self.net.train(train_mode)(self._layout(x))
         return out.clone()
+
+    def outputs(self, x: Any, train_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, logits) for inputs ``x``."""
+        with torch.inference_mode():
+            net = self.net.train(train_mode)
+            z = net.features(self._layout(x))
+            logits = net.head(z)
+        return z.clone(), logits.clone()

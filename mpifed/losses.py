@@ -1,7 +1,8 @@
 """The distillation losses of the papers, as pure functions on logits.
 
 Conventions: every loss is a mean over the batch (KL terms are "batchmean": summed over
-classes, averaged over samples); temperature-scaled KL terms carry the tau^2 factor; the
+classes, averaged over samples); temperature-scaled KL terms carry the tau^2 factor (FedCAD's
+soft cross-entropy does not, as its paper writes it); the
 teacher side never carries a gradient. Paper references are to ``../shared/papers``.
 """
 from __future__ import annotations
@@ -44,36 +45,50 @@ def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets
 
 def csd_similarity(student_logits: torch.Tensor, global_prototypes: torch.Tensor) -> torch.Tensor:
     """FedCSD Eqs. 8-9: softmax over classes of the cosine similarity between each sample's
-    logits and each row of the C x C global prototype matrix (a zero row has similarity 0)."""
+    logits and each row of the C x C prototype matrix (a zero row has similarity 0)."""
     sim = F.normalize(student_logits, dim=1) @ F.normalize(global_prototypes, dim=1).T
     return F.softmax(sim, dim=1)
 
 
+def csd_mask(logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
+    """FedCSD's sample mask from teacher ``logits`` (softmax at temperature 1): ``adaptive``
+    (Eq. 13) keeps samples whose true-class probability exceeds 1/C; ``forcible`` (Eq. 16)
+    those the teacher classifies correctly; ``none`` keeps every sample."""
+    if kind == "none":
+        return torch.ones(len(targets), dtype=logits.dtype, device=logits.device)
+    if kind == "forcible":
+        return (logits.argmax(dim=1) == targets).to(logits.dtype)
+    true_prob = F.softmax(logits, dim=1).gather(1, targets.view(-1, 1)).squeeze(1)
+    return (true_prob > 1.0 / logits.shape[1]).to(logits.dtype)
+
+
 def csd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
-             global_prototypes: torch.Tensor, tau: float, similarity_grad: bool = False) -> torch.Tensor:
+             global_prototypes: torch.Tensor, tau: float, similarity_grad: bool = False, refine: bool = True,
+             mask: str = "adaptive", mask_from_refined: bool = False) -> torch.Tensor:
     """FedCSD's class-prototype similarity distillation with the adaptive mask (Eqs. 8-14).
 
-    The teacher logits are refined element-wise by the similarity score (Eq. 10); the
-    per-sample term is tau^2 * KL(softmax(refined/tau) || softmax(student/tau)) (Eq. 11 as
-    a KL, which differs from the paper's cross-entropy form by the teacher's entropy, a
-    constant for the student); the mask (Eq. 13) keeps samples whose teacher softmax
-    probability (no temperature, unrefined logits) of the true class exceeds 1/C; the
-    mean is over the whole batch, masked samples included (Eq. 14).
+    The teacher logits are refined element-wise by the similarity score (Eq. 10; ``refine=False``
+    distils the raw teacher logits, the ablation of Table III); the per-sample term is
+    tau^2 * KL(softmax(refined/tau) || softmax(student/tau)) (Eq. 11, in the official code's KL
+    form: with a target that does not depend on the student it differs from the paper's
+    cross-entropy by the target's entropy, a constant; with ``similarity_grad`` the target does
+    depend on the student and the two differ in their gradients too); the mask (:func:`csd_mask`;
+    Eq. 13 by default, on the teacher's own logits as the paper writes, or on the refined logits
+    as the official code computes it, ``mask_from_refined``); the mean is over the whole batch,
+    masked samples included (Eq. 14).
 
-    ``similarity_grad=False`` (default) treats the similarity score as part of the target
-    and detaches it; the official code lets the gradient flow through it into the student
-    (``similarity_grad=True``).
+    ``similarity_grad=False`` (default) treats the similarity score as part of the target and
+    detaches it; the official code lets the gradient flow through it into the student.
     """
-    c = student_logits.shape[1]
     teacher_logits = teacher_logits.detach()
-    score = csd_similarity(student_logits if similarity_grad else student_logits.detach(), global_prototypes)
-    refined = score * teacher_logits
+    refined = teacher_logits
+    if refine:
+        refined = csd_similarity(student_logits if similarity_grad else student_logits.detach(), global_prototypes) * teacher_logits
     log_p = F.log_softmax(student_logits / tau, dim=1)
     log_q = F.log_softmax(refined / tau, dim=1)
     per_sample = tau * tau * (log_q.exp() * (log_q - log_p)).sum(dim=1)
-    true_prob = F.softmax(teacher_logits, dim=1).gather(1, targets.view(-1, 1)).squeeze(1)
-    mask = (true_prob > 1.0 / c).to(per_sample.dtype)
-    return (mask * per_sample).mean()
+    keep = csd_mask((refined if mask_from_refined else teacher_logits).detach(), targets, mask)
+    return (keep * per_sample).mean()
 
 
 def cad_class_weights(teacher_probs: torch.Tensor, labels: torch.Tensor, beta: float, gamma: float,
@@ -94,14 +109,35 @@ def cad_class_weights(teacher_probs: torch.Tensor, labels: torch.Tensor, beta: f
     return torch.where(counts > 0, alpha, torch.full_like(alpha, beta))
 
 
+def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float) -> torch.Tensor:
+    """Per sample -sum_k q_k log p_k, q and p the teacher's and student's softmax at temperature tau."""
+    log_p = F.log_softmax(student_logits / tau, dim=1)
+    q = F.softmax(teacher_logits.detach() / tau, dim=1)
+    return -(q * log_p).sum(dim=1)
+
+
 def cad_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
-             class_weights: torch.Tensor, tau: float) -> torch.Tensor:
-    """FedCAD Eq. 5: per sample (1 - alpha_y) * CE + alpha_y * tau^2 * KL(teacher || student at tau), batch mean.
+             class_weights: torch.Tensor, tau: float, tau_squared: bool = False) -> torch.Tensor:
+    """FedCAD Eq. 5 with Alg. 1's L_d: per sample (1 - alpha_y) * CE + alpha_y * L_d, batch mean,
+    L_d = -sum_k p^g_k log p_k with both softmaxes at temperature tau (no tau^2 factor).
 
     The cross-entropy is at temperature 1 (the paper's Alg. 1 uses CrossEntropyLoss on the
-    logits). With a constant alpha this is FedLSD; with alpha = 0, plain cross-entropy.
+    logits). ``tau_squared`` multiplies L_d by tau^2 (Hinton et al.'s scaling; its gradient is
+    that of tau^2 KL). With a constant alpha this is FedLSD; with alpha = 0, plain cross-entropy.
     """
     alpha = class_weights[targets]
     ce = F.cross_entropy(student_logits, targets, reduction="none")
-    kl = _kl_per_sample(student_logits, teacher_logits.detach(), tau)
-    return ((1 - alpha) * ce + alpha * kl).mean()
+    distill = soft_cross_entropy(student_logits, teacher_logits, tau) * (tau * tau if tau_squared else 1.0)
+    return ((1 - alpha) * ce + alpha * distill).mean()
+
+
+def moon_loss(features: torch.Tensor, global_features: torch.Tensor, previous_features: torch.Tensor,
+              tau: float) -> torch.Tensor:
+    """MOON's model-contrastive loss (Li et al., CVPR 2021, Eq. 3), batch mean:
+    -log( e^{cos(z, z_glob)/tau} / (e^{cos(z, z_glob)/tau} + e^{cos(z, z_prev)/tau}) ).
+
+    The global and previous representations carry no gradient.
+    """
+    positive = F.cosine_similarity(features, global_features.detach(), dim=1) / tau
+    negative = F.cosine_similarity(features, previous_features.detach(), dim=1) / tau
+    return (torch.logsumexp(torch.stack([positive, negative], dim=1), dim=1) - positive).mean()

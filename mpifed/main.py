@@ -6,6 +6,8 @@ and all clients in one process, the same round code, the same results.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -16,15 +18,22 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-# Only light modules at import time: signals.start() must block the stop signals before numpy
-# or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
+# Only light modules at import time: signals.listening() must block the stop signals before
+# numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
 from mpifed import config, signals
+from mpifed.registry import RegistryError
 from mpifed.rundir import RunDir
 
 if TYPE_CHECKING:
-    from mpifed.comm import Comm
+    import torch
 
-USER_ERRORS: tuple[type[Exception], ...] = ()  # filled in main()
+    from mpifed.algorithms.base import Algorithm, Setup
+    from mpifed.comm import Comm
+    from mpifed.data.prepared import Manifest
+    from mpifed.data.transforms import BatchTransform
+    from mpifed.protocol import Layouts
+    from mpifed.server import RoundServer
+    from mpifed.worker import Worker
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -37,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR (or in run.root/run.name) from its latest checkpoint; "
                         "starts it if it has none")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="import a Python file or module first, e.g. one that registers a method of your own "
+                        "(@ALGORITHMS.register); repeatable")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory of the same name")
     p.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--config-reference", action="store_true", help="print every config key with its default and exit")
@@ -47,14 +59,24 @@ class RunError(RuntimeError):
     """A problem with the run directory or resume request."""
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
+class _Exit(Exception):
+    """End the run with this exit code (the message, if any, was already printed)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's to fix: reported as one message, without a traceback."""
     from mpifed import checkpoint
     from mpifed.algorithms.base import NonFiniteLoss
-    from mpifed.data.datasets import DataMissing
+    from mpifed.client_state import ClientStateError
     from mpifed.data.partitions import PartitionError
     from mpifed.data.prepared import PreparedDataError
+    from mpifed.data.raw import DataMissing
     from mpifed.data.shards import ShardError
-    return (config.ConfigError, RunError, checkpoint.CheckpointError, DataMissing, PartitionError,
+    return (config.ConfigError, RunError, checkpoint.CheckpointError, ClientStateError, DataMissing, PartitionError,
             PreparedDataError, ShardError, NonFiniteLoss)
 
 
@@ -108,74 +130,89 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run mpifed with command-line arguments ``argv``; returns the exit code. Re-entrant: a
+    process may call it several times (the tests do, in the debug mode)."""
     args = parse_args(argv)
+    try:
+        for plugin in args.plugin:
+            load_plugin(plugin)
+    except (ImportError, OSError, RegistryError) as exc:
+        sys.stderr.write(f"[mpifed] --plugin: {exc}\n")
+        return 2
     if args.config_reference:
         print(config.reference())
         return 0
-    signals.start()
-    from mpifed.comm import Comm, MpiComm, world
-    comm, rank, size = world()
-    global USER_ERRORS
-    USER_ERRORS = _user_errors()
-    w: Comm = MpiComm(comm) if size > 1 else Comm()
-    try:
-        return _run(args, w, comm, rank, size)
-    except SystemExit:
-        raise
-    except USER_ERRORS as exc:
-        sys.stderr.write(f"[mpifed] rank {rank}: {exc}\n")
-        if size > 1:
-            w.abort(2)
-        return 2
-    except BaseException:
-        sys.stderr.write(f"[mpifed] rank {rank} failed:\n{traceback.format_exc()}")
-        if size > 1:
-            sys.stderr.write(f"[mpifed] rank {rank}: ending the whole job (MPI Abort)\n")
-            w.abort(1)
-        return 1
+    # OpenMP threads waiting for work spin by default; with other processes on the cores (ranks
+    # sharing a node, a busy machine) the spinning starves the threads that compute (a round
+    # took 10 to 25 times longer). Passive waiting costs little on an idle machine.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    with signals.listening():
+        from mpifed.comm import Comm, MpiComm, world
+        comm, rank, size = world()
+        errors = user_errors()
+        w: Comm = MpiComm(comm) if size > 1 else Comm()
+        try:
+            return _run(args, w, comm, rank, size, errors)
+        except _Exit as stop:
+            return stop.code
+        except errors as exc:
+            sys.stderr.write(f"[mpifed] rank {rank}: {exc}\n")
+            if size > 1:
+                w.abort(2)
+            return 2
+        except BaseException:
+            sys.stderr.write(f"[mpifed] rank {rank} failed:\n{traceback.format_exc()}")
+            if size > 1:
+                sys.stderr.write(f"[mpifed] rank {rank}: ending the whole job (MPI Abort)\n")
+                w.abort(1)
+            return 1
 
 
-def _agree(w: "Comm", rank: int, work) -> Any:
+def load_plugin(spec: str) -> None:
+    """Import a Python file (path ending in .py) or an importable module by name."""
+    if spec.endswith(".py"):
+        path = Path(spec)
+        if not path.is_file():
+            raise ImportError(f"{spec} does not exist")
+        name = f"mpifed_plugin_{path.stem}"
+        if name in sys.modules:
+            return
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        importlib.import_module(spec)
+
+
+def _agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> Any:
     """Rank 0 does ``work()`` while the others wait (yielding the CPU); all get its result or its error."""
     outcome = None
     if rank == 0:
         try:
             outcome = ("ok", work())
-        except USER_ERRORS as exc:
+        except errors as exc:
             outcome = ("error", str(exc))
     w.sync("setup")
     outcome = w.bcast_object(outcome)
     if outcome[0] == "error":
         if rank == 0:
             sys.stderr.write(f"[mpifed] {outcome[1]}\n")
-        raise SystemExit(2)
+        raise _Exit(2)
     return outcome[1]
 
 
-def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int) -> int:
-    import torch
-
-    from mpifed import checkpoint
-    from mpifed.client_state import ClientStateStore
+def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
+         errors: tuple[type[Exception], ...]) -> int:
     from mpifed.comm import Comm, MpiComm
-    from mpifed.algorithms import get_algorithm
-    from mpifed.algorithms.base import ServerTools, Setup
     from mpifed.data.prepared import Manifest, ensure_prepared, verify_files
-    from mpifed.data.shards import read_shard
-    from mpifed.data.store import ClientData, to_device
-    from mpifed.data.transforms import BatchTransform
-    from mpifed.flat import FlatModel
-    from mpifed.models import build_model
-    from mpifed.placement import choose_device, choose_threads, node_slot
-    from mpifed.server import Server
-    from mpifed.worker import Worker, serve
+    from mpifed.protocol import RoundProtocol, build_layouts
 
-    resolved = _agree(w, rank, lambda: resolve(args))
+    resolved = _agree(w, rank, lambda: resolve(args), errors)
     cfg = config.build(resolved["config"])
-    cfg_dict = resolved["config"]
     if args.show_config:
         if rank == 0:
-            print(yaml.safe_dump(cfg_dict, sort_keys=False))
+            print(yaml.safe_dump(resolved["config"], sort_keys=False))
         return 0
     run = RunDir(Path(resolved["run_path"]))
     w.timeout_s, w.poll_s = cfg.comm.timeout_s, cfg.comm.poll_ms / 1000.0
@@ -185,94 +222,160 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int) -
         verify_files(manifest)
         return str(manifest.root)
 
-    manifest = Manifest.load(Path(_agree(w, rank, prepare)))
-
-    is_server = rank == 0
-    slot = node_slot(comm if size > 1 else None, is_server and size > 1)
-    threads = choose_threads(cfg.resources.threads, slot.ranks_on_node)
-    torch.set_num_threads(threads)
-    if cfg.resources.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-    gpus = torch.cuda.device_count()
-    worker_device = choose_device(False, slot.worker_index, cfg.resources.device, cfg.resources.server_device, gpus)
-    device = torch.device(choose_device(True, -1, cfg.resources.device, cfg.resources.server_device, gpus)
-                          if is_server and size > 1 else worker_device)
-
-    def new_model(dev: torch.device = device) -> FlatModel:
-        return FlatModel(build_model(cfg.model.name, cfg.model.options, manifest.image_shape, manifest.num_classes).to(dev))
-
-    aug = cfg.data.augment
-    transform = BatchTransform(manifest.mean, manifest.std,
-                               manifest.crop_padding if aug.crop_padding is None else aug.crop_padding,
-                               manifest.flip if aug.flip is None else aug.flip, aug.cutout, device)
-    torch.manual_seed(cfg.run.seed)
-    flat = new_model()
-    setup = Setup(num_classes=manifest.num_classes, num_clients=manifest.num_clients, num_floats=flat.num_floats,
-                  num_params=flat.num_params, train=cfg.train, device=device, new_model=new_model)
-    algo = get_algorithm(cfg.algorithm.name)(cfg.algorithm.options, setup)
-    ranks = w.gather_object({"rank": rank, "host": slot.host, "pid": os.getpid(), "device": str(device),
-                             "threads": threads, "role": "server" if is_server and size > 1 else "worker"})
-
+    manifest = Manifest.load(Path(_agree(w, rank, prepare, errors)))
+    is_server, has_worker = rank == 0, rank > 0 or size == 1
+    device, threads, host = _place(cfg, comm, rank, size)
+    algo, setup = make_algorithm(cfg, manifest, device)
+    layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
+                            cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names))
+    transform = make_transform(cfg, manifest, device)
+    ranks = w.gather_object({"rank": rank, "host": host, "pid": os.getpid(), "device": str(device), "threads": threads,
+                             "role": "server" if size > 1 and is_server else ("worker" if size > 1 else "server and worker")})
     peers: Comm = Comm()
     if size > 1:
         from mpi4py import MPI
         sub = comm.Split(1 if rank > 0 else MPI.UNDEFINED, rank)
         if rank > 0:
             peers = MpiComm(sub, cfg.comm.timeout_s, cfg.comm.poll_ms)
-    if rank != 0:
-        worker = Worker(rank - 1, size - 1, algo, manifest, transform, peers, cfg.run.seed,
-                        cfg.resources.cache_mb, cfg.train.eval_batch_size, run.path)
+
+    worker = None
+    if has_worker:
+        worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, rank - 1 if size > 1 else 0,
+                             max(size - 1, 1))
+    if not is_server:
         try:
-            serve(worker, w)
+            RoundProtocol(layouts, w, peers, None, worker, setup.clients_per_round).run()
         except BaseException as exc:
             if run.path.is_dir():
                 _mark_failed(run, f"rank {rank}: {type(exc).__name__}: {exc}")
             raise
         return 0
 
-    run.create()
-    run.write_config(cfg_dict)
-    resume_state = checkpoint.load(Path(resolved["resume_from"])) if resolved["resume_from"] else None
-    store = ClientStateStore(run.client_state)
-    if resume_state is None:
-        store.clear()
-        if resolved["resuming"]:
-            run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 0")
-    else:
-        store.discard_from(resume_state["rounds_done"])
-        run.log(f"[mpifed] resuming {run.path} after round {resume_state['rounds_done']} ({resolved['resume_from']})")
-    mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
-    run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {manifest.num_clients} clients, "
-            f"{cfg.train.rounds} rounds; {mode}; run directory {run.path}")
-    for r in ranks:
-        run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']} threads {r['threads']}")
-
-    server_data = None
-    if manifest.server_size:
-        shard = read_shard(manifest.server_path)
-        server_data = ClientData(-1, *to_device(shard.images, shard.labels, device))
-    tools = ServerTools(flat=flat, transform=transform, data=server_data, eval_batch_size=cfg.train.eval_batch_size)
-    local_worker = None
-    if size == 1:
-        local_worker = Worker(0, 1, algo, manifest, transform, peers, cfg.run.seed, cfg.resources.cache_mb,
-                              cfg.train.eval_batch_size, run.path)
+    server = make_server(cfg, resolved, algo, setup, manifest, transform, run, max(size - 1, 1))
+    _log_start(run, cfg, manifest, size, ranks)
+    w.context = server.describe_checkpoint
 
     def on_signal(name: str) -> None:
-        sys.stderr.write(f"\n[mpifed] rank 0 received {name} (a scheduler's warning or preemption, or the launcher "
-                         f"ending the job after a rank failed): stopping after the current round.{server.describe_checkpoint()}\n")
+        why = {"SIGUSR1": " (a scheduler's warning)",
+               "SIGTERM": " (preemption, or the launcher ending the job after a rank failed)"}.get(name, "")
+        again = f"; a second {name} ends the job at once" if name in ("SIGINT", "SIGTERM") else ""
+        sys.stderr.write(f"\n[mpifed] rank 0 received {name}{why}: finishing the current round, then writing a "
+                         f"checkpoint and stopping{again}.{server.describe_checkpoint()}\n")
         sys.stderr.flush()
 
-    server = Server(cfg, cfg_dict, manifest, algo, w, run, tools, max(size - 1, 1), local_worker, resume_state)
     signals.on_signal(on_signal)
     try:
-        return server.run()
+        RoundProtocol(layouts, w, peers, server, worker, setup.clients_per_round).run()
+        return server.exit_code
     except BaseException as exc:
         _mark_failed(run, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         run.close()
+
+
+# ------------------------------------------------------------------ factories
+def _place(cfg: config.Config, comm: Any, rank: int, size: int) -> tuple["torch.device", int, str]:
+    """This rank's device and torch threads (set here), and its host name."""
+    import torch
+
+    from mpifed.placement import choose_device, choose_threads, node_slot
+    is_server = rank == 0 and size > 1
+    slot = node_slot(comm if size > 1 else None, is_server)
+    threads = choose_threads(cfg.resources.threads, slot.ranks_on_node)
+    torch.set_num_threads(threads)
+    if cfg.resources.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(cfg.resources.deterministic)
+    torch.backends.cudnn.benchmark = False
+    gpus = torch.cuda.device_count()
+    device = choose_device(is_server, slot.worker_index, cfg.resources.device, cfg.resources.server_device, gpus)
+    return torch.device(device), threads, slot.host
+
+
+def make_algorithm(cfg: config.Config, manifest: "Manifest", device: "torch.device") -> tuple["Algorithm", "Setup"]:
+    """The configured method and the :class:`Setup` its roles are built with."""
+    import torch
+
+    from mpifed.algorithms.base import Setup
+    from mpifed.flat import FlatModel
+    from mpifed.models import build_model
+    from mpifed.plan import clients_per_round
+    from mpifed.registry import ALGORITHMS
+    cls = ALGORITHMS.get(cfg.algorithm.name)
+    options = cfg.algorithm.options
+
+    def new_model() -> FlatModel:
+        net = build_model(cfg.model.name, cfg.model.options, manifest.image_shape, manifest.num_classes)
+        return FlatModel(cls.extend_model(net, options).to(device))
+
+    torch.manual_seed(cfg.run.seed)
+    probe = new_model()
+    setup = Setup(num_classes=manifest.num_classes, num_clients=manifest.num_clients,
+                  clients_per_round=clients_per_round(manifest.num_clients, cfg.train.participation),
+                  num_floats=probe.num_floats, num_params=probe.num_params, feature_dim=probe.model.feature_dim,
+                  train=cfg.train, device=device, new_model=new_model)
+    return cls(options, setup), setup
+
+
+def make_transform(cfg: config.Config, manifest: "Manifest", device: "torch.device") -> "BatchTransform":
+    from mpifed.data.transforms import BatchTransform
+    aug = cfg.data.augment
+    return BatchTransform(manifest.mean, manifest.std,
+                          manifest.crop_padding if aug.crop_padding is None else aug.crop_padding,
+                          manifest.flip if aug.flip is None else aug.flip, aug.cutout, device, aug.rotation)
+
+
+def make_worker(cfg: config.Config, algo: "Algorithm", setup: "Setup", layouts: "Layouts", manifest: "Manifest",
+                transform: "BatchTransform", run: RunDir, index: int, count: int) -> "Worker":
+    from mpifed.client_state import ClientStates
+    from mpifed.worker import Worker
+    states = (ClientStates(run.client_state, layouts.client_state, cfg.resources.client_state_mb)
+              if layouts.client_state.entries else None)
+    return Worker(index, count, algo.client(), setup, layouts, manifest, transform, cfg.run.seed,
+                  cfg.resources.cache_mb, cfg.train.eval_batch_size, states)
+
+
+def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm", setup: "Setup", manifest: "Manifest",
+                transform: "BatchTransform", run: RunDir, workers: int) -> "RoundServer":
+    """The server rank's side: the run directory, the global model (initial or resumed) and the
+    method's server role with the server-held data."""
+    import torch
+
+    from mpifed import checkpoint
+    from mpifed.algorithms.base import ServerTools
+    from mpifed.client_state import discard_from
+    from mpifed.data.shards import read_shard
+    from mpifed.data.store import ClientData, to_device
+    from mpifed.server import RoundServer
+    run.create()
+    run.write_config(resolved["config"])
+    resume = checkpoint.load(Path(resolved["resume_from"])) if resolved["resume_from"] else None
+    if resume is None:
+        shutil.rmtree(run.client_state, ignore_errors=True)
+    else:
+        discard_from(run.client_state, resume["rounds_done"])
+    torch.manual_seed(cfg.run.seed)
+    flat = setup.new_model()        # the initial global model: the same draw on every rank
+    server_data = None
+    if manifest.server_size:
+        shard = read_shard(manifest.server_path)
+        server_data = ClientData(-1, *to_device(shard.images, shard.labels, setup.device))
+    tools = ServerTools(flat=flat, transform=transform, data=server_data, eval_batch_size=cfg.train.eval_batch_size)
+    if resume is None and resolved["resuming"]:
+        run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")
+    elif resume is not None:
+        run.log(f"[mpifed] resuming {run.path} after round {resume['rounds_done']} ({resolved['resume_from']})")
+    return RoundServer(cfg, resolved["config"], manifest, algo.server(tools), workers, run, resume)
+
+
+def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int, ranks: list[dict[str, Any]]) -> None:
+    mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
+    run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {manifest.num_clients} clients, "
+            f"{cfg.train.rounds} rounds; {mode}; run directory {run.path}")
+    for r in ranks:
+        run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']} "
+                f"threads {r['threads']}")
 
 
 def _mark_failed(run: RunDir, error: str) -> None:

@@ -1,24 +1,41 @@
-"""SGD on a :class:`~mpifed.flat.FlatModel`: the whole update as three vector operations.
+"""Local optimisers on a :class:`~mpifed.flat.FlatModel`, and the per-round learning rate.
 
-The arithmetic is ``torch.optim.SGD``'s (dampening 0, no Nesterov): d = g + wd * w;
-b = d on the first step, else b = momentum * b + d; w -= lr * b. One kernel per
-operation for the whole model instead of one per parameter, and no optimiser import
-cost (torch.optim loads torch._dynamo on first use, over a second per process).
+Each update is a few vector operations on the flat parameter vector: one kernel per
+operation for the whole model instead of one per parameter, and no ``torch.optim``
+import (it loads torch._dynamo on first use, over a second per process). The arithmetic
+is ``torch.optim``'s:
+
+* SGD (dampening 0, no Nesterov): d = g + wd * w; b = d on the first step, else
+  b = momentum * b + d; w -= lr * b.
+* Adam: g += wd * w (L2); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+  w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+* AdamW: as Adam without the L2 term, and w *= 1 - lr * wd before the step (decoupled).
+
+The optimiser is built afresh for every client in every round (the papers reset local
+optimiser state each round), so its state never crosses rounds or clients.
 """
 from __future__ import annotations
 
+import math
+from typing import Protocol
+
 import torch
 
+from mpifed.config import TrainConfig
 from mpifed.flat import FlatModel
 
 
-class FlatSGD:
-    def __init__(self, flat: FlatModel, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+class FlatOptimizer(Protocol):
+    def zero_grad(self) -> None: ...
+    def clip_grad_norm(self, max_norm: float) -> None: ...
+    def step(self) -> None: ...
+
+
+class _Flat:
+    def __init__(self, flat: FlatModel, lr: float, weight_decay: float) -> None:
         self.flat = flat
         self.lr = lr
-        self.momentum = momentum
         self.weight_decay = weight_decay
-        self.buf: torch.Tensor | None = None
 
     def zero_grad(self) -> None:
         self.flat.zero_grad()
@@ -28,9 +45,20 @@ class FlatSGD:
         total = torch.linalg.vector_norm(self.flat.grad)
         self.flat.grad.mul_(torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
+    @property
+    def params(self) -> torch.Tensor:
+        return self.flat.floats[: self.flat.num_params]
+
+
+class FlatSGD(_Flat):
+    def __init__(self, flat: FlatModel, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        super().__init__(flat, lr, weight_decay)
+        self.momentum = momentum
+        self.buf: torch.Tensor | None = None
+
     @torch.no_grad()
     def step(self) -> None:
-        w = self.flat.floats[: self.flat.num_params]
+        w = self.params
         d = self.flat.grad
         if self.weight_decay:
             d = d.add(w, alpha=self.weight_decay)
@@ -41,3 +69,46 @@ class FlatSGD:
                 self.buf.mul_(self.momentum).add_(d)
             d = self.buf
         w.add_(d, alpha=-self.lr)
+
+
+class FlatAdam(_Flat):
+    def __init__(self, flat: FlatModel, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                 decoupled: bool) -> None:
+        super().__init__(flat, lr, weight_decay)
+        self.b1, self.b2 = betas
+        self.eps = eps
+        self.decoupled = decoupled
+        self.t = 0
+        self.m = torch.zeros_like(flat.grad)
+        self.v = torch.zeros_like(flat.grad)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        w = self.params
+        g = self.flat.grad
+        if self.weight_decay and self.decoupled:
+            w.mul_(1 - self.lr * self.weight_decay)
+        elif self.weight_decay:
+            g = g.add(w, alpha=self.weight_decay)
+        self.t += 1
+        self.m.mul_(self.b1).add_(g, alpha=1 - self.b1)
+        self.v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+        denom = (self.v.sqrt() / math.sqrt(1 - self.b2 ** self.t)).add_(self.eps)
+        w.addcdiv_(self.m, denom, value=-self.lr / (1 - self.b1 ** self.t))
+
+
+def make_optimizer(flat: FlatModel, lr: float, cfg: TrainConfig) -> FlatOptimizer:
+    """A fresh local optimiser of kind ``cfg.optimizer`` at learning rate ``lr``."""
+    if cfg.optimizer == "sgd":
+        return FlatSGD(flat, lr, cfg.momentum, cfg.weight_decay)
+    return FlatAdam(flat, lr, (cfg.adam_beta1, cfg.adam_beta2), cfg.adam_eps, cfg.weight_decay,
+                    decoupled=cfg.optimizer == "adamw")
+
+
+def round_lr(cfg: TrainConfig, rnd: int) -> float:
+    """The local learning rate in round ``rnd`` (0-based) under ``cfg.lr_schedule``."""
+    if cfg.lr_schedule == "exponential":
+        return cfg.lr * cfg.lr_decay ** rnd
+    if cfg.lr_schedule == "step":
+        return cfg.lr * cfg.lr_step_factor ** (rnd // cfg.lr_step_rounds)
+    return cfg.lr_min + (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * rnd / cfg.rounds)) / 2

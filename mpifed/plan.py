@@ -10,17 +10,23 @@ import numpy as np
 class RoundPlan:
     """Broadcast to every worker at the start of a round (a small pickled object)."""
 
-    round: int
+    round: int                  # 0-based (the logs call it round + 1)
     lr: float
     assignment: list[list[int]] = field(default_factory=list)   # client ids per worker
     evaluate: bool = False
+    checkpoint: bool = False    # the server writes a checkpoint after this round (workers first flush client state)
     stop: bool = False
     keep_states_from: int = 0   # a resume may start at this round or later (client-state versions it needs are kept)
+    moves: list[tuple[int, int, int]] = field(default_factory=list)   # (client, from worker, to worker): client state to move
+
+
+def clients_per_round(num_clients: int, participation: float) -> int:
+    return max(1, int(round(participation * num_clients)))
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) -> np.ndarray:
     """The clients of round ``rnd``: a seeded draw that depends only on (seed, round), not on ranks."""
-    m = max(1, int(round(participation * num_clients)))
+    m = clients_per_round(num_clients, participation)
     if m >= num_clients:
         return np.arange(num_clients)
     rng = np.random.default_rng([seed, 0xC11E, rnd])
@@ -36,6 +42,12 @@ def assign_clients(clients: np.ndarray, sizes: np.ndarray, workers: int) -> list
         out[w].append(cid)
         load[w] += int(sizes[cid])
     return [sorted(a) for a in out]
+
+
+def state_moves(assignment: list[list[int]], holders: dict[int, int]) -> list[tuple[int, int, int]]:
+    """(client, holder, new worker) for each assigned client whose state another worker holds."""
+    return [(cid, holders[cid], w) for w, clients in enumerate(assignment) for cid in clients
+            if cid in holders and holders[cid] != w]
 
 
 def client_seed(seed: int, rnd: int, cid: int) -> int:

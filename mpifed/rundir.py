@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -36,6 +36,7 @@ class RunDir:
         self.path = path
         self.checkpoints = path / "checkpoints"
         self.client_state = path / "client_state"
+        self.console: Callable[[str], None] = lambda message: print(message, flush=True)
         self._log = None
 
     def create(self) -> None:
@@ -47,7 +48,7 @@ class RunDir:
 
     def log(self, message: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        print(message, flush=True)
+        self.console(message)
         if self._log is not None:
             self._log.write(f"{stamp} {message}\n")
 

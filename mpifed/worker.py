@@ -1,163 +1,127 @@
-"""A worker's round, top to bottom: receive, train the assigned clients, reduce, evaluate.
+"""A worker's round, top to bottom: receive, (client statistics), train the assigned clients, evaluate.
 
-``serve`` is the loop of an MPI worker rank. ``Worker.train_round`` and
-``Worker.evaluate`` are also called in-process by the server in the single-process
-debug mode, so both modes run the same code.
+:class:`Worker` is the worker side of :class:`~mpifed.protocol.RoundProtocol`: the
+protocol calls it between the collectives, on every worker rank, and on the single
+process of the debug mode. It holds the method's client role, the clients' data and
+their persistent state.
 """
 from __future__ import annotations
 
-import resource
 import time
-from dataclasses import dataclass
-from pathlib import Path
+
 import numpy as np
 import torch
 
-from mpifed.algorithms.base import Algorithm, ClientContext
-from mpifed.client_state import ClientStateStore
-from mpifed.comm import Comm
+from mpifed.algorithms.base import Client, ClientContext, ClientReport, Downlink, Setup
+from mpifed.client_state import ClientStates
 from mpifed.data.prepared import Manifest
 from mpifed.data.store import ClientStore, load_eval_batches
 from mpifed.data.transforms import BatchTransform
-from mpifed.evaluation import eval_packer, evaluate_share
-from mpifed.flat import Packer
+from mpifed.evaluation import evaluate_share
 from mpifed.inference import InferenceCopy
 from mpifed.plan import RoundPlan, client_seed
-from mpifed.signals import stop_requested
-
-
-@dataclass
-class ClientReport:
-    """Small per-client figures gathered by the server (not the model)."""
-
-    cid: int
-    worker: int
-    samples: int
-    steps: int
-    train_loss: float
-    seconds: float
-    extra: dict[str, float]
-
-
-def usage() -> tuple[float, float]:
-    """This process's peak resident memory (MB) and CPU time (user + system seconds) so far."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_maxrss / 1024.0, r.ru_utime + r.ru_stime
-
-
-def downlink_packer(algo: Algorithm, num_floats: int, num_ints: int) -> Packer:
-    spec = {"global": ((num_floats,), np.float32), "global_ints": ((num_ints,), np.int64)}
-    spec.update({k: (s, np.float32) for k, s in algo.downlink_spec().items()})
-    return Packer(spec)
-
-
-def state_packer(num_floats: int, num_ints: int) -> Packer:
-    """The global model alone (sent for evaluation)."""
-    return Packer({"global": ((num_floats,), np.float32), "global_ints": ((num_ints,), np.int64)})
-
-
-def uplink_packer(algo: Algorithm, num_ints: int) -> Packer:
-    spec = {k: (s, np.float64) for k, s in algo.uplink_spec().items()}
-    spec.update({"_ints": ((num_ints,), np.float64), "_samples": ((1,), np.float64)})
-    return Packer(spec)
-
-
-def statistics_packer(algo: Algorithm) -> Packer:
-    return Packer({k: (s, np.float64) for k, s in algo.statistics_spec().items()})
+from mpifed.protocol import Layouts, ProtocolError, Trained
 
 
 class Worker:
     """Trains the clients it is given and evaluates its share of the test set."""
 
-    def __init__(self, index: int, count: int, algo: Algorithm, manifest: Manifest, transform: BatchTransform,
-                 peers: Comm, seed: int, cache_mb: int, eval_batch_size: int, run_dir: Path) -> None:
+    def __init__(self, index: int, count: int, client: Client, setup: Setup, layouts: Layouts, manifest: Manifest,
+                 transform: BatchTransform, seed: int, cache_mb: int, eval_batch_size: int,
+                 states: ClientStates | None) -> None:
         self.index = index
-        self.algo = algo
-        self.peers = peers          # the workers only (for statistics all-reduce)
+        self.client = client
+        self.setup = setup
+        self.layouts = layouts
         self.seed = seed
-        self.device = algo.setup.device
-        self.flat = algo.setup.new_model()
+        self.device = setup.device
+        self.flat = setup.new_model()
         self.eval_net = InferenceCopy(self.flat)
         self.transform = transform
         self.store = ClientStore(manifest, self.device, cache_mb)
         self.eval_batches = load_eval_batches(manifest, eval_batch_size, index, count, self.device)
-        self.eval_packer = eval_packer(manifest.test_size, eval_batch_size, manifest.num_classes, len(manifest.group_names))
-        self.down = downlink_packer(algo, self.flat.num_floats, self.flat.ints.numel())
-        self.state = state_packer(self.flat.num_floats, self.flat.ints.numel())
-        self.up = uplink_packer(algo, self.flat.ints.numel())
-        self.stats = statistics_packer(algo)
-        self.states = ClientStateStore(run_dir / "client_state") if algo.has_client_state else None
+        self.states = states
+        self.down: Downlink | None = None
+        self._sum_names = [k for k in layouts.sums.entries if not k.startswith("_")]
+        self._declared = set(self._sum_names) | set(layouts.rows.entries)
 
-    def train_round(self, plan: RoundPlan, down: dict[str, torch.Tensor]) -> tuple[np.ndarray, list[ClientReport]]:
-        """Train this worker's clients of ``plan``; returns the uplink sums and per-client reports."""
+    # ---------------------------------------------------------------- the round
+    def start_round(self, plan: RoundPlan, down: Downlink) -> None:
+        self.down = Downlink(down.weights.to(self.device), down.ints.to(self.device),
+                             {k: v.to(self.device) for k, v in down.extra.items()})
+        self.client.round_start(plan.round, self.down)
+
+    def statistics(self, plan: RoundPlan) -> dict[str, torch.Tensor]:
+        """This worker's clients' contributions to the method's statistics, summed."""
+        sums = {k: torch.zeros(e.shape, dtype=torch.float64) for k, e in self.layouts.statistics.entries.items()}
+        for cid in plan.assignment[self.index]:
+            for k, v in self.client.statistics(self.store.get(cid), self.transform).items():
+                sums[k] += v.detach().cpu().double().reshape(sums[k].shape)
+        return sums
+
+    def use_statistics(self, totals: dict[str, torch.Tensor]) -> None:
+        self.client.use_statistics({k: v.to(self.device) for k, v in totals.items()})
+
+    def train(self, plan: RoundPlan) -> Trained:
+        """Train this worker's clients of ``plan``: the uplink sums, their rows and reports."""
         clients = plan.assignment[self.index]
-        down = {k: v.to(self.device) for k, v in down.items()}
-        self.algo.round_start(plan.round, down)
-        if self.stats.entries:
-            sums = self.stats.views(self.stats.empty())
-            for cid in clients:
-                for k, v in self.algo.client_statistics(self.store.get(cid), self.transform).items():
-                    sums[k] += v.detach().cpu().double()
-            buf = self.stats.pack(sums)
-            self.peers.sync("client statistics")
-            summed = self.peers.allreduce_sum(buf.view(np.float64)).view(np.uint8)
-            self.algo.use_statistics({k: v.to(self.device) for k, v in self.stats.views(summed).items()})
-        up_buf = self.up.empty()
-        totals = self.up.views(up_buf)
+        sums_buf = self.layouts.sums.empty()
+        sums = self.layouts.sums.views(sums_buf)
+        row = self.layouts.rows
+        rows = np.zeros(len(clients) * row.nbytes, dtype=np.uint8)
         reports = []
-        for cid in clients:
+        for i, cid in enumerate(clients):
             start = time.perf_counter()
-            ctx = self._train_client(plan, cid, down)
-            for k, v in self.algo.client_uplink(ctx).items():
-                totals[k] += v.detach().cpu().double().reshape(totals[k].shape)
-            totals["_ints"] += ctx.flat.ints.cpu().double() * ctx.num_samples
-            totals["_samples"] += ctx.num_samples
+            ctx = self._context(plan, cid)
+            self.client.train(ctx)
+            up = self.client.uplink(ctx)
+            if set(up) != self._declared:
+                raise ProtocolError(f"{type(self.client).__name__}.uplink returned {sorted(up)}; the method's "
+                                    f"messages() declare {sorted(self._declared)}")
+            for k in self._sum_names:
+                sums[k] += up[k].detach().cpu().double().reshape(sums[k].shape)
+            if row.entries:
+                row.pack({k: up[k].float() for k in row.entries}, rows[i * row.nbytes: (i + 1) * row.nbytes])
+            sums["_ints"] += ctx.flat.ints.cpu().double() * ctx.num_samples
+            sums["_samples"] += ctx.num_samples
             if self.states is not None:
-                self.states.save(cid, plan.round, ctx.state or {}, plan.keep_states_from)
+                self.states.put(cid, plan.round, ctx.state, plan.keep_states_from)
             reports.append(ClientReport(cid, self.index, ctx.num_samples, ctx.steps, ctx.loss_sum / max(ctx.seen, 1),
                                         time.perf_counter() - start, ctx.extra))
-        return up_buf, reports
+        return Trained(sums_buf, rows, reports)
 
-    def _train_client(self, plan: RoundPlan, cid: int, down: dict[str, torch.Tensor]) -> ClientContext:
+    def _context(self, plan: RoundPlan, cid: int) -> ClientContext:
         seed = client_seed(self.seed, plan.round, cid)
-        torch.manual_seed(seed)  # dropout and other global-RNG users
-        self.flat.load(down["global"], down["global_ints"])
-        state = None
-        if self.states is not None:
-            state = self.states.load(cid, plan.round)
-            state = self.algo.init_client_state() if state is None else {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state.items()}
-        ctx = ClientContext(cid=cid, round=plan.round, lr=plan.lr, flat=self.flat, global_floats=down["global"],
+        torch.manual_seed(seed)  # dropout and other users of the global generator
+        self.flat.load(self.down.weights, self.down.ints)
+        ctx = ClientContext(cid=cid, round=plan.round, lr=plan.lr, flat=self.flat, global_weights=self.down.weights,
                             data=self.store.get(cid), transform=self.transform,
-                            generator=torch.Generator().manual_seed(seed), state=state)
-        self.algo.local_train(ctx)
+                            generator=torch.Generator().manual_seed(seed), train_cfg=self.setup.train)
+        if self.states is not None:
+            stored = self.states.get(cid, plan.round)
+            ctx.state = ({k: v.to(self.device) for k, v in stored.items()} if stored is not None
+                         else self.client.init_state(ctx))
         return ctx
 
-    def evaluate(self, floats: torch.Tensor, ints: torch.Tensor) -> np.ndarray:
-        """This worker's share of the test-set evaluation sums for the given global state."""
-        self.flat.load(floats.to(self.device), ints.to(self.device))
+    def evaluate(self, weights: torch.Tensor, ints: torch.Tensor) -> np.ndarray:
+        """This worker's share of the test-set evaluation sums for the given global model."""
+        self.flat.load(weights.to(self.device), ints.to(self.device))
         self.eval_net.load_from(self.flat)
-        return evaluate_share(self.eval_net, self.transform, self.eval_batches, self.eval_packer)
+        return evaluate_share(self.eval_net, self.transform, self.eval_batches, self.layouts.evaluation)
 
+    # ---------------------------------------------------------------- client state
+    def flush_states(self, keep_from: int) -> None:
+        if self.states is not None:
+            self.states.flush(keep_from)
 
-def serve(worker: Worker, world: Comm) -> None:
-    """The loop of an MPI worker rank; mirrors ``Server.run_round`` collective for collective."""
-    down_buf = worker.down.empty()
-    state_buf = worker.state.empty()
-    while True:
-        world.sync("start of round")
-        plan: RoundPlan = world.bcast_object(None)
-        if plan.stop:
-            world.gather_object(usage())
-            return
-        world.bcast_buffer(down_buf)
-        up_buf, reports = worker.train_round(plan, worker.down.views(down_buf))
-        world.sync("end of local training")
-        world.reduce_sum(up_buf.view(np.float64))
-        world.gather_object((reports, stop_requested()))
-        if plan.evaluate:
-            world.sync("evaluation")
-            world.bcast_buffer(state_buf)
-            views = worker.state.views(state_buf)
-            share = worker.evaluate(views["global"], views["global_ints"])
-            world.sync("end of evaluation")
-            world.reduce_sum(share.view(np.float64))
+    def export_state(self, cid: int, rnd: int) -> np.ndarray:
+        message = self.states.export(cid, rnd) if self.states is not None else None
+        if message is None:
+            raise RuntimeError(f"worker {self.index} was asked to hand over client {cid}'s state but holds none")
+        return message
+
+    def adopt_state(self, cid: int, message: np.ndarray) -> None:
+        self.states.adopt(cid, message)
+
+    def state_message_bytes(self) -> int:
+        return self.states.message_bytes if self.states is not None else 0

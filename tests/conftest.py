@@ -1,6 +1,8 @@
 """Shared helpers: tiny synthetic runs in the debug mode and under mpirun (via launch/local.sh)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -17,7 +19,7 @@ LAUNCH = REPO / "launch" / "local.sh"
 def tiny(tmp: Path, *extra: str, name: str = "run") -> list[str]:
     """--set overrides for a 2-round run on tiny synthetic data inside ``tmp``."""
     return ["--set", "data.dataset.name=synthetic", "data.dataset.train_samples=300", "data.dataset.test_samples=120",
-            "data.num_clients=5", "data.partition.beta=0.5", "data.partition.min_size=5", "model.name=digits_cnn",
+            "data.num_clients=5", "data.partition={name: dirichlet, beta: 0.5, min_size: 5}", "model.name=digits_cnn",
             "train.rounds=2", "train.local_epochs=1", "train.batch_size=16", "train.eval_batch_size=50",
             "resources.threads=1", "resources.device=cpu", f"run.root={tmp / 'runs'}", f"data.prepared_root={tmp / 'data'}",
             f"run.name={name}", *extra]
@@ -36,6 +38,20 @@ def write_tiny_table(folder: Path, data_root: Path, seeds: str = "[0, 1]") -> Pa
     return table
 
 
+def small_setup(classes: int = 3, clients: int = 4, in_features: int = 4):
+    """A Setup for unit tests of method roles: a linear classifier on 1 x 2 x 2 inputs."""
+    from mpifed.algorithms.base import Setup
+    from mpifed.config import TrainConfig
+    from mpifed.flat import FlatModel
+    from mpifed.models.base import SplitNet
+
+    def new_model():
+        return FlatModel(SplitNet(torch.nn.Flatten(), torch.nn.Linear(in_features, classes)))
+    flat = new_model()
+    return Setup(classes, clients, clients, flat.num_floats, flat.num_params, in_features, TrainConfig(),
+                 torch.device("cpu"), new_model)
+
+
 def env() -> dict[str, str]:
     e = dict(os.environ)
     e.pop("MPIFED_MPI", None)
@@ -44,9 +60,13 @@ def env() -> dict[str, str]:
     return e
 
 
-def run_debug(args: list[str], check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "mpifed.main", *args], cwd=REPO, env=env(), capture_output=True,
-                       text=True, timeout=timeout)
+def run_debug(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """A debug-mode run inside this process (``mpifed.main.main`` is re-entrant), its output captured."""
+    from mpifed.main import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    p = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
     if check and p.returncode != 0:
         raise AssertionError(f"debug run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p

@@ -2,37 +2,37 @@
 import numpy as np
 import torch
 
-from mpifed.algorithms.base import ClientContext, Setup
-from mpifed.algorithms.fedavg import FedAvg
+import pytest
+
+from conftest import small_setup
+from mpifed.algorithms.base import ClientContext, Replies
 from mpifed.config import NoOptions, TrainConfig
 from mpifed.data.store import ClientData, EvalBatch, eval_batch_ids
 from mpifed.data.transforms import BatchTransform
-from mpifed.evaluation import eval_packer, evaluate_share, forgetting, summarize
-from mpifed.flat import FlatModel
-from mpifed.worker import uplink_packer
+from mpifed.evaluation import evaluate_share, forgetting, summarize
+from mpifed.protocol import build_layouts
+from mpifed.registry import ALGORITHMS
 
 
-def tiny_flat():
-    return FlatModel(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)))
-
-
-def test_weighted_average_with_uneven_clients():
-    flat = tiny_flat()
-    setup = Setup(3, 3, flat.num_floats, flat.num_params, TrainConfig(), torch.device("cpu"), tiny_flat)
-    algo = FedAvg(NoOptions(), setup)
-    packer = uplink_packer(algo, 0)
-    workers = [packer.views(packer.empty()) for _ in range(2)]
-    sizes = [5, 20, 75]
-    states = [torch.full((flat.num_floats,), float(v)) for v in (1.0, 2.0, 4.0)]
-    for k, (n, w) in enumerate(zip(sizes, states)):   # clients 0 and 1 on worker 0, client 2 on worker 1
+@pytest.mark.parametrize("weighting,expected", [("samples", (5 * 1.0 + 20 * 2.0 + 75 * 4.0) / 100),
+                                                ("uniform", (1.0 + 2.0 + 4.0) / 3)])
+def test_weighted_average_with_uneven_clients(weighting, expected):
+    setup = small_setup()
+    train = TrainConfig(client_weights=weighting)
+    algo = ALGORITHMS.get("fedavg")(NoOptions(), setup)
+    client, server = algo.client(), algo.server(None)
+    sums = build_layouts(algo.messages(), setup.num_floats, 0, 1, 1, 3, 0).sums
+    workers = [sums.views(sums.empty()) for _ in range(2)]
+    flat = setup.new_model()
+    states = [torch.full((setup.num_floats,), v) for v in (1.0, 2.0, 4.0)]
+    for k, (n, w) in enumerate(zip([5, 20, 75], states)):   # clients 0 and 1 on worker 0, client 2 on worker 1
         flat.load(w)
         ctx = ClientContext(k, 0, 0.1, flat, w, ClientData(k, torch.zeros(n, 1, 2, 2, dtype=torch.uint8),
-                            torch.zeros(n, dtype=torch.int64)), None, torch.Generator())
-        for name, v in algo.client_uplink(ctx).items():
+                            torch.zeros(n, dtype=torch.int64)), None, torch.Generator(), train)
+        for name, v in client.uplink(ctx).items():
             workers[0 if k < 2 else 1][name] += v
     totals = {k: workers[0][k] + workers[1][k] for k in ("model", "weight")}
-    new = algo.aggregate(0, states[0], totals)
-    expected = (5 * 1.0 + 20 * 2.0 + 75 * 4.0) / 100
+    new = server.aggregate(0, states[0], Replies(totals, {}, []))
     assert new.dtype == torch.float32
     assert torch.allclose(new, torch.full_like(new, expected))
 
@@ -49,7 +49,7 @@ def test_evaluation_sums_do_not_depend_on_the_split():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4)).eval()
     tf = BatchTransform([0.5], [0.25], 0, False, 0, "cpu")
     batches, y = make_batches()
-    packer = eval_packer(230, 50, 4, 0)
+    packer = build_layouts(ALGORITHMS.get("fedavg")(NoOptions(), small_setup()).messages(), 1, 0, 230, 50, 4, 0).evaluation
     single = evaluate_share(model, tf, batches, packer)
     for workers in (2, 3, 7):
         total = np.zeros(packer.nbytes // 8)
@@ -60,7 +60,7 @@ def test_evaluation_sums_do_not_depend_on_the_split():
     views = packer.views(single)
     result = summarize(views, np.bincount(y.numpy(), minlength=4), np.zeros(0), [])
     with torch.no_grad():
-        logits = model(tf.eval(torch.cat([b.images for b in batches])))
+        logits = model(tf.eval(torch.cat([b.inputs for b in batches])))
     assert abs(result["test_acc"] - (logits.argmax(1) == y).double().mean().item()) < 1e-12
     assert abs(result["test_loss"] - torch.nn.functional.cross_entropy(logits, y).item()) < 1e-6
     assert len(result["per_class_acc"]) == 4

@@ -44,13 +44,43 @@ def test_fedntd_cifar10_setting_resolves_to_the_paper_values():
     assert cfg.algorithm.options.gamma == 0.1 and cfg.model.name == "resnet50" and cfg.train.rounds == 30
 
 
+def paper(*files):
+    return config.load([str(REPO / "configs" / "papers" / f) for f in files])[0]
+
+
+@pytest.mark.parametrize("setting,mu", [("cifar10-alpha0.5.yaml", 0.01), ("cifar100-alpha0.5.yaml", 0.001),
+                                        ("tiny_imagenet-alpha1.yaml", 0.001)])
+def test_fedgkd_fedprox_mu_follows_the_data_set(setting, mu):
+    """FedGKD Sec. 5.1: FedProx mu = 0.01 on CIFAR-10, 0.001 on CIFAR-100 and Tiny-ImageNet; the method
+    file comes last on the command line, the setting's per_algorithm values still apply."""
+    assert paper(f"fedgkd/{setting}", "fedgkd/methods/fedprox.yaml").algorithm.options.mu == mu
+
+
+def test_per_data_set_values_of_the_other_baselines():
+    tiny = ("fedgkd/tiny_imagenet-alpha0.1.yaml",)
+    assert paper(*tiny, "fedgkd/methods/moon.yaml").algorithm.options.mu == 1.0
+    assert paper(*tiny, "fedgkd/methods/moon.yaml").model.options.norm == "batch"
+    assert paper(*tiny, "fedgkd/methods/fedgkd_plus.yaml").algorithm.options.gamma == 0.1
+    assert paper(*tiny, "fedgkd/methods/fedgkd.yaml").model.options.norm == "group"
+    assert paper("fedgkd/cifar100-alpha1.yaml", "fedgkd/methods/moon.yaml").algorithm.options.mu == 5.0
+    office = paper("fedcsd/office_caltech.yaml", "fedcsd/methods/fedcsd.yaml").algorithm.options
+    assert (office.mu, office.tau) == (0.5, 4.0)
+    label_skew = paper("fedcsd/cifar100-beta0.5.yaml", "fedcsd/methods/fedcsd.yaml")
+    assert (label_skew.algorithm.options.mu, label_skew.algorithm.options.tau, label_skew.data.augment.rotation) == (0.001, 10.0, 15)
+    assert paper("fedgkd/cifar10-alpha1.yaml", "fedgkd/methods/fedavg.yaml").train.client_weights == "uniform"
+    # a value given on the command line still wins over the setting's
+    cfg, _ = config.load([str(REPO / "configs/papers/fedgkd/cifar100-alpha1.yaml"),
+                          str(REPO / "configs/papers/fedgkd/methods/fedprox.yaml")], ["algorithm.mu=0.5"])
+    assert cfg.algorithm.options.mu == 0.5
+
+
 def test_paper_config_smoke_run_on_synthetic_data_of_its_shape(tmp_path):
     """FedGKD Table 3's CIFAR-10 setting (ResNet-8 GN, 20 clients, C = 0.2) on random 3x32x32 data."""
     args = ["--config", str(REPO / "configs/papers/fedgkd/cifar10-alpha0.5.yaml"),
             "--config", str(REPO / "configs/papers/fedgkd/methods/fedgkd_vote.yaml"),
             "--set", "data.dataset.name=synthetic", "data.dataset.channels=3", "data.dataset.size=32",
             "data.dataset.train_samples=700", "data.dataset.test_samples=100", "data.server_holdout_per_class=4",
-            "data.partition.min_size=5", "train.rounds=2", "train.local_epochs=1", "resources.threads=1",
+            "data.partition.min_fraction=0.1", "train.rounds=2", "train.local_epochs=1", "resources.threads=1",
             f"run.root={tmp_path}", "run.name=smoke", f"data.prepared_root={tmp_path / 'data'}"]
     run_debug(args)
     rows = [json.loads(line) for line in (tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()]

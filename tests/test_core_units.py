@@ -8,12 +8,13 @@ import torch
 
 from mpifed import checkpoint
 from mpifed.config import NoOptions
-from mpifed.data.idx import read_idx, write_idx
-from mpifed.flat import FlatModel, Packer
+from mpifed.data.sets.idx import read_idx, write_idx
+from mpifed.flat import FlatModel
 from mpifed.models import build_model
 from mpifed.optim import FlatSGD
 from mpifed.placement import choose_device, choose_threads
-from mpifed.plan import assign_clients, client_seed, sample_clients
+from mpifed.plan import assign_clients, client_seed, sample_clients, state_moves
+from mpifed.protocol import Layout, ProtocolError
 
 
 def bn_model():
@@ -57,13 +58,22 @@ def test_flat_sgd_matches_torch_sgd_exactly(momentum, wd):
         assert torch.equal(p, q)
 
 
-def test_packer_round_trip():
-    pk = Packer({"a": ((3,), np.float32), "b": ((2, 2), np.int64), "c": ((1,), np.float64)})
-    buf = pk.pack({"a": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([[1, 2], [3, 4]])})
+def test_layout_round_trip_and_strict_packing():
+    pk = Layout("test", {"a": ((3,), np.float32), "b": ((2, 2), np.int64), "c": ((1,), np.float64)})
+    buf = pk.pack({"a": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([[1, 2], [3, 4]]), "c": torch.tensor([0.5])})
     v = pk.views(buf)
-    assert v["a"].tolist() == [1, 2, 3] and v["b"].tolist() == [[1, 2], [3, 4]] and v["c"].tolist() == [0.0]
-    with pytest.raises(KeyError):
-        pk.pack({"zzz": torch.zeros(1)})
+    assert v["a"].tolist() == [1, 2, 3] and v["b"].tolist() == [[1, 2], [3, 4]] and v["c"].tolist() == [0.5]
+    with pytest.raises(ProtocolError, match=r"missing \['c'\]"):
+        pk.pack({"a": torch.zeros(3), "b": torch.zeros(2, 2)})          # a declared entry left out: an error, no zero fill
+    with pytest.raises(ProtocolError, match="undeclared"):
+        pk.pack({"a": torch.zeros(3), "b": torch.zeros(2, 2), "c": torch.zeros(1), "zzz": torch.zeros(1)})
+    with pytest.raises(ProtocolError, match="has 4 elements"):
+        pk.pack({"a": torch.zeros(4), "b": torch.zeros(2, 2), "c": torch.zeros(1)})
+
+
+def test_state_moves_follow_the_holders():
+    # client 3 last trained on worker 0 and is now on worker 1; client 5 stays on worker 1; 7 never trained
+    assert state_moves([[1], [3, 5, 7]], {3: 0, 5: 1, 1: 0}) == [(3, 0, 1)]
 
 
 def test_sampling_depends_on_seed_and_round_only():

@@ -7,15 +7,16 @@ import pytest
 from PIL import Image
 
 from mpifed import config
-from mpifed.data.datasets import DATASETS, DataMissing
-from mpifed.data.idx import write_idx
+from mpifed.data.raw import DataMissing
+from mpifed.data.sets.idx import write_idx
+from mpifed.registry import DATASETS
 from mpifed.data.prepared import prepare
 
 RNG = np.random.default_rng(0)
 
 
 def load(name, **options):
-    cls = DATASETS[name]
+    cls = DATASETS.get(name)
     return cls.load(cls.Options(**options))
 
 
@@ -141,3 +142,18 @@ def test_office_caltech_domains_and_domain_partition(tmp_path):
                                      "data.num_clients=3", "data.partition=domain", f"data.prepared_root={tmp_path / 'q'}"])
     with pytest.raises(Exception, match="num_clients=4"):
         prepare(cfg3, log=lambda s: None)
+
+
+def test_office_caltech_fedbn_cut_trains_every_domain_on_the_same_number(tmp_path):
+    sizes = {"amazon": 10, "caltech": 8, "dslr": 5, "webcam": 6}      # images per class
+    for d, n in sizes.items():
+        for c in ("back_pack", "bike"):
+            for i in range(n):
+                write_png(tmp_path / d / c / f"{i}.jpg", (i, 0, 0), size=40)
+    full = load("office_caltech", root=str(tmp_path), size=32)
+    assert np.bincount(full.train_groups).tolist() == [16, 12, 8, 10]   # 80% of each class
+    cut = load("office_caltech", root=str(tmp_path), size=32, train_cut=0.5)
+    assert np.bincount(cut.train_groups).tolist() == [4, 4, 4, 4]       # half the smallest (DSLR's 8)
+    assert np.array_equal(cut.test_x, full.test_x)                       # the test splits are untouched
+    again = load("office_caltech", root=str(tmp_path), size=32, train_cut=0.5)
+    assert np.array_equal(again.train_x, cut.train_x)

@@ -1,14 +1,16 @@
 """The documentation that is generated from the code stays in sync with it."""
 from pathlib import Path
 
-from mpifed import config
+import pytest
+
+from mpifed.docs import pages
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_config_reference_is_current():
-    doc = (REPO / "docs" / "config-reference.md").read_text()
-    assert config.reference().strip() in doc, "regenerate docs/config-reference.md (see its first lines)"
+@pytest.mark.parametrize("name,text", sorted(pages().items()))
+def test_generated_page_is_current(name, text):
+    assert (REPO / "docs" / name).read_text() == text, f"docs/{name} is stale: run python -m mpifed.docs"
 
 
 def test_readme_test_command_is_what_ci_runs():

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from mpifed.losses import cad_class_weights, cad_loss, csd_loss, csd_similarity, kd_loss, not_true_logits, ntd_loss
+from mpifed.losses import (cad_class_weights, cad_loss, csd_loss, csd_mask, csd_similarity, kd_loss, not_true_logits,
+                           ntd_loss)
 
 LN = math.log
 
@@ -81,6 +82,36 @@ def test_csd_loss_is_zero_when_the_mask_is_all_zero():
     assert csd_loss(student, teacher, torch.ones(5, dtype=torch.long), torch.eye(4, dtype=torch.float64), 10.0).item() == 0.0
 
 
+def test_csd_mask_variants_hand_values():
+    # teacher softmax at T = 1: sample 0 [0.6, 0.3, 0.1] (label 1: 0.3 <= 1/3), sample 1 [0.2, 0.5, 0.3] (label 2: 0.3 <= 1/3,
+    # not the argmax), sample 2 [0.2, 0.45, 0.35] (label 1: above 1/3 and the argmax)
+    probs = t([0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.2, 0.45, 0.35])
+    logits, y = probs.log(), torch.tensor([1, 2, 1])
+    assert csd_mask(logits, y, "adaptive").tolist() == [0.0, 0.0, 1.0]
+    assert csd_mask(logits, y, "forcible").tolist() == [0.0, 0.0, 1.0]
+    assert csd_mask(logits, torch.tensor([0, 1, 2]), "forcible").tolist() == [1.0, 1.0, 0.0]
+    assert csd_mask(logits, torch.tensor([0, 1, 2]), "adaptive").tolist() == [1.0, 1.0, 1.0]   # 0.35 > 1/3
+    assert csd_mask(logits, y, "none").tolist() == [1.0, 1.0, 1.0]
+
+
+def test_csd_mask_from_refined_logits_and_without_refinement():
+    # identity prototypes, student [1, 0]: score softmax([1, 0]) = [s0, s1]; teacher [0, 0.5] (label 1)
+    student, teacher, protos, y = t([1.0, 0.0]), t([0.0, 0.5]), t([1.0, 0.0], [0.0, 1.0]), torch.tensor([1])
+    s0, s1 = softmax([1.0, 0.0])
+    refined = [s0 * 0.0, s1 * 0.5]                            # [0, 0.134]: the teacher's class 1 stays on top
+    term = kl(softmax(refined), softmax([1.0, 0.0]))
+    assert csd_loss(student, teacher, y, protos, 1.0).item() == pytest.approx(term, abs=1e-12)
+    assert csd_loss(student, teacher, y, protos, 1.0, mask_from_refined=True).item() == pytest.approx(term, abs=1e-12)
+    raw = kl(softmax([0.0, 0.5]), softmax([1.0, 0.0]))        # Table III without refinement: the raw teacher
+    assert csd_loss(student, teacher, y, protos, 1.0, refine=False).item() == pytest.approx(raw, abs=1e-12)
+    # a teacher whose refined logits lose the true class: [1, 1.2] -> refined [0.731, 0.323]
+    teacher2 = t([1.0, 1.2])
+    refined2 = [s0 * 1.0, s1 * 1.2]
+    assert softmax(refined2)[1] < 0.5 < softmax([1.0, 1.2])[1]
+    assert csd_loss(student, teacher2, y, protos, 1.0, mask_from_refined=True).item() == 0.0
+    assert csd_loss(student, teacher2, y, protos, 1.0).item() == pytest.approx(kl(softmax(refined2), softmax([1.0, 0.0])), abs=1e-12)
+
+
 def test_csd_similarity_gradient_option():
     torch.manual_seed(1)
     s, te, y, p = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64) * 3, torch.randint(0, 5, (4,)), torch.randn(5, 5, dtype=torch.float64)
@@ -107,9 +138,18 @@ def test_cad_class_weights_stay_within_bounds():
 
 
 def test_cad_loss_hand_value():
-    # alpha_y = 0.3: 0.7 * CE (ln 2) + 0.3 * KL([3/4, 1/4] || [1/2, 1/2])
+    # alpha_y = 0.3: 0.7 * CE (ln 2) + 0.3 * L_d, L_d = -(3/4 ln 1/2 + 1/4 ln 1/2) = ln 2 (Alg. 1: a cross-entropy)
     got = cad_loss(t([0.0, 0.0]), t([LN(3), 0.0]), torch.tensor([1]), torch.tensor([0.1, 0.3], dtype=torch.float64), 1.0).item()
-    assert got == pytest.approx(0.7 * LN(2) + 0.3 * (0.75 * LN(1.5) + 0.25 * LN(0.5)), abs=1e-12)
+    assert got == pytest.approx(0.7 * LN(2) + 0.3 * LN(2), abs=1e-12)
+
+
+def test_cad_distillation_is_the_papers_cross_entropy_at_tau_without_tau_squared():
+    # tau = 2: student logits [0, 2] -> softmax at tau [1, e] / (1 + e); teacher [2 ln 3, 0] -> [3/4, 1/4]
+    student, teacher, y, w = t([0.0, 2.0]), t([2 * LN(3), 0.0]), torch.tensor([0]), torch.tensor([1.0, 1.0], dtype=torch.float64)
+    p = [1 / (1 + math.e), math.e / (1 + math.e)]
+    soft_ce = -(0.75 * math.log(p[0]) + 0.25 * math.log(p[1]))
+    assert cad_loss(student, teacher, y, w, 2.0).item() == pytest.approx(soft_ce, abs=1e-12)
+    assert cad_loss(student, teacher, y, w, 2.0, tau_squared=True).item() == pytest.approx(4 * soft_ce, abs=1e-12)
 
 
 def test_cad_loss_with_zero_weights_is_cross_entropy():
@@ -121,7 +161,9 @@ def test_identical_student_and_teacher_give_zero_kl():
     z, y = torch.randn(6, 8, dtype=torch.float64), torch.randint(0, 8, (6,))
     assert kd_loss(z, z, 3.0).item() == pytest.approx(0.0, abs=1e-12)
     assert ntd_loss(z, z, y, 3.0).item() == pytest.approx(0.0, abs=1e-12)
-    assert cad_loss(z, z, y, torch.ones(8, dtype=torch.float64), 2.0).item() == pytest.approx(0.0, abs=1e-12)
+    q = torch.softmax(z / 2.0, dim=1)        # FedCAD's cross-entropy form: the teacher's entropy remains
+    entropy = -(q * q.log()).sum(dim=1).mean().item()
+    assert cad_loss(z, z, y, torch.ones(8, dtype=torch.float64), 2.0).item() == pytest.approx(entropy, abs=1e-12)
 
 
 @pytest.mark.parametrize("loss", [

@@ -1,7 +1,10 @@
+import json
+
 import numpy as np
 import pytest
 
-from mpifed.data.partitions import PARTITIONS, PartitionError, hold_out_per_class, split_summary
+from mpifed.data.partitions import PartitionError, hold_out_per_class, split_summary
+from mpifed.registry import PARTITIONS
 
 
 def labels(n=2000, classes=10, seed=0):
@@ -9,7 +12,7 @@ def labels(n=2000, classes=10, seed=0):
 
 
 def split(name, y, clients, seed=1, groups=None, **opts):
-    p = PARTITIONS[name]
+    p = PARTITIONS.get(name)
     return p.split(y, clients, np.random.default_rng(seed), p.Options(**opts), groups)
 
 
@@ -111,3 +114,68 @@ def test_natural_and_domain_need_groups():
         split("natural", y, 3)
     dom = split("domain", y, 10, groups=groups)
     assert [set(groups[p]) for p in dom] == [{g} for g in range(10)]
+
+
+def test_dirichlet_chunks_gives_equal_clients_from_grouped_dirichlet_lists():
+    y = labels(4000)
+    parts = split("dirichlet_chunks", y, 20, beta=0.1, group=10)
+    assert [len(p) for p in parts] == [200] * 20
+    assert len(np.unique(np.concatenate(parts))) == 4000            # every sample once
+    held = [len(np.unique(y[p])) for p in parts]
+    assert min(held) < 10                                            # still skewed: some clients lack classes
+    assert np.array_equal(np.concatenate(parts), np.concatenate(split("dirichlet_chunks", y, 20, beta=0.1, group=10)))
+
+
+def write_split(tmp_path, clients, name="split.json"):
+    path = tmp_path / name
+    if name.endswith(".npy"):
+        arr = np.empty(len(clients), dtype=object)
+        arr[:] = [np.asarray(c) for c in clients]
+        np.save(path, arr, allow_pickle=True)
+    else:
+        path.write_text(json.dumps({str(k): c for k, c in enumerate(clients)}))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["split.json", "split.npy"])
+def test_from_file_reproduces_the_split_exactly(tmp_path, name):
+    y = labels(50)
+    clients = [[3, 1, 4], [15, 9, 2, 6], [5, 35]]
+    parts = split("from_file", y, 3, path=write_split(tmp_path, clients, name))
+    assert [p.tolist() for p in parts] == [sorted(c) for c in clients]
+
+
+@pytest.mark.parametrize("clients,message", [
+    ([[1, 2], [3]], "has 2 clients; set data.num_clients=2"),
+    ([[1, 2], [3], [50]], "index 50, outside the 50 training samples"),
+    ([[1, 2], [2], [4]], "sample 2 is given twice"),
+    ([[1, 1], [2], [4]], "sample 1 is given twice"),
+])
+def test_from_file_is_validated(tmp_path, clients, message):
+    with pytest.raises(PartitionError, match=message):
+        split("from_file", labels(50), 3, path=write_split(tmp_path, clients))
+
+
+def test_from_file_refuses_samples_the_server_holds(tmp_path):
+    y = labels(50)
+    pool = np.setdiff1d(np.arange(50), [7, 8])          # samples 7 and 8 held out for the server
+    p = PARTITIONS.get("from_file")
+    opts = p.Options(path=write_split(tmp_path, [[1, 2], [7], [9]]))
+    with pytest.raises(PartitionError, match="sample 7 .* is held by the server"):
+        p.split(y[pool], 3, np.random.default_rng(0), opts, None, indices=pool)
+    parts = p.split(y[pool], 3, np.random.default_rng(0), p.Options(path=write_split(tmp_path, [[1, 2], [9], [10]])), None,
+                    indices=pool)
+    assert [pool[q].tolist() for q in parts] == [[1, 2], [9], [10]]
+
+
+def test_a_changed_split_file_is_prepared_anew(tmp_path):
+    from mpifed import config
+    from mpifed.data.prepared import ensure_prepared
+    path = write_split(tmp_path, [list(range(0, 40)), list(range(40, 80))])
+    sets = ["data.dataset.name=synthetic", "data.dataset.train_samples=100", "data.num_clients=2",
+            "data.partition.name=from_file", f"data.partition.path={path}", f"data.prepared_root={tmp_path / 'p'}"]
+    first = ensure_prepared(config.load([], sets)[0], log=lambda s: None)
+    assert first.client_sizes.tolist() == [40, 40]
+    write_split(tmp_path, [list(range(0, 10)), list(range(10, 100))])
+    second = ensure_prepared(config.load([], sets)[0], log=lambda s: None)
+    assert second.root != first.root and second.client_sizes.tolist() == [10, 90]

@@ -1,56 +1,153 @@
-"""The algorithm interface: one class per method, plugged into the round through a few hooks.
+"""The algorithm interface: a method is an :class:`Algorithm` with a server role and a client role.
 
-The round (server.py / worker.py) calls, in this order::
+A method file registers one ``Algorithm`` subclass under an explicit name, and overrides
+what differs from FedAvg::
 
-    server: downlink(rnd, w)            -> extra tensors sent with the global weights w
-    worker: round_start(rnd, down)      once per round, e.g. load the teacher
-    worker: client_statistics(data, tf) summed over all clients of all workers (MPI
-            use_statistics(totals)      Allreduce) before local training, e.g. prototypes
-    worker: local_train(ctx)            per client; the default loop calls loss(...)
-    worker: client_uplink(ctx)          per client, summed over clients and workers
-    server: aggregate(rnd, w, totals)   -> the new global weights
-    server: after_round(rnd, w)         e.g. update a moving-average teacher
+    @ALGORITHMS.register("fedprox")
+    class FedProx(Algorithm):
+        Options = ProxOptions          # its config keys (algorithm.<key>)
+        Client = FedProxClient         # the worker side: local training
+        Server = ...                   # the server side: aggregation (default FedAvg's)
 
-The base class *is* FedAvg: uplink n_k * w_k and n_k, aggregate their ratio. What
-travels is declared by ``downlink_spec``/``statistics_spec``/``uplink_spec`` (name ->
-shape), the same on every rank, so buffers can be allocated before anything arrives.
-Server state that must survive a restart goes in ``state_dict``; per-client state that
-persists across rounds (whichever worker trains the client) goes in ``ctx.state``.
+        def messages(self) -> Messages # what travels besides the global model
+
+The two roles are built separately, on different ranks under MPI and as two objects in
+the debug mode; they share nothing but the options, the :class:`Setup` and what the round
+protocol (:mod:`mpifed.protocol`) carries between them. One round, in order::
+
+    server  downlink(rnd, w)             -> the Messages.down tensors sent with the global model w
+    client  round_start(rnd, down)       once per round on each worker
+    client  statistics(data, transform)  summed over the round's clients on all workers
+            use_statistics(totals)       before local training (Messages.statistics)
+    client  train(ctx)                   per client; the default loop minimises loss(ctx, batch, out)
+    client  uplink(ctx)                  per client: Messages.up entries, summed or one row per client
+    server  aggregate(rnd, w, replies)   -> the new global model, from the sums, rows and reports
+
+The base classes are FedAvg: clients minimise cross-entropy and send n_k w_k and n_k (or
+1 and w_k with ``train.client_weights: uniform``); the server divides the sums.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator, Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mpifed.config import NoOptions, TrainConfig
-from mpifed.data.store import ClientData
+from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
-from mpifed.optim import FlatSGD
+from mpifed.models.base import Classifier
+from mpifed.optim import make_optimizer
 
-Shapes = dict[str, tuple[int, ...]]
+Shape = tuple[int, ...]
 
 
 class NonFiniteLoss(FloatingPointError):
     """The local loss became NaN or infinite."""
 
 
+# ------------------------------------------------------------------- what travels
+@dataclass(frozen=True)
+class Up:
+    """An uplink entry: its shape, and how it travels: ``sum`` (one Reduce of float64 sums over
+    all clients) or ``per_client`` (one float32 row per client, gathered to the server)."""
+
+    shape: Shape
+    travel: Literal["sum", "per_client"] = "sum"
+
+
+def summed(*shape: int) -> Up:
+    return Up(tuple(shape), "sum")
+
+
+def per_client(*shape: int) -> Up:
+    return Up(tuple(shape), "per_client")
+
+
+@dataclass(frozen=True)
+class Messages:
+    """Everything a method sends besides the global model, by name and shape.
+
+    * ``down``: float32 tensors broadcast with the global model each round;
+    * ``statistics``: float64 sums over the round's clients, all-reduced between the workers
+      before local training;
+    * ``up``: what each client returns (:class:`Up`);
+    * ``client_state``: float32 tensors each client keeps from one round it trains in to the next.
+    """
+
+    down: dict[str, Shape] = field(default_factory=dict)
+    statistics: dict[str, Shape] = field(default_factory=dict)
+    up: dict[str, Up] = field(default_factory=dict)
+    client_state: dict[str, Shape] = field(default_factory=dict)
+
+    def extend(self, **more: dict) -> "Messages":
+        """These messages plus ``more`` (e.g. ``down={...}``); a name declared twice is an error."""
+        merged = {}
+        for part in ("down", "statistics", "up", "client_state"):
+            mine, extra = getattr(self, part), more.pop(part, {})
+            clash = set(mine) & set(extra)
+            if clash:
+                raise ValueError(f"Messages.{part}: {sorted(clash)} declared twice")
+            merged[part] = {**mine, **extra}
+        if more:
+            raise TypeError(f"Messages has no part {sorted(more)}")
+        return Messages(**merged)
+
+
+# ------------------------------------------------------------------- shared context
 @dataclass
 class Setup:
-    """What every rank knows about the run when the algorithm is built."""
+    """What every rank knows about the run when a method's roles are built."""
 
     num_classes: int
     num_clients: int
+    clients_per_round: int
     num_floats: int            # length of the flat float32 state (parameters, then float buffers)
     num_params: int            # of which parameters
+    feature_dim: int           # the model's features(x) width
     train: TrainConfig
     device: torch.device
-    new_model: Callable[[], FlatModel]   # a fresh network on this rank's device
+    new_model: Callable[[], FlatModel]   # a fresh network (with the method's extensions) on this rank's device
+
+
+@dataclass
+class Downlink:
+    """What a client receives each round: the global model and the method's ``down`` tensors."""
+
+    weights: torch.Tensor          # the global float state
+    ints: torch.Tensor             # the global integer buffers (BatchNorm counters)
+    extra: dict[str, torch.Tensor]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.extra[name]
+
+
+@dataclass
+class Batch:
+    """One mini-batch: model inputs (augmented, normalised), labels, and the samples' indices."""
+
+    x: Any
+    y: torch.Tensor
+    index: torch.Tensor
+
+
+@dataclass
+class Outputs:
+    """The model's outputs on a batch: ``features`` (the classifier's input) and ``logits``.
+
+    Every model computes ``logits = head(features(x))``, so the features come at no extra cost.
+    """
+
+    features: torch.Tensor
+    logits: torch.Tensor
+
+
+def forward(model: Classifier, x: Any) -> Outputs:
+    z = model.features(x)
+    return Outputs(z, model.head(z))
 
 
 @dataclass
@@ -60,30 +157,73 @@ class ClientContext:
     cid: int
     round: int
     lr: float
-    flat: FlatModel                 # the local model, loaded with the global weights
-    global_floats: torch.Tensor     # the round's global weights (flat, on the device)
+    flat: FlatModel                 # the local model, loaded with the global model
+    global_weights: torch.Tensor    # the round's global float state (on the device)
     data: ClientData
     transform: BatchTransform
     generator: torch.Generator      # seeded by (seed, round, client): batches and augmentation
-    state: dict[str, Any] | None = None   # persistent per-client state (has_client_state)
-    batch: torch.Tensor | None = None     # indices (into data) of the batch being trained on
+    train_cfg: TrainConfig
+    state: dict[str, torch.Tensor] = field(default_factory=dict)   # Messages.client_state, persisted per client
     steps: int = 0
     loss_sum: float = 0.0
     seen: int = 0
-    extra: dict[str, float] = field(default_factory=dict)   # per-client figures for the log
+    extra: dict[str, float] = field(default_factory=dict)   # per-client figures for clients.jsonl
 
     @property
-    def model(self) -> nn.Module:
+    def model(self) -> Classifier:
         return self.flat.model
 
     @property
     def num_samples(self) -> int:
         return self.data.num_samples
 
+    @property
+    def weight(self) -> float:
+        """The client's weight in the server's average: n_k, or 1 with ``train.client_weights: uniform``."""
+        return 1.0 if self.train_cfg.client_weights == "uniform" else float(self.num_samples)
+
+    def batches(self) -> Iterator[Batch]:
+        """One epoch of shuffled, augmented mini-batches (a trailing single sample is dropped:
+        BatchNorm cannot train on it)."""
+        n, size = self.num_samples, self.train_cfg.batch_size
+        perm = torch.randperm(n, generator=self.generator).to(self.data.labels.device)
+        for start in range(0, n, size):
+            idx = perm[start: start + size]
+            if len(idx) == 1 and n > 1:
+                return
+            yield Batch(self.transform.train(take(self.data.inputs, idx), self.generator), self.data.labels[idx], idx)
+
+
+@dataclass
+class ClientReport:
+    """A client's small figures, gathered by the server with every round."""
+
+    cid: int
+    worker: int
+    samples: int
+    steps: int
+    train_loss: float
+    seconds: float
+    extra: dict[str, float]
+
+
+@dataclass
+class Replies:
+    """What the server receives from a round's clients.
+
+    ``sums`` holds the ``sum`` entries of Messages.up summed over all clients (float64);
+    ``rows`` the ``per_client`` entries, one row per client in the order of ``clients``
+    (ascending client id).
+    """
+
+    sums: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor]
+    clients: list[ClientReport]
+
 
 @dataclass
 class ServerTools:
-    """What the server gives an algorithm: a scratch model and the server-held data (if any)."""
+    """What the server gives a method: a scratch model and the server-held data (if any)."""
 
     flat: FlatModel
     transform: BatchTransform
@@ -91,59 +231,40 @@ class ServerTools:
     eval_batch_size: int
 
     @torch.no_grad()
-    def logits(self, floats: torch.Tensor, ints: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of the model with state ``floats`` on the server-held data (eval mode)."""
+    def logits(self, weights: torch.Tensor, ints: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of the model with state ``weights`` on the server-held data (eval mode)."""
         if self.data is None:
             raise RuntimeError("this run has no server-held data (data.server_holdout_per_class is 0)")
-        self.flat.load(floats.to(self.flat.floats.device), ints)
+        self.flat.load(weights.to(self.flat.floats.device), ints)
         model = self.flat.model.eval()
-        out = [model(self.transform.eval(self.data.images[i:i + self.eval_batch_size]))
-               for i in range(0, self.data.num_samples, self.eval_batch_size)]
-        return torch.cat(out)
+        size = self.eval_batch_size
+        return torch.cat([model(self.transform.eval(rows(self.data.inputs, i, i + size)))
+                          for i in range(0, self.data.num_samples, size)])
 
 
-class Algorithm:
-    """FedAvg (McMahan et al., 2017), and the hooks every other method overrides."""
+# ------------------------------------------------------------------- the roles
+class Server:
+    """FedAvg's server role: the new global model is sum_k w_k n_k / sum_k n_k."""
 
-    name: ClassVar[str] = "fedavg"
-    Options: ClassVar[type] = NoOptions
-    needs_server_data: ClassVar[str] = ""   # why the method needs server-held data; "" if it does not
-    has_client_state: ClassVar[bool] = False
-
-    def __init__(self, options: Any, setup: Setup) -> None:
+    def __init__(self, options: Any, setup: Setup, tools: ServerTools) -> None:
         self.options = options
         self.setup = setup
+        self.tools = tools
 
-    # ---------------------------------------------------------------- what travels
-    def downlink_spec(self) -> Shapes:
-        """Extra tensors sent down each round, besides the global weights."""
+    def start(self, weights: torch.Tensor) -> None:
+        """Once, with the initial global model, before the first round (and before
+        ``load_state_dict`` on resume)."""
+
+    def downlink(self, rnd: int, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``Messages.down`` tensors of round ``rnd`` (0-based), for global model ``weights``."""
         return {}
 
-    def statistics_spec(self) -> Shapes:
-        """Sums all-reduced between workers before local training (empty: no such step)."""
-        return {}
+    def aggregate(self, rnd: int, weights: torch.Tensor, replies: Replies) -> torch.Tensor:
+        """The new global model from the round's replies."""
+        return (replies.sums["model"] / replies.sums["weight"]).to(torch.float32)
 
-    def uplink_spec(self) -> Shapes:
-        """Sums reduced to the server after local training."""
-        return {"model": (self.setup.num_floats,), "weight": (1,)}
-
-    # ---------------------------------------------------------------- server side
-    def server_start(self, global_floats: torch.Tensor, tools: ServerTools) -> None:
-        """Called once on the server before its first round; on resume ``load_state_dict`` follows."""
-
-    def downlink(self, rnd: int, global_floats: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The extra tensors of ``downlink_spec`` for round ``rnd``."""
-        return {}
-
-    def aggregate(self, rnd: int, global_floats: torch.Tensor, totals: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The new global weights from the summed uplink (FedAvg: sum n_k w_k / sum n_k)."""
-        return (totals["model"] / totals["weight"]).to(torch.float32)
-
-    def after_round(self, rnd: int, global_floats: torch.Tensor) -> None:
-        """Called on the server with the new global weights after aggregation."""
-
-    def round_log(self) -> dict[str, Any]:
-        """Figures of this round for metrics.jsonl (e.g. FedCAD's class weights)."""
+    def log(self) -> dict[str, Any]:
+        """Figures of the round just aggregated, for metrics.jsonl."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -153,68 +274,99 @@ class Algorithm:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
 
-    # ---------------------------------------------------------------- worker side
-    def round_start(self, rnd: int, down: dict[str, torch.Tensor]) -> None:
-        """Called once per round on each worker with the downlink tensors (on its device)."""
 
-    def client_statistics(self, data: ClientData, transform: BatchTransform) -> dict[str, torch.Tensor]:
-        """One client's contribution to the ``statistics_spec`` sums."""
+class Client:
+    """FedAvg's client role: E epochs of SGD on cross-entropy, then n_k w_k and n_k up."""
+
+    def __init__(self, options: Any, setup: Setup) -> None:
+        self.options = options
+        self.setup = setup
+
+    def round_start(self, rnd: int, down: Downlink) -> None:
+        """Once per round on each worker, with what the server sent."""
+
+    def statistics(self, data: ClientData, transform: BatchTransform) -> dict[str, torch.Tensor]:
+        """One client's contribution to the ``Messages.statistics`` sums."""
         return {}
 
     def use_statistics(self, totals: dict[str, torch.Tensor]) -> None:
-        """Receive the sums of ``client_statistics`` over all sampled clients."""
+        """The ``Messages.statistics`` sums over all of the round's clients."""
 
-    def init_client_state(self) -> dict[str, Any]:
-        """A client's state before it first trains (has_client_state)."""
+    def init_state(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """A client's ``Messages.client_state`` before it first trains (ctx holds the global model)."""
         return {}
 
-    def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """The local objective on one batch (default: cross-entropy)."""
-        return F.cross_entropy(logits, y)
+    def train(self, ctx: ClientContext) -> None:
+        """E epochs of local training minimising :meth:`loss`; fills ctx.steps/loss_sum/seen.
 
-    def local_train(self, ctx: ClientContext) -> None:
-        """E epochs of SGD over the client's data, minimising ``loss``; fills ctx.steps/loss_sum/seen.
-
-        A fresh optimiser (and momentum) for every client in every round. A last batch of
-        a single sample is skipped (BatchNorm cannot train on it).
+        A fresh optimiser (and momentum) for every client in every round, as the papers do.
         """
         cfg = self.setup.train
-        model = ctx.model.train()
-        opt = FlatSGD(ctx.flat, ctx.lr, cfg.momentum, cfg.weight_decay)
-        n = ctx.num_samples
+        ctx.model.train()
+        opt = make_optimizer(ctx.flat, ctx.lr, cfg)
         for epoch in range(cfg.local_epochs):
-            epoch_loss = torch.zeros((), device=ctx.data.images.device)
-            for idx in batch_indices(n, cfg.batch_size, ctx.generator, ctx.data.images.device):
-                ctx.batch = idx
-                x = ctx.transform.train(ctx.data.images[idx], ctx.generator)
-                y = ctx.data.labels[idx]
-                loss = self.loss(ctx, x, y, model(x))
+            epoch_loss = torch.zeros((), device=ctx.data.labels.device)
+            for batch in ctx.batches():
+                loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
                 opt.zero_grad()
                 loss.backward()
                 if cfg.grad_clip > 0:
                     opt.clip_grad_norm(cfg.grad_clip)
                 opt.step()
-                epoch_loss += loss.detach() * len(y)
+                epoch_loss += loss.detach() * len(batch.y)
                 ctx.steps += 1
-                ctx.seen += len(y)
+                ctx.seen += len(batch.y)
             value = float(epoch_loss)
-            if not np.isfinite(value):
+            if not math.isfinite(value):
                 raise NonFiniteLoss(
-                    f"client {ctx.cid}, round {ctx.round}, epoch {epoch}: the local loss is {value} "
+                    f"client {ctx.cid}, round {ctx.round + 1}, epoch {epoch + 1}: the local loss is {value} "
                     f"(learning rate {ctx.lr:g}). Lower train.lr, set train.grad_clip, or check the data")
             ctx.loss_sum += value
 
-    def client_uplink(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """One client's contribution to the ``uplink_spec`` sums (FedAvg: n_k w_k and n_k)."""
-        n = float(ctx.num_samples)
-        return {"model": ctx.flat.floats.double() * n, "weight": torch.tensor([n], dtype=torch.float64)}
+    def loss(self, ctx: ClientContext, batch: Batch, out: Outputs) -> torch.Tensor:
+        """The local objective on one batch (FedAvg: cross-entropy)."""
+        return F.cross_entropy(out.logits, batch.y)
+
+    def uplink(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """What this client returns: every ``Messages.up`` entry (FedAvg: weight * w_k and weight)."""
+        weight = ctx.weight
+        return {"model": ctx.flat.floats.double() * weight, "weight": torch.tensor([weight], dtype=torch.float64)}
 
 
-def batch_indices(n: int, batch_size: int, gen: torch.Generator, device: torch.device):
-    """Shuffled mini-batch index tensors covering 0..n-1 once (a trailing single sample is dropped)."""
-    perm = torch.randperm(n, generator=gen).to(device)
-    for start in range(0, n, batch_size):
-        idx = perm[start: start + batch_size]
-        if len(idx) == 1 and n > 1:
-            return
-        yield idx
+class Algorithm:
+    """FedAvg (McMahan et al., 2017), and what every method declares.
+
+    Subclasses set ``Options`` (a dataclass of the method's config keys), ``Server`` and
+    ``Client`` (role classes), ``needs_server_data`` (why the method needs
+    ``data.server_holdout_per_class``; empty if it does not), and override
+    :meth:`messages` and :meth:`extend_model` where they add to FedAvg's.
+    """
+
+    Options: ClassVar[type] = NoOptions
+    Server: ClassVar[type[Server]] = Server
+    Client: ClassVar[type[Client]] = Client
+    needs_server_data: ClassVar[str] = ""
+
+    def __init__(self, options: Any, setup: Setup) -> None:
+        self.options = options
+        self.setup = setup
+
+    def messages(self) -> Messages:
+        """FedAvg's: the weighted model sum and the weights, summed over clients."""
+        return Messages(up={"model": summed(self.setup.num_floats), "weight": summed(1)})
+
+    @classmethod
+    def extend_model(cls, net: Classifier, options: Any) -> Classifier:
+        """The network the method trains, built from the zoo's ``net`` (e.g. MOON adds a projection head)."""
+        return net
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> list[str]:
+        """Problems with the rest of the run's configuration for this method, each naming the fix."""
+        return []
+
+    def server(self, tools: ServerTools) -> Server:
+        return self.Server(self.options, self.setup, tools)
+
+    def client(self) -> Client:
+        return self.Client(self.options, self.setup)

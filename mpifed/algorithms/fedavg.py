@@ -1,8 +1,9 @@
 """FedAvg (McMahan et al., 2017): local SGD, then the sample-weighted average of the local models."""
 from mpifed.algorithms.base import Algorithm
+from mpifed.registry import ALGORITHMS
 
 
+@ALGORITHMS.register("fedavg")
 class FedAvg(Algorithm):
-    """Everything FedAvg does is the base class's default behaviour."""
-
-    name = "fedavg"
+    """FedAvg (McMahan et al., AISTATS 2017): local SGD on cross-entropy, then the sample-weighted
+    average of the local models (the interface's default behaviour, :mod:`mpifed.algorithms.base`)."""

@@ -6,14 +6,57 @@ from typing import Any
 
 import torch
 
-from mpifed.algorithms.base import Algorithm
+from mpifed.algorithms.base import Algorithm, Client, Server
 from mpifed.algorithms.teacher import Teacher
 from mpifed.config import opt
 from mpifed.losses import cad_class_weights, cad_loss
+from mpifed.registry import ALGORITHMS
 
 
+class FedCADServer(Server):
+    """Alg. 1, line 3: the class weights alpha_y (Eq. 6) from the global model on the auxiliary set."""
+
+    def __init__(self, options, setup, tools) -> None:
+        super().__init__(options, setup, tools)
+        self.weights = torch.zeros(setup.num_classes)
+
+    def class_weights(self, weights: torch.Tensor) -> torch.Tensor:
+        tau = self.options.tau if self.options.weights_at_tau else 1.0
+        probs = torch.softmax(self.tools.logits(weights).double() / tau, dim=1)
+        return cad_class_weights(probs, self.tools.data.labels, self.options.beta, self.options.gamma, self.setup.num_classes)
+
+    def downlink(self, rnd, weights):
+        self.weights = self.class_weights(weights).float().cpu()
+        return {"class_weights": self.weights}
+
+    def log(self) -> dict[str, Any]:
+        return {"class_weights": [round(float(w), 6) for w in self.weights]}
+
+
+class FedCADClient(Client):
+    """Per sample (1 - alpha_y) CE + alpha_y distillation from the round's global model (Eq. 5)."""
+
+    def __init__(self, options, setup) -> None:
+        super().__init__(options, setup)
+        self.teacher = Teacher(setup)
+        self.class_weights: torch.Tensor | None = None
+
+    def round_start(self, rnd, down):
+        self.class_weights = down["class_weights"]
+        self.teacher.load(down.weights, down.ints)
+
+    def loss(self, ctx, batch, out):
+        return cad_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.class_weights, self.options.tau,
+                        self.options.tau_squared)
+
+
+@ALGORITHMS.register("fedcad")
 class FedCAD(Algorithm):
-    """Local loss (1 - alpha_y) CE + alpha_y tau^2 KL(global || local) per sample (Eq. 5).
+    """FedCAD (He et al.; paper 002): self-distillation from the global model with class-wise weights
+    alpha_y estimated on the server's auxiliary data.
+
+    Local loss (1 - alpha_y) CE + alpha_y L_d per sample (Eq. 5), L_d Alg. 1's cross-entropy
+    -sum_k p^g_k log p_k with the global model's and the local model's softmax at temperature tau.
 
     Before each round (Alg. 1, line 3) the server runs the global model on its auxiliary
     set (``data.server_holdout_per_class``: 32 per class in the paper, drawn from the
@@ -28,13 +71,12 @@ class FedCAD(Algorithm):
     the grid allows above it. With beta = gamma = 0 the method is FedAvg; with
     beta = gamma = alpha, FedLSD.
 
-    The KL term carries tau^2, as every temperature-scaled KL in :mod:`mpifed.losses` does
-    (it keeps the term's gradient scale independent of tau). Alg. 1 writes L_d without it,
-    so at tau = 2 the distillation term weighs 4x the literal formula's against the
-    cross-entropy.
+    L_d carries no tau^2 factor, as Alg. 1 writes it (an earlier version of mpifed multiplied a
+    KL by tau^2, which at tau = 2 weighs distillation 4x against the cross-entropy);
+    ``tau_squared: true`` restores that scaling. The KL and the cross-entropy differ by the
+    teacher's entropy, a constant: their gradients are equal.
     """
 
-    name = "fedcad"
     needs_server_data = "an auxiliary set to estimate the class-wise weights (paper: 32 samples per class)"
 
     @dataclass
@@ -44,55 +86,38 @@ class FedCAD(Algorithm):
         tau: float = opt(2.0, "distillation temperature", min=0, exclusive_min=True)
         weights_at_tau: bool = opt(True, "Eq. 6 from the global model's softmax at temperature tau (the paper's p^g); "
                                          "false: at temperature 1")
+        tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); the paper's Alg. 1 does not")
 
         def check(self) -> list[str]:
             return [f"beta ({self.beta}) must not exceed gamma ({self.gamma})"] if self.beta > self.gamma else []
 
-    def __init__(self, options, setup) -> None:
-        super().__init__(options, setup)
-        self.tools = None
-        self.weights = torch.zeros(setup.num_classes)
-        self.teacher: Teacher | None = None
+    Server = FedCADServer
+    Client = FedCADClient
 
-    def downlink_spec(self):
-        return {"class_weights": (self.setup.num_classes,)}
-
-    def server_start(self, global_floats, tools):
-        self.tools = tools
-
-    def class_weights(self, global_floats: torch.Tensor) -> torch.Tensor:
-        tau = self.options.tau if self.options.weights_at_tau else 1.0
-        probs = torch.softmax(self.tools.logits(global_floats).double() / tau, dim=1)
-        return cad_class_weights(probs, self.tools.data.labels, self.options.beta, self.options.gamma, self.setup.num_classes)
-
-    def downlink(self, rnd, global_floats):
-        self.weights = self.class_weights(global_floats).float().cpu()
-        return {"class_weights": self.weights}
-
-    def round_log(self) -> dict[str, Any]:
-        return {"class_weights": [round(float(w), 6) for w in self.weights]}
-
-    def round_start(self, rnd, down):
-        self.weights = down["class_weights"]
-        self.teacher = self.teacher or Teacher(self.setup)
-        self.teacher.load(down["global"], down["global_ints"])
-
-    def loss(self, ctx, x, y, logits):
-        return cad_loss(logits, self.teacher.batch_logits(ctx, x), y, self.weights, self.options.tau)
+    def messages(self):
+        return super().messages().extend(down={"class_weights": (self.setup.num_classes,)})
 
 
+class FedLSDServer(FedCADServer):
+    def class_weights(self, weights: torch.Tensor) -> torch.Tensor:
+        return torch.full((self.setup.num_classes,), self.options.alpha)
+
+
+@ALGORITHMS.register("fedlsd")
 class FedLSD(FedCAD):
     """FedLSD (FedCAD's baseline; Lee et al.'s local self-distillation): FedCAD with a constant
-    alpha for every class (beta = gamma = alpha), so no auxiliary data is needed. alpha = 0.3
-    from the grid {0.1, 0.3, 0.5} that FedCAD tunes it over; tau = 2 as FedCAD sets it."""
+    alpha for every class.
 
-    name = "fedlsd"
+    beta = gamma = alpha, so no auxiliary data is needed. alpha = 0.3
+    from the grid {0.1, 0.3, 0.5} that FedCAD tunes it over; tau = 2 as FedCAD sets it; the same
+    distillation term as FedCAD (Alg. 1's cross-entropy at tau, no tau^2)."""
+
     needs_server_data = ""
 
     @dataclass
     class Options:
         alpha: float = opt(0.3, "constant distillation weight", min=0, max=1)
         tau: float = opt(2.0, "distillation temperature", min=0, exclusive_min=True)
+        tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); FedCAD's Alg. 1 does not")
 
-    def class_weights(self, global_floats: torch.Tensor) -> torch.Tensor:
-        return torch.full((self.setup.num_classes,), self.options.alpha)
+    Server = FedLSDServer

@@ -7,14 +7,76 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm
+from mpifed.algorithms.base import Algorithm, Client, Server
 from mpifed.algorithms.teacher import Teacher
 from mpifed.config import opt
 from mpifed.losses import kd_loss
+from mpifed.models.base import ProjectionHead
+from mpifed.registry import ALGORITHMS
 
 
+class BufferServer(Server):
+    """Keeps the last M global models produced by aggregation (Alg. 1's buffer)."""
+
+    def __init__(self, options, setup, tools) -> None:
+        super().__init__(options, setup, tools)
+        self.buffer: list[torch.Tensor] = []
+        self.teacher_models = 0      # global models behind this round's teacher(s), for the log
+
+    def teachers(self, weights: torch.Tensor) -> list[torch.Tensor]:
+        """The buffered models this round distils from (round 1: none, or the initial model)."""
+        models = self.buffer or ([weights] if self.options.distill_first_round else [])
+        self.teacher_models = len(models)
+        return models
+
+    def aggregate(self, rnd, weights, replies):
+        new = super().aggregate(rnd, weights, replies)
+        self.buffer = (self.buffer + [new.clone()])[-self.options.buffer_size:]
+        return new
+
+    def log(self) -> dict[str, Any]:
+        return {"teacher_models": self.teacher_models}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffer": [b.cpu() for b in self.buffer]}
+
+    def load_state_dict(self, state):
+        self.buffer = [b.to(self.setup.device) for b in state["buffer"]]
+
+
+class FedGKDServer(BufferServer):
+    def downlink(self, rnd, weights):
+        models = self.teachers(weights)
+        if models:
+            return {"teacher": torch.stack(models).mean(0), "active": torch.ones(1)}
+        return {"teacher": torch.zeros_like(weights), "active": torch.zeros(1)}
+
+
+class FedGKDClient(Client):
+    """CE + (gamma/2) * KD(teacher || student) (Eqs. 3-4)."""
+
+    def __init__(self, options, setup) -> None:
+        super().__init__(options, setup)
+        self.teacher = Teacher(setup)
+        self.active = False
+
+    def round_start(self, rnd, down):
+        self.active = bool(down["active"].item())
+        if self.active:
+            self.teacher.load(down["teacher"], down.ints)
+
+    def loss(self, ctx, batch, out):
+        ce = super().loss(ctx, batch, out)
+        if not self.active:
+            return ce
+        return ce + self.options.gamma / 2 * kd_loss(out.logits, self.teacher.batch_logits(ctx, batch), self.options.tau)
+
+
+@ALGORITHMS.register("fedgkd")
 class FedGKD(Algorithm):
-    """Local loss CE + (gamma/2) * KD(teacher || student) (Eqs. 3-4), the teacher the parameter
+    """FedGKD (Yao et al.; paper 004): CE + (gamma/2) KD from the average of the last M global models.
+
+    Local loss CE + (gamma/2) * KD(teacher || student) (Eqs. 3-4), the teacher the parameter
     average of the buffered global models (Alg. 1), sent next to the global weights.
 
     The server's buffer holds the last M models produced by aggregation, so in round t the
@@ -26,9 +88,11 @@ class FedGKD(Algorithm):
     (Table 7), gamma = 0.2 (ResNet-8; the paper uses 0.1 for ResNet-50), tau = 1 (the code's
     default; the paper gives none). Downlink: two models per round (one when M = 1 would
     suffice, but the teacher is always sent to keep the layout fixed).
-    """
 
-    name = "fedgkd"
+    FedGKD+ (Sec. 5.1, "to compare with MOON"): ``projection_dim: 256`` adds MOON's projection
+    head (SimCLR's 2-layer MLP, output 256) to the network; the loss is unchanged (no
+    contrastive term).
+    """
 
     @dataclass
     class Options:
@@ -36,90 +100,41 @@ class FedGKD(Algorithm):
         gamma: float = opt(0.2, "distillation weight gamma (the loss uses gamma/2)", min=0)
         tau: float = opt(1.0, "distillation temperature", min=0, exclusive_min=True)
         distill_first_round: bool = opt(False, "distil in round 1 from the initial model (the official code does not)")
+        projection_dim: int = opt(0, "FedGKD+: add MOON's projection head with this output size (paper: 256; 0: none)", min=0)
 
-    def __init__(self, options, setup) -> None:
-        super().__init__(options, setup)
-        self.buffer: list[torch.Tensor] = []
-        self.teacher: Teacher | None = None
-        self.active = False
-        self.teacher_models = 0      # global models behind this round's teacher (for the log)
+    Server = FedGKDServer
+    Client = FedGKDClient
 
-    def downlink_spec(self):
-        return {"teacher": (self.setup.num_floats,), "active": (1,)}
+    def messages(self):
+        return super().messages().extend(down={"teacher": (self.setup.num_floats,), "active": (1,)})
 
-    def downlink(self, rnd, global_floats):
-        models = self.buffer or ([global_floats] if self.options.distill_first_round else [])
-        self.teacher_models = len(models)
-        if models:
-            return {"teacher": torch.stack(models).mean(0), "active": torch.ones(1)}
-        return {"teacher": torch.zeros_like(global_floats), "active": torch.zeros(1)}
-
-    def after_round(self, rnd, global_floats):
-        self.buffer = (self.buffer + [global_floats.clone()])[-self.options.buffer_size:]
-
-    def round_log(self) -> dict[str, Any]:
-        return {"teacher_models": self.teacher_models}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"buffer": [b.cpu() for b in self.buffer]}
-
-    def load_state_dict(self, state):
-        self.buffer = [b.to(self.setup.device) for b in state["buffer"]]
-
-    def round_start(self, rnd, down):
-        self.active = bool(down["active"].item())
-        if self.active:
-            self.teacher = self.teacher or Teacher(self.setup)
-            self.teacher.load(down["teacher"], down["global_ints"])
-
-    def loss(self, ctx, x, y, logits):
-        ce = super().loss(ctx, x, y, logits)
-        if not self.active:
-            return ce
-        return ce + self.options.gamma / 2 * kd_loss(logits, self.teacher.batch_logits(ctx, x), self.options.tau)
+    @classmethod
+    def extend_model(cls, net, options):
+        return ProjectionHead(net, options.projection_dim) if options.projection_dim else net
 
 
-class FedGKDVote(FedGKD):
-    """FedGKD-VOTE (Eq. 5): distil from each of the M buffered models, weighted by validation loss.
-
-    gamma_m / 2 = lambda * exp(-L_m / beta) / sum_i exp(-L_i / beta), L_m the loss of buffered
-    model m on the server's validation split (``data.server_holdout_per_class``), computed
-    on the server each round. The paper sets beta = 1/M ("we set beta as 1/M"; the
-    text rendering stacks the fraction) and lambda = 0.1; ``vote_temperature`` overrides beta.
-    The server sends all M models: the downlink is M + 1 models per round.
-    """
-
-    name = "fedgkd_vote"
-    needs_server_data = "a validation split to weight the buffered teachers"
+@ALGORITHMS.register("fedgkd_plus")
+class FedGKDPlus(FedGKD):
+    """FedGKD+ (paper 004, Sec. 5.1): FedGKD on the network with MOON's projection head (256),
+    "to compare with MOON"; no contrastive term (the official code's ``--projection True``)."""
 
     @dataclass
-    class Options:
-        buffer_size: int = opt(5, "M, the number of past global models used as teachers (paper: 5 for vision)", min=1)
-        lam: float = opt(0.1, "lambda, the scale of the teacher weights", min=0)
-        tau: float = opt(1.0, "distillation temperature", min=0, exclusive_min=True)
-        vote_temperature: float | None = opt(None, "beta of the weight softmax (null: 1/M as in the paper)", min=0, exclusive_min=True)
-        distill_first_round: bool = opt(False, "distil in round 1 from the initial model (the official code does not)")
+    class Options(FedGKD.Options):
+        projection_dim: int = opt(256, "output size of MOON's projection head (paper: 256, as SimCLR)", min=1)
 
-    def __init__(self, options, setup) -> None:
-        super().__init__(options, setup)
-        self.tools = None
+
+class VoteServer(BufferServer):
+    """Sends all M buffered models and their weights gamma_m/2 = lambda softmax_m(-L_m / beta)."""
+
+    def __init__(self, options, setup, tools) -> None:
+        super().__init__(options, setup, tools)
         self.weights = torch.zeros(options.buffer_size)
         self.validation_losses: list[float] = []
-        self.teachers: list[Teacher] = []
-        self.active_teachers: list[tuple[Teacher, float]] = []
 
-    def downlink_spec(self):
+    def downlink(self, rnd, weights):
         m = self.options.buffer_size
-        return {"teachers": (m, self.setup.num_floats), "weights": (m,)}
-
-    def server_start(self, global_floats, tools):
-        self.tools = tools
-
-    def downlink(self, rnd, global_floats):
-        m = self.options.buffer_size
-        models = self.buffer or ([global_floats] if self.options.distill_first_round else [])
-        self.teacher_models = len(models)
-        teachers = torch.zeros(m, self.setup.num_floats, device=global_floats.device)
+        models = self.teachers(weights)
+        teachers = torch.zeros(m, self.setup.num_floats, device=weights.device)
         self.weights = torch.zeros(m)
         if models:
             labels = self.tools.data.labels
@@ -130,22 +145,60 @@ class FedGKDVote(FedGKD):
             self.validation_losses = losses.tolist()
         return {"teachers": teachers, "weights": self.weights}
 
-    def round_log(self) -> dict[str, Any]:
+    def log(self) -> dict[str, Any]:
         return {"teacher_models": self.teacher_models, "teacher_weights": [round(float(w), 6) for w in self.weights],
                 "teacher_validation_losses": [round(v, 6) for v in self.validation_losses]}
 
+
+class VoteClient(Client):
+    """CE + sum_m (gamma_m/2) KD(teacher_m || student) (Eq. 5)."""
+
+    def __init__(self, options, setup) -> None:
+        super().__init__(options, setup)
+        self.teachers: list[Teacher] = []
+        self.active: list[tuple[Teacher, float]] = []
+
     def round_start(self, rnd, down):
-        self.weights = down["weights"].cpu()
-        live = [i for i, w in enumerate(self.weights.tolist()) if w > 0]
+        weights = down["weights"].cpu().tolist()
+        live = [i for i, w in enumerate(weights) if w > 0]
         while len(self.teachers) < len(live):
             self.teachers.append(Teacher(self.setup))
-        self.active_teachers = []
+        self.active = []
         for teacher, i in zip(self.teachers, live):
-            teacher.load(down["teachers"][i], down["global_ints"])
-            self.active_teachers.append((teacher, float(self.weights[i])))
+            teacher.load(down["teachers"][i], down.ints)
+            self.active.append((teacher, weights[i]))
 
-    def loss(self, ctx, x, y, logits):
-        total = F.cross_entropy(logits, y)
-        for teacher, weight in self.active_teachers:
-            total = total + weight * kd_loss(logits, teacher.batch_logits(ctx, x), self.options.tau)
+    def loss(self, ctx, batch, out):
+        total = F.cross_entropy(out.logits, batch.y)
+        for teacher, weight in self.active:
+            total = total + weight * kd_loss(out.logits, teacher.batch_logits(ctx, batch), self.options.tau)
         return total
+
+
+@ALGORITHMS.register("fedgkd_vote")
+class FedGKDVote(Algorithm):
+    """FedGKD-VOTE (paper 004, Eq. 5): distil from each of the M buffered models, weighted by validation loss.
+
+    gamma_m / 2 = lambda * exp(-L_m / beta) / sum_i exp(-L_i / beta), L_m the loss of buffered
+    model m on the server's validation split (``data.server_holdout_per_class``), computed
+    on the server each round. The paper sets beta = 1/M ("we set beta as 1/M"; the
+    text rendering stacks the fraction) and lambda = 0.1; ``vote_temperature`` overrides beta.
+    The server sends all M models: the downlink is M + 1 models per round.
+    """
+
+    needs_server_data = "a validation split to weight the buffered teachers"
+
+    @dataclass
+    class Options:
+        buffer_size: int = opt(5, "M, the number of past global models used as teachers (paper: 5 for vision, 3 for NLP)", min=1)
+        lam: float = opt(0.1, "lambda, the scale of the teacher weights", min=0)
+        tau: float = opt(1.0, "distillation temperature", min=0, exclusive_min=True)
+        vote_temperature: float | None = opt(None, "beta of the weight softmax (null: 1/M as in the paper)", min=0, exclusive_min=True)
+        distill_first_round: bool = opt(False, "distil in round 1 from the initial model (the official code does not)")
+
+    Server = VoteServer
+    Client = VoteClient
+
+    def messages(self):
+        m = self.options.buffer_size
+        return super().messages().extend(down={"teachers": (m, self.setup.num_floats), "weights": (m,)})

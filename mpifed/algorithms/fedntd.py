@@ -3,36 +3,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpifed.algorithms.base import Algorithm
+from mpifed.algorithms.base import Algorithm, Client
 from mpifed.algorithms.teacher import Teacher
 from mpifed.config import opt
 from mpifed.losses import ntd_loss
+from mpifed.registry import ALGORITHMS
 
 
-class FedNTD(Algorithm):
+class FedNTDClient(Client):
     """Local loss CE + beta * L_NTD (Eq. 10), L_NTD the KL over the not-true classes (Eq. 11).
 
     The teacher is this round's global model, frozen, in eval mode, queried under no_grad
-    on the same (augmented) batch as the student. Defaults tau = 1, beta = 1 are the
-    official configuration's (``config/fedntd.json``). The KL carries tau^2 as every
-    temperature-scaled KL in :mod:`mpifed.losses` does (the official code has had versions
-    with and without it; no effect at the default tau = 1). No extra communication.
+    on the same (augmented) batch as the student.
     """
 
-    name = "fedntd"
+    def __init__(self, options, setup) -> None:
+        super().__init__(options, setup)
+        self.teacher = Teacher(setup)
+
+    def round_start(self, rnd, down):
+        self.teacher.load(down.weights, down.ints)
+
+    def loss(self, ctx, batch, out):
+        distill = ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.options.tau)
+        return super().loss(ctx, batch, out) + self.options.beta * distill
+
+
+@ALGORITHMS.register("fedntd")
+class FedNTD(Algorithm):
+    """FedNTD (Lee et al., NeurIPS 2022; paper 003): CE + beta * not-true distillation from the round's
+    global model (Eqs. 10-11).
+
+    Defaults tau = 1, beta = 1 are the official configuration's (``config/fedntd.json``). The KL
+    carries tau^2 as every temperature-scaled KL in :mod:`mpifed.losses` does (the official code
+    has had versions with and without it; no effect at the default tau = 1). No extra communication.
+    """
 
     @dataclass
     class Options:
         tau: float = opt(1.0, "temperature of the not-true softmax", min=0, exclusive_min=True)
         beta: float = opt(1.0, "weight of the not-true distillation loss", min=0)
 
-    def __init__(self, options, setup) -> None:
-        super().__init__(options, setup)
-        self.teacher: Teacher | None = None
-
-    def round_start(self, rnd, down):
-        self.teacher = self.teacher or Teacher(self.setup)
-        self.teacher.load(down["global"], down["global_ints"])
-
-    def loss(self, ctx, x, y, logits):
-        return super().loss(ctx, x, y, logits) + self.options.beta * ntd_loss(logits, self.teacher.batch_logits(ctx, x), y, self.options.tau)
+    Client = FedNTDClient

@@ -1,23 +1,23 @@
-"""A frozen copy of the network that distillation methods query for soft labels."""
+"""A frozen copy of the network that methods query for soft labels or representations."""
 from __future__ import annotations
 
 import torch
 
-from mpifed.algorithms.base import ClientContext, Setup
-from mpifed.data.store import ClientData
+from mpifed.algorithms.base import Batch, ClientContext, Setup
+from mpifed.data.store import ClientData, rows
 from mpifed.data.transforms import BatchTransform
 from mpifed.inference import InferenceCopy
 
 
 class Teacher:
-    """Loaded once per round and run without gradients (an :class:`InferenceCopy`), in eval mode
-    unless told otherwise.
+    """Loaded with a model state (once per round, or per client) and run without gradients (an
+    :class:`InferenceCopy`), in eval mode unless told otherwise.
 
     When training inputs are not augmented and the teacher runs in eval mode, a sample's
-    teacher logits are fixed for the whole round: :meth:`batch_logits` then computes each
-    client's logits once (in evaluation-sized batches) and reuses them for every epoch,
-    instead of running the teacher on every training batch. The values equal per-batch
-    computation up to floating-point rounding.
+    teacher outputs are fixed until the teacher is loaded again: :meth:`batch_logits` and
+    :meth:`batch_features` then compute each client's outputs once (in evaluation-sized
+    batches) and reuse them for every epoch, instead of running the teacher on every
+    training batch. The values equal per-batch computation up to floating-point rounding.
     """
 
     def __init__(self, setup: Setup, train_mode: bool = False) -> None:
@@ -25,28 +25,45 @@ class Teacher:
         self.net = InferenceCopy(self.flat)
         self.train_mode = train_mode
         self.chunk = setup.train.eval_batch_size
-        self._cache: dict[int, torch.Tensor] = {}
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def load(self, floats: torch.Tensor, ints: torch.Tensor | None = None) -> None:
         self.flat.load(floats, ints)
         self.net.load_from(self.flat)
         self._cache.clear()
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x) -> torch.Tensor:
         return self.net(x, self.train_mode)
 
-    def client_logits(self, data: ClientData, transform: BatchTransform) -> torch.Tensor:
-        """Logits of every sample of a client (unaugmented), cached for the round when allowed."""
+    def outputs(self, x) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, logits) of the teacher on inputs ``x``."""
+        return self.net.outputs(x, self.train_mode)
+
+    def client_outputs(self, data: ClientData, transform: BatchTransform) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, logits) of every sample of a client (unaugmented), cached while allowed."""
         if data.cid in self._cache:
             return self._cache[data.cid]
-        out = torch.cat([self.logits(transform.eval(data.images[i:i + self.chunk]))
-                         for i in range(0, data.num_samples, self.chunk)])
+        parts = [self.outputs(transform.eval(rows(data.inputs, i, i + self.chunk)))
+                 for i in range(0, data.num_samples, self.chunk)]
+        out = torch.cat([z for z, _ in parts]), torch.cat([logit for _, logit in parts])
         if not self.train_mode:
             self._cache[data.cid] = out
         return out
 
-    def batch_logits(self, ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
-        """The teacher's logits for the batch being trained on (``x``, the samples ``ctx.batch``)."""
-        if ctx.transform.augments or self.train_mode:
-            return self.logits(x)
-        return self.client_logits(ctx.data, ctx.transform)[ctx.batch]
+    def client_logits(self, data: ClientData, transform: BatchTransform) -> torch.Tensor:
+        return self.client_outputs(data, transform)[1]
+
+    def _cached(self, ctx: ClientContext) -> bool:
+        return not (ctx.transform.augments or self.train_mode)
+
+    def batch_logits(self, ctx: ClientContext, batch: Batch) -> torch.Tensor:
+        """The teacher's logits for the batch being trained on."""
+        if not self._cached(ctx):
+            return self.logits(batch.x)
+        return self.client_logits(ctx.data, ctx.transform)[batch.index]
+
+    def batch_features(self, ctx: ClientContext, batch: Batch) -> torch.Tensor:
+        """The teacher's features for the batch being trained on."""
+        if not self._cached(ctx):
+            return self.outputs(batch.x)[0]
+        return self.client_outputs(ctx.data, ctx.transform)[0][batch.index]

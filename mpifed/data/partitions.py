@@ -1,31 +1,30 @@
 """How training samples are split over clients.
 
 Each partition is a class with ``Options`` and ``split(labels, num_clients, rng,
-options, groups)`` returning one index array per client. All are deterministic in the
+options, groups, indices)`` returning one index array (positions in ``labels``) per
+client; ``groups`` gives each sample's writer or domain where the data set has one, and
+``indices`` each sample's index in the training set (the server's held-out samples are not
+among ``labels``). Partitions are registered with
+``@PARTITIONS.register("name")`` (:data:`mpifed.registry.PARTITIONS`). All are deterministic in the
 generator they are given; every sample goes to at most one client (every sample to
 exactly one, except where a partition says otherwise).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from mpifed.config import NoOptions, opt
-
-PARTITIONS: dict[str, type] = {}
+from mpifed.registry import PARTITIONS
 
 
 class PartitionError(ValueError):
     """The partition cannot be made with these settings."""
-
-
-def register(name: str) -> Callable[[type], type]:
-    def add(cls: type) -> type:
-        PARTITIONS[name] = cls
-        return cls
-    return add
 
 
 def _check_enough(n: int, num_clients: int) -> None:
@@ -33,7 +32,7 @@ def _check_enough(n: int, num_clients: int) -> None:
         raise PartitionError(f"{n} training samples cannot be split over {num_clients} clients; lower data.num_clients")
 
 
-@register("iid")
+@PARTITIONS.register("iid")
 class IID:
     """Uniformly random, equal-sized clients (sizes differ by at most one)."""
 
@@ -41,12 +40,12 @@ class IID:
 
     @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: NoOptions,
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         _check_enough(len(labels), num_clients)
         return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
-@register("dirichlet")
+@PARTITIONS.register("dirichlet")
 class Dirichlet:
     """Latent Dirichlet Allocation label skew (FedNTD App. B.5, NIID-Bench/MOON code).
 
@@ -65,7 +64,7 @@ class Dirichlet:
 
     @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "Dirichlet.Options",
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         n = len(labels)
         if options.min_size * num_clients > n:
             raise PartitionError(
@@ -94,7 +93,7 @@ class Dirichlet:
             f"lower data.partition.min_size or data.num_clients")
 
 
-@register("shards")
+@PARTITIONS.register("shards")
 class Shards:
     """Sort by label, cut into ``K * shards_per_client`` equal shards, deal ``s`` at random to each client.
 
@@ -108,7 +107,7 @@ class Shards:
 
     @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "Shards.Options",
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         total = num_clients * options.shards_per_client
         if total > len(labels):
             raise PartitionError(
@@ -121,7 +120,7 @@ class Shards:
         return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
 
 
-@register("label_k")
+@PARTITIONS.register("label_k")
 class LabelK:
     """Each client holds ``k`` classes (NIID-Bench's #C=k): client i gets class i mod C plus k-1
     other random classes; each class's samples are split evenly among the clients holding it.
@@ -133,7 +132,7 @@ class LabelK:
 
     @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "LabelK.Options",
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         classes = np.unique(labels)
         if options.k > len(classes):
             raise PartitionError(f"data.partition.k={options.k} exceeds the {len(classes)} classes")
@@ -151,7 +150,7 @@ class LabelK:
         return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
 
 
-@register("quantity")
+@PARTITIONS.register("quantity")
 class Quantity:
     """Quantity skew with IID labels: client sizes from Dir(beta) proportions (NIID-Bench), or a
     power law (size of the i-th client proportional to (i + 1)^-exponent, clients shuffled);
@@ -166,7 +165,7 @@ class Quantity:
 
     @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "Quantity.Options",
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         n = len(labels)
         if options.min_size * num_clients > n:
             raise PartitionError(f"{num_clients} clients x data.partition.min_size={options.min_size} exceed {n} samples")
@@ -181,7 +180,7 @@ class Quantity:
         return [np.sort(piece) for piece in np.split(rng.permutation(n), np.cumsum(sizes)[:-1])]
 
 
-@register("natural")
+@PARTITIONS.register("natural")
 class Natural:
     """The data set's own groups (FEMNIST's writers): groups are shuffled and dealt to the clients
     in K nearly equal runs (NIID-Bench's "real" FEMNIST split; FedCAD's ~2,000 writers into
@@ -191,7 +190,7 @@ class Natural:
 
     @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: NoOptions,
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         if groups is None:
             raise PartitionError("partition 'natural' needs a data set with writers or users (femnist); use dirichlet otherwise")
         ids = np.unique(groups)
@@ -200,7 +199,7 @@ class Natural:
         return [np.sort(np.flatnonzero(np.isin(groups, run))) for run in np.array_split(rng.permutation(ids), num_clients)]
 
 
-@register("domain")
+@PARTITIONS.register("domain")
 class Domain:
     """One client per domain (Office-Caltech-10's amazon, caltech, dslr, webcam), in the data set's order."""
 
@@ -208,13 +207,134 @@ class Domain:
 
     @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: NoOptions,
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         if groups is None:
             raise PartitionError("partition 'domain' needs a data set with domains (office_caltech)")
         ids = np.unique(groups)
         if len(ids) != num_clients:
             raise PartitionError(f"partition 'domain' makes one client per domain: set data.num_clients={len(ids)}")
         return [np.flatnonzero(groups == g) for g in ids]
+
+
+@PARTITIONS.register("dirichlet_chunks")
+class DirichletChunks:
+    """FedGKD's official split (``pcode/datasets/partition_data.py``, ``build_non_iid_by_dirichlet``):
+    the shuffled training set is cut into ceil(K / ``group``) equal parts; each part is split
+    over ``group`` clients by a Dirichlet(beta) per class with NIID-Bench's balance rule,
+    redrawn until each of them holds at least ``min_fraction`` of its fair share; each of
+    those lists is ordered by class; all lists are concatenated and the result re-cut into K
+    equal contiguous slices. Every client holds the same number of samples, so uniform and
+    sample-weighted averaging agree; a client's classes come from up to two Dirichlet lists."""
+
+    @dataclass
+    class Options:
+        beta: float = opt(0.5, "Dirichlet concentration; smaller is more skewed", min=0, exclusive_min=True)
+        group: int = opt(10, "clients per Dirichlet draw (the code's n_auxi_workers)", min=1)
+        min_fraction: float = opt(0.5, "redraw until every client of a draw holds this fraction of its fair share", min=0, max=1)
+        max_tries: int = opt(10000, "give up after this many draws", min=1)
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "DirichletChunks.Options",
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
+        _check_enough(len(labels), num_clients)
+        order = rng.permutation(len(labels))
+        parts = -(-num_clients // options.group)
+        size = len(labels) // parts
+        lists: list[np.ndarray] = []
+        for p in range(parts):
+            chunk = order[p * size: (p + 1) * size]
+            clients = min(options.group, num_clients - p * options.group)
+            opts = Dirichlet.Options(beta=options.beta, min_size=int(options.min_fraction * size / clients),
+                                     balance=True, max_tries=options.max_tries)
+            for piece in Dirichlet.split(labels[chunk], clients, rng, opts):
+                members = chunk[piece]
+                lists.append(members[np.argsort(labels[members], kind="stable")])
+        flat = np.concatenate(lists)
+        share = len(flat) // num_clients
+        return [np.sort(flat[k * share: (k + 1) * share]) for k in range(num_clients)]
+
+
+@PARTITIONS.register("from_file")
+class FromFile:
+    """A split made elsewhere, exactly: a JSON file mapping each client to its training-sample
+    indices (``{"0": [...], "1": [...]}`` or a list of lists) or a NumPy ``.npy`` file (an object
+    array of index arrays, or a 2-D array of equal-sized clients). Indices refer to the training
+    set as mpifed reads it (after ``data.train_subset``). They are checked: the number of
+    clients, indices in range, no sample given twice, none held by the server."""
+
+    @dataclass
+    class Options:
+        path: str = opt("", "JSON or .npy file mapping each client to its training-sample indices")
+
+    @staticmethod
+    def fingerprint(options: "FromFile.Options") -> dict[str, str]:
+        """The file's content hash, part of the prepared data's spec (a changed file re-prepares)."""
+        path = Path(options.path)
+        if not path.is_file():
+            raise PartitionError(f"partition file {path} does not exist; set data.partition.path")
+        return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+    @staticmethod
+    def read(path: Path) -> list[np.ndarray]:
+        if not path.is_file():
+            raise PartitionError(f"partition file {path} does not exist; set data.partition.path")
+        if path.suffix == ".npy":
+            data = np.load(path, allow_pickle=True)
+            clients = list(data)
+        else:
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise PartitionError(f"partition file {path} is not valid JSON ({exc})") from None
+            if isinstance(data, dict):
+                try:
+                    keys = sorted(data, key=int)
+                except ValueError:
+                    raise PartitionError(f"partition file {path}: keys must be client numbers 0..K-1") from None
+                if [int(k) for k in keys] != list(range(len(keys))):
+                    raise PartitionError(f"partition file {path}: clients must be numbered 0..{len(keys) - 1}")
+                clients = [data[k] for k in keys]
+            elif isinstance(data, list):
+                clients = data
+            else:
+                raise PartitionError(f"partition file {path} must hold a mapping or a list of index lists")
+        out = []
+        for k, c in enumerate(clients):
+            arr = np.asarray(c)
+            if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+                raise PartitionError(f"partition file {path}: client {k} is not a list of integer indices")
+            out.append(arr.astype(np.int64))
+        return out
+
+    @staticmethod
+    def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "FromFile.Options",
+              groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
+        path = Path(options.path)
+        clients = FromFile.read(path)
+        if len(clients) != num_clients:
+            raise PartitionError(f"partition file {path} has {len(clients)} clients; set data.num_clients={len(clients)}")
+        indices = np.arange(len(labels)) if indices is None else indices
+        total = int(indices.max()) + 1 if len(indices) else 0
+        position = np.full(max(total, 1), -1, dtype=np.int64)
+        position[indices] = np.arange(len(indices))
+        seen = np.zeros(max(total, 1), dtype=bool)
+        out = []
+        for k, idx in enumerate(clients):
+            bad = idx[(idx < 0) | (idx >= total)]
+            if len(bad):
+                raise PartitionError(f"partition file {path}: client {k} has index {int(bad[0])}, outside the "
+                                     f"{total} training samples")
+            values, counts = np.unique(idx, return_counts=True)
+            if (counts > 1).any() or seen[idx].any():
+                again = idx[seen[idx]] if seen[idx].any() else values[counts > 1]
+                raise PartitionError(f"partition file {path}: sample {int(again[0])} is given twice (client {k})")
+            seen[idx] = True
+            held = idx[position[idx] < 0]
+            if len(held):
+                raise PartitionError(f"partition file {path}: sample {int(held[0])} (client {k}) is held by the server "
+                                     f"(data.server_holdout_per_class); set it to 0 or leave those samples out of the file")
+            out.append(np.sort(position[idx]))
+        return out
 
 
 def split_summary(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:

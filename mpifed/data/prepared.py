@@ -24,8 +24,8 @@ from typing import Any, Callable
 import numpy as np
 
 from mpifed.config import Config, diff_keys, digest, to_dict
-from mpifed.data.datasets import DATASETS
-from mpifed.data.partitions import PARTITIONS, PartitionError, hold_out_per_class, split_summary
+from mpifed.registry import DATASETS, PARTITIONS
+from mpifed.data.partitions import PartitionError, hold_out_per_class, split_summary
 from mpifed.data.raw import RawData
 from mpifed.data.shards import ShardError, read_shard, write_shard
 
@@ -105,10 +105,14 @@ class Manifest:
 def prepare_spec(cfg: Config) -> dict[str, Any]:
     """Everything that determines the prepared files (and nothing else)."""
     d = cfg.data
+    partition = to_dict(d.partition)
+    fingerprint = getattr(PARTITIONS.get(d.partition.name), "fingerprint", None)
+    if fingerprint is not None:
+        partition["fingerprint"] = fingerprint(d.partition.options)
     return {
         "dataset": to_dict(d.dataset),
         "num_clients": d.num_clients,
-        "partition": to_dict(d.partition),
+        "partition": partition,
         "seed": cfg.run.seed if d.partition_seed is None else d.partition_seed,
         "train_subset": d.train_subset,
         "test_subset": d.test_subset,
@@ -158,7 +162,7 @@ def prepare(cfg: Config, log: Callable[[str], None] = print) -> Manifest:
 
 def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -> None:
     spec = prepare_spec(cfg)
-    dataset = DATASETS[cfg.data.dataset.name]
+    dataset = DATASETS.get(cfg.data.dataset.name)
     log(f"[prepare] reading {cfg.data.dataset.name} ...")
     raw = dataset.load(cfg.data.dataset.options)
     raw = _subset(raw, cfg.data.train_subset, cfg.data.test_subset)
@@ -169,9 +173,10 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
     pool = np.arange(len(labels))
     if cfg.data.server_holdout_per_class:
         server_idx, pool = hold_out_per_class(labels, cfg.data.server_holdout_per_class, rng)
-    partition = PARTITIONS[cfg.data.partition.name]
+    partition = PARTITIONS.get(cfg.data.partition.name)
     groups = raw.train_groups[pool] if raw.train_groups is not None else None
-    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options, groups)]
+    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options, groups,
+                                              indices=pool)]
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(f"clients {empty[:10]} received no samples; use fewer clients or a less skewed partition")

@@ -2,8 +2,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+
+
+class DataMissing(FileNotFoundError):
+    """The raw files of a data set are not where the config says."""
+
+
+class Dataset(Protocol):
+    """What a registered data set provides (see :mod:`mpifed.data.sets`)."""
+
+    Options: type
+    crop_padding: int
+    flip: bool
+
+    @staticmethod
+    def load(options) -> "RawData": ...
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,10 +16,29 @@ from mpifed.data.prepared import Manifest
 from mpifed.data.shards import read_rows, read_shard
 
 
+def take(inputs: Any, idx: torch.Tensor) -> Any:
+    """Rows ``idx`` of model inputs: a tensor, or a dict of tensors (e.g. token ids and a mask)."""
+    if isinstance(inputs, dict):
+        return {k: v[idx] for k, v in inputs.items()}
+    return inputs[idx]
+
+
+def rows(inputs: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of model inputs (views, no copy)."""
+    if isinstance(inputs, dict):
+        return {k: v[start:stop] for k, v in inputs.items()}
+    return inputs[start:stop]
+
+
+def _nbytes(inputs: Any) -> int:
+    tensors = inputs.values() if isinstance(inputs, dict) else [inputs]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 @dataclass
 class ClientData:
     cid: int
-    images: torch.Tensor   # uint8, N x C x H x W, on the rank's device
+    inputs: Any            # model inputs, e.g. uint8 images N x C x H x W, on the rank's device
     labels: torch.Tensor   # int64, N
 
     @property
@@ -27,7 +47,7 @@ class ClientData:
 
     @property
     def nbytes(self) -> int:
-        return self.images.numel() + 8 * self.labels.numel()
+        return _nbytes(self.inputs) + 8 * self.labels.numel()
 
 
 def to_device(images: np.ndarray, labels: np.ndarray, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +79,7 @@ class ClientStore:
 @dataclass
 class EvalBatch:
     index: int
-    images: torch.Tensor
+    inputs: Any
     labels: torch.Tensor
     groups: torch.Tensor | None
 

@@ -2,30 +2,47 @@
 
 Everything works on whole batches (no per-sample Python), with random numbers drawn
 from the client's own generator so that training is reproducible whichever worker
-runs it. Random crop pads with black (0) before normalising, as torchvision's
-``RandomCrop(padding=p)`` on images does; Cutout zeroes a square after normalising,
-as FedNTD's Cutout(16) does.
+runs it. The order is torchvision's in the papers' code: random crop (padding with black
+before normalising, as ``RandomCrop(padding=p)``), horizontal flip, random rotation
+(``RandomRotation(d)``: nearest neighbour, black corners), normalisation, then Cutout
+(zeroing a square after normalising, as FedNTD's Cutout(16) does).
 """
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
+
+
+def rotate(x: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
+    """Each image of ``x`` (B x C x H x W) rotated counter-clockwise about its centre by its angle
+    in ``degrees`` (B), nearest neighbour, zeros outside (torchvision's RandomRotation defaults)."""
+    a = degrees.to(x.dtype) * (math.pi / 180.0)
+    cos, sin = torch.cos(a), torch.sin(a)
+    zero = torch.zeros_like(a)
+    # the sampling grid maps each output pixel to the input pixel it comes from (the inverse rotation)
+    theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
 
 
 class BatchTransform:
     """``train(x, gen)``: augment + normalise; ``eval(x)``: normalise only."""
 
     def __init__(self, mean: list[float], std: list[float], crop_padding: int, flip: bool, cutout: int,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, rotation: float = 0.0) -> None:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         self.crop_padding = crop_padding
         self.flip = flip
         self.cutout = cutout
+        self.rotation = rotation
         self.device = torch.device(device)
 
     @property
     def augments(self) -> bool:
-        return bool(self.crop_padding or self.flip or self.cutout)
+        return bool(self.crop_padding or self.flip or self.cutout or self.rotation)
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
         return (x.float() * (1.0 / 255.0) - self.mean) * self.inv_std
@@ -44,6 +61,8 @@ class BatchTransform:
         if self.flip:
             mirror = (torch.rand(b, generator=gen) < 0.5).to(self.device).view(b, 1, 1, 1)
             x = torch.where(mirror, x.flip(-1), x)
+        if self.rotation:
+            x = rotate(x, ((torch.rand(b, generator=gen) * 2 - 1) * self.rotation).to(self.device))
         x = (x - self.mean) * self.inv_std
         if self.cutout:
             centre = torch.stack([torch.randint(0, h, (b,), generator=gen), torch.randint(0, w, (b,), generator=gen)], 1).to(self.device)

@@ -1,27 +1,17 @@
-"""Registry of networks: ``model.name`` in the config picks one.
+"""The model zoo: ``model.name`` in the config picks an entry of :data:`mpifed.registry.MODELS`.
 
-Each entry is a class with ``Options`` (its config keys) and
-``build(options, image_shape, num_classes) -> nn.Module``. Models return logits.
+An entry is a class with ``Options`` (its config keys) and
+``build(options, input_shape, num_classes) -> Classifier`` (see :mod:`mpifed.models.base`);
+it registers itself with ``@MODELS.register("name")`` in any module of this package.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
-from torch import nn
-
-MODELS: dict[str, type] = {}
-
-
-def register(name: str) -> Callable[[type], type]:
-    def add(cls: type) -> type:
-        MODELS[name] = cls
-        return cls
-    return add
+from mpifed.models.base import Classifier
+from mpifed.registry import MODELS
 
 
-def build_model(name: str, options, image_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """The network ``name`` for inputs of ``image_shape`` (C, H, W) and ``num_classes`` outputs."""
-    return MODELS[name].build(options, tuple(image_shape), num_classes)
-
-
-from mpifed.models import cnn, resnet, vision  # noqa: E402,F401  (registers the models)
+def build_model(name: str, options: Any, input_shape: tuple[int, ...], num_classes: int) -> Classifier:
+    """The network ``name`` for inputs of ``input_shape`` (C, H, W for images) and ``num_classes`` outputs."""
+    return MODELS.get(name).build(options, tuple(input_shape), num_classes)

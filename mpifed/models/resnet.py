@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Literal
 
+import torch
 from torch import nn
 
 from mpifed.config import opt
-from mpifed.models import register
+from mpifed.models.base import Classifier
+from mpifed.registry import MODELS
 
 
 @dataclass
@@ -32,9 +34,9 @@ def norm_layer(options: ResNetOptions) -> Callable[[int], nn.Module]:
     return lambda channels: nn.Identity()
 
 
-class CifarResNet(nn.Module):
+class CifarResNet(Classifier):
     """The CIFAR ResNet of He et al. (Sec. 4.2): 3x3 stem, three stages of 16/32/64 channels,
-    global average pooling, a linear classifier. ResNet-(6n+2) has n blocks per stage."""
+    global average pooling (the 64 features), a linear classifier. ResNet-(6n+2) has n blocks per stage."""
 
     def __init__(self, blocks_per_stage: int, in_channels: int, num_classes: int, norm: Callable[[int], nn.Module]) -> None:
         from torchvision.models.resnet import BasicBlock
@@ -50,16 +52,18 @@ class CifarResNet(nn.Module):
                 layers.append(BasicBlock(width, planes, stride=s, downsample=down, norm_layer=norm))
                 width = planes
         self.layers = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes))
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(64, num_classes)
+        self.feature_dim, self.num_classes = 64, num_classes
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
-    def forward(self, x):
-        return self.head(self.layers(self.stem(x)))
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.layers(self.stem(x)))
 
 
-@register("resnet8")
+@MODELS.register("resnet8")
 class ResNet8:
     """FedGKD's ResNet-8 (one BasicBlock per 16/32/64 stage). FedGKD uses GroupNorm with 16
     channels per group: ``model: {name: resnet8, norm: group, group_channels: 16}``."""
@@ -67,21 +71,30 @@ class ResNet8:
     Options = ResNetOptions
 
     @staticmethod
-    def build(options: ResNetOptions, image_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    def build(options: ResNetOptions, image_shape: tuple[int, ...], num_classes: int) -> Classifier:
         return CifarResNet(1, image_shape[0], num_classes, norm_layer(options))
 
 
-def _imagenet_layout(block: str, layers: list[int], options: ResNetOptions, image_shape, num_classes) -> nn.Module:
-    """torchvision's ResNet with the CIFAR stem: 3x3 stride-1 first convolution, no max-pool."""
-    from torchvision.models import resnet
-    net = resnet.ResNet(getattr(resnet, block), layers, num_classes=num_classes, norm_layer=norm_layer(options))
-    net.conv1 = nn.Conv2d(image_shape[0], 64, 3, stride=1, padding=1, bias=False)
-    nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
-    net.maxpool = nn.Identity()
-    return net
+class TorchvisionResNet(Classifier):
+    """torchvision's ResNet with the CIFAR stem (3x3 stride-1 first convolution, no max-pool);
+    the features are the pooled output of the last stage, the classifier its ``fc``."""
+
+    def __init__(self, block: str, layers: list[int], options: ResNetOptions, image_shape, num_classes: int) -> None:
+        from torchvision.models import resnet
+        super().__init__()
+        net = resnet.ResNet(getattr(resnet, block), layers, num_classes=num_classes, norm_layer=norm_layer(options))
+        net.conv1 = nn.Conv2d(image_shape[0], 64, 3, stride=1, padding=1, bias=False)
+        nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+        self.body = nn.Sequential(net.conv1, net.bn1, net.relu, net.layer1, net.layer2, net.layer3, net.layer4,
+                                  net.avgpool, nn.Flatten())
+        self.classifier = net.fc
+        self.feature_dim, self.num_classes = net.fc.in_features, num_classes
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
 
 
-@register("resnet10")
+@MODELS.register("resnet10")
 class ResNet10:
     """ResNet-10 as FedNTD's App. G.3 uses it: BasicBlocks [1, 1, 1, 1] (64-512 channels), CIFAR stem.
     FedNTD's BatchNorm keeps no running statistics: ``norm: batch_nostats``."""
@@ -90,10 +103,10 @@ class ResNet10:
 
     @staticmethod
     def build(options, image_shape, num_classes):
-        return _imagenet_layout("BasicBlock", [1, 1, 1, 1], options, image_shape, num_classes)
+        return TorchvisionResNet("BasicBlock", [1, 1, 1, 1], options, image_shape, num_classes)
 
 
-@register("resnet18")
+@MODELS.register("resnet18")
 class ResNet18:
     """ResNet-18: BasicBlocks [2, 2, 2, 2], CIFAR stem."""
 
@@ -101,10 +114,10 @@ class ResNet18:
 
     @staticmethod
     def build(options, image_shape, num_classes):
-        return _imagenet_layout("BasicBlock", [2, 2, 2, 2], options, image_shape, num_classes)
+        return TorchvisionResNet("BasicBlock", [2, 2, 2, 2], options, image_shape, num_classes)
 
 
-@register("resnet50")
+@MODELS.register("resnet50")
 class ResNet50:
     """ResNet-50 (Bottlenecks [3, 4, 6, 3]) with the CIFAR stem, as FedCSD's and FedCAD's CIFAR-100
     code (MOON's ResNet-50) and FedGKD's Tiny-ImageNet model use it."""
@@ -113,4 +126,4 @@ class ResNet50:
 
     @staticmethod
     def build(options, image_shape, num_classes):
-        return _imagenet_layout("Bottleneck", [3, 4, 6, 3], options, image_shape, num_classes)
+        return TorchvisionResNet("Bottleneck", [3, 4, 6, 3], options, image_shape, num_classes)

@@ -7,15 +7,16 @@ from typing import Literal
 from torch import nn
 
 from mpifed.config import NoOptions, opt
-from mpifed.models import register
+from mpifed.models.base import SplitNet
+from mpifed.registry import MODELS
 
 
-@register("alexnet")
+@MODELS.register("alexnet")
 class AlexNet:
     """AlexNet as FedBN uses it on Office-Caltech-10 (the setup FedCSD Table II follows): torchvision's
-    AlexNet layers (Conv 11x11/4 64, 5x5 192, 3x3 384, 256, 256; adaptive 6x6 pool; FC 4096, 4096)
-    with BatchNorm after every convolution and hidden linear layer (``norm: none`` drops it;
-    dropout is not used, as in FedBN)."""
+    AlexNet layers (Conv 11x11/4 64, 5x5 192, 3x3 384, 256, 256; adaptive 6x6 pool; FC 4096, 4096,
+    the features) with BatchNorm after every convolution and hidden linear layer (``norm: none``
+    drops it; dropout is not used, as in FedBN)."""
 
     @dataclass
     class Options:
@@ -25,7 +26,7 @@ class AlexNet:
     def build(options, image_shape, num_classes):
         bn2 = nn.BatchNorm2d if options.norm == "batch" else (lambda c: nn.Identity())
         bn1 = nn.BatchNorm1d if options.norm == "batch" else (lambda c: nn.Identity())
-        return nn.Sequential(
+        body = nn.Sequential(
             nn.Conv2d(image_shape[0], 64, 11, stride=4, padding=2), bn2(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
             nn.Conv2d(64, 192, 5, padding=2), bn2(192), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
             nn.Conv2d(192, 384, 3, padding=1), bn2(384), nn.ReLU(inplace=True),
@@ -33,15 +34,15 @@ class AlexNet:
             nn.Conv2d(256, 256, 3, padding=1), bn2(256), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
             nn.AdaptiveAvgPool2d(6), nn.Flatten(),
             nn.Linear(256 * 36, 4096), bn1(4096), nn.ReLU(inplace=True),
-            nn.Linear(4096, 4096), bn1(4096), nn.ReLU(inplace=True),
-            nn.Linear(4096, num_classes))
+            nn.Linear(4096, 4096), bn1(4096), nn.ReLU(inplace=True))
+        return SplitNet(body, nn.Linear(4096, num_classes))
 
 
-@register("vgg11")
+@MODELS.register("vgg11")
 class VGG11:
     """VGG-11 (configuration A) without BatchNorm, as FedNTD's code has it: 3x3 convolutions
-    64, M, 128, M, 256, 256, M, 512, 512, M, 512, 512, M; then FC 512, FC 512, FC classes
-    (for 32x32 inputs the features are 512 x 1 x 1)."""
+    64, M, 128, M, 256, 256, M, 512, 512, M, 512, 512, M; then FC 512, FC 512 (the features),
+    FC classes (for 32x32 inputs the convolutions end at 512 x 1 x 1)."""
 
     Options = NoOptions
 
@@ -59,5 +60,6 @@ class VGG11:
                 c = v
         h = image_shape[1] // 32
         w = image_shape[2] // 32
-        return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * h * w, 512), nn.ReLU(inplace=True),
-                             nn.Linear(512, 512), nn.ReLU(inplace=True), nn.Linear(512, num_classes))
+        body = nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * h * w, 512), nn.ReLU(inplace=True),
+                             nn.Linear(512, 512), nn.ReLU(inplace=True))
+        return SplitNet(body, nn.Linear(512, num_classes))

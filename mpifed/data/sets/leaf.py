@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from mpifed.config import opt
-from mpifed.data.datasets import DataMissing, register
-from mpifed.data.raw import RawData
+from mpifed.data.raw import DataMissing, RawData
+from mpifed.registry import DATASETS
 
 
 def read_leaf(folder: Path, writer_ids: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -36,7 +36,7 @@ def read_leaf(folder: Path, writer_ids: dict[str, int]) -> tuple[np.ndarray, np.
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs)
 
 
-@register("femnist")
+@DATASETS.register("femnist")
 class Femnist:
     """FEMNIST (LEAF): 28x28 handwritten characters of ~3,500 writers, 62 classes (10 digits, 52
     letters). Every training sample keeps its writer, for the ``natural`` partition (writers

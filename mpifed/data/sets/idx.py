@@ -1,10 +1,15 @@
-"""MNIST-family IDX files (``train-images-idx3-ubyte[.gz]`` and friends)."""
+"""MNIST and Fashion-MNIST from their IDX files (``train-images-idx3-ubyte[.gz]`` and friends)."""
 from __future__ import annotations
 
 import gzip
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from mpifed.config import opt
+from mpifed.data.raw import DataMissing, RawData
+from mpifed.registry import DATASETS
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -49,3 +54,44 @@ def load_idx_split(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise ValueError(f"IDX files under {root} ({prefix}) do not pair up: images {images.shape}, labels {labels.shape}")
     return images[:, None].astype(np.uint8), labels.astype(np.int64)
+
+
+def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
+    @dataclass
+    class Options:
+        root: str = opt(default_root, f"folder with the {title} IDX files (train-images-idx3-ubyte[.gz], ...)")
+        download: bool = opt(False, "fetch the files with torchvision when they are missing (needs internet)", math=False)
+
+    class IdxDataset:
+        __doc__ = f"{title} from its IDX files (60,000 training and 10,000 test 28x28 grey images)."
+        crop_padding = 0
+        flip = False
+
+        @staticmethod
+        def load(options) -> RawData:
+            root = Path(options.root)
+            try:
+                return IdxDataset._read(root)
+            except FileNotFoundError as missing:
+                if not options.download:
+                    raise DataMissing(
+                        f"{title}: cannot read the IDX files in {root}: {missing}. Point data.dataset.root at the folder "
+                        f"with the IDX files, or set data.dataset.download=true to fetch them with torchvision") from None
+            import torchvision
+            getattr(torchvision.datasets, torchvision_name)(str(root), train=True, download=True)
+            return IdxDataset._read(root / torchvision_name / "raw")
+
+        @staticmethod
+        def _read(root: Path) -> RawData:
+            if not root.is_dir():
+                raise FileNotFoundError("the folder does not exist")
+            trx, try_ = load_idx_split(root, "train")
+            tex, tey = load_idx_split(root, "t10k")
+            return RawData(trx, try_, tex, tey, 10, f"{title} IDX files in {root}")
+
+    IdxDataset.Options = Options
+    return IdxDataset
+
+
+DATASETS.register("mnist")(_idx_dataset("MNIST", "data/raw/mnist", "MNIST"))
+DATASETS.register("fashion_mnist")(_idx_dataset("Fashion-MNIST", "/usr/share/datasets/fashion-mnist", "FashionMNIST"))

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from mpifed.config import opt
-from mpifed.data.datasets import DataMissing, register
-from mpifed.data.raw import RawData, stratified_split
+from mpifed.data.raw import DataMissing, RawData, stratified_split
+from mpifed.registry import DATASETS
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 
@@ -41,7 +41,7 @@ def class_names(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir())
 
 
-@register("cinic10")
+@DATASETS.register("cinic10")
 class Cinic10:
     """CINIC-10 (Darlow et al.): 32x32 images in ``train/``, ``valid/``, ``test/`` with a folder per
     class (90,000 each). FedNTD trains on ``train`` (90,000) and tests on ``test``."""
@@ -66,7 +66,7 @@ class Cinic10:
         return RawData(trx, try_, tex, tey, len(classes), f"CINIC-10 folders in {root}")
 
 
-@register("tiny_imagenet")
+@DATASETS.register("tiny_imagenet")
 class TinyImageNet:
     """Tiny-ImageNet-200: 64x64 images; ``train/<wnid>/images/*.JPEG`` (500 per class) and
     ``val/images`` labelled by ``val/val_annotations.txt`` (50 per class), used as the test set
@@ -102,12 +102,18 @@ class TinyImageNet:
                        len(wnids), f"Tiny-ImageNet folders in {root}")
 
 
-@register("office_caltech")
+@DATASETS.register("office_caltech")
 class OfficeCaltech:
     """Office-Caltech-10: four domains (amazon, caltech, dslr, webcam), each ``<domain>/<class>/<image>``
     with the same 10 classes. Every domain keeps its own stratified test split (FedCSD Table II
     reports accuracy per domain and their mean); samples carry their domain for the ``domain``
-    partition (one client per domain) and for per-domain test accuracy."""
+    partition (one client per domain) and for per-domain test accuracy.
+
+    ``train_cut`` reproduces FedBN's setup (``federated/fed_office.py``), which FedCSD follows:
+    every domain trains on the same number of images, ``train_cut`` times the smallest domain's
+    training split (FedBN: 0.5, i.e. 62 images per domain with DSLR's 125). FedBN takes the first
+    images of its pickled split; here a seeded random subset of each domain's split (the folders
+    are read class by class, so the first images would be few classes)."""
 
     DOMAINS = ("amazon", "caltech", "dslr", "webcam")
 
@@ -117,6 +123,7 @@ class OfficeCaltech:
         size: int = opt(256, "images are resized to size x size (FedBN: 256)", min=32)
         test_fraction: float = opt(0.2, "fraction of each domain (per class) held out as its test split", min=0, max=1, exclusive_min=True)
         split_seed: int = opt(0, "seed of the per-domain train/test split", min=0)
+        train_cut: float = opt(0.0, "train every domain on train_cut x the smallest domain's training split (FedBN: 0.5; 0: all)", min=0, max=1)
 
     crop_padding = 0
     flip = True
@@ -129,9 +136,12 @@ class OfficeCaltech:
             raise DataMissing(f"Office-Caltech-10: domain folder(s) {', '.join(missing)} not found under {root}; set data.dataset.root")
         classes = class_names(root / OfficeCaltech.DOMAINS[0])
         parts = {"trx": [], "try": [], "trg": [], "tex": [], "tey": [], "teg": []}
-        for g, domain in enumerate(OfficeCaltech.DOMAINS):
-            x, y = read_class_folders(root / domain, classes, options.size)
-            tr, te = stratified_split(y, options.test_fraction, options.split_seed + g)
+        domains = [read_class_folders(root / d, classes, options.size) for d in OfficeCaltech.DOMAINS]
+        splits = [stratified_split(y, options.test_fraction, options.split_seed + g) for g, (_, y) in enumerate(domains)]
+        cut = int(options.train_cut * min(len(tr) for tr, _ in splits)) if options.train_cut else 0
+        for g, ((x, y), (tr, te)) in enumerate(zip(domains, splits)):
+            if cut:
+                tr = np.sort(np.random.default_rng([options.split_seed, g, 0xFEDB]).permutation(tr)[:cut])
             for key, idx, arr in (("trx", tr, x), ("try", tr, y), ("tex", te, x), ("tey", te, y)):
                 parts[key].append(arr[idx])
             parts["trg"].append(np.full(len(tr), g, dtype=np.int64))

@@ -9,8 +9,8 @@ from typing import Literal
 import numpy as np
 
 from mpifed.config import opt
-from mpifed.data.datasets import DataMissing, register
-from mpifed.data.raw import RawData
+from mpifed.data.raw import DataMissing, RawData
+from mpifed.registry import DATASETS
 
 
 def read_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -44,7 +44,7 @@ def _load(root: Path, folder: str, train: list[str], test: list[str], label_key:
                    f"{title} pickle batches in {base}")
 
 
-@register("cifar10")
+@DATASETS.register("cifar10")
 class Cifar10:
     """CIFAR-10 (50,000 + 10,000 32x32 colour images, 10 classes) from ``cifar-10-batches-py``."""
 
@@ -62,7 +62,7 @@ class Cifar10:
                      b"labels", 10, options.download, "CIFAR10", "CIFAR-10")
 
 
-@register("cifar100")
+@DATASETS.register("cifar100")
 class Cifar100:
     """CIFAR-100 (50,000 + 10,000 32x32 colour images) from ``cifar-100-python``: 100 fine or 20 coarse classes."""
 

@@ -1,0 +1,94 @@
+"""Named plug-ins of one kind (algorithms, models, data sets, partitions), one way for all.
+
+An entry registers itself where it is defined, with an explicit name::
+
+    @ALGORITHMS.register("fedprox")
+    class FedProx(Algorithm): ...
+
+A registry fills itself on first use by importing the modules it is told about (every
+module of a package, or a single module), so a new entry is one new file in that
+package. A name registered twice is an error at import time.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+import re
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class RegistryError(RuntimeError):
+    """A registration is invalid (a duplicate or malformed name)."""
+
+
+class Registry(Generic[T]):
+    """Entries of one kind by name, discovered from ``modules`` (packages are walked)."""
+
+    def __init__(self, kind: str, *modules: str) -> None:
+        self.kind = kind
+        self.modules = modules
+        self._entries: dict[str, T] = {}
+        self._loaded = False
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: add the decorated object under ``name`` (lower-case letters, digits, '_')."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise RegistryError(f"{self.kind} name {name!r} must be lower-case letters, digits and '_', starting with a letter")
+
+        def add(entry: T) -> T:
+            old = self._entries.get(name)
+            if old is not None and old is not entry:
+                raise RegistryError(f"{self.kind} {name!r} is registered twice: by {_where(old)} and by {_where(entry)}; "
+                                    f"rename one of them")
+            self._entries[name] = entry
+            return entry
+        return add
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        for name in self.modules:
+            module = importlib.import_module(name)
+            if hasattr(module, "__path__"):
+                for info in pkgutil.iter_modules(module.__path__):
+                    importlib.import_module(f"{name}.{info.name}")
+
+    def get(self, name: str) -> T:
+        """The entry ``name``; an unknown name raises KeyError naming the nearest known one."""
+        self._load()
+        if name not in self._entries:
+            close = difflib.get_close_matches(str(name), list(self._entries), n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise KeyError(f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._entries))}")
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        self._load()
+        return sorted(self._entries)
+
+    def items(self) -> dict[str, T]:
+        self._load()
+        return dict(sorted(self._entries.items()))
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+def _where(entry: object) -> str:
+    return f"{getattr(entry, '__module__', '?')}.{getattr(entry, '__qualname__', type(entry).__name__)}"
+
+
+ALGORITHMS: Registry = Registry("algorithm", "mpifed.algorithms")
+MODELS: Registry = Registry("model", "mpifed.models")
+DATASETS: Registry = Registry("data set", "mpifed.data.sets")
+PARTITIONS: Registry = Registry("partition", "mpifed.data.partitions")

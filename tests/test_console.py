@@ -1,0 +1,46 @@
+"""Rank 0's outputs besides the run files: the round line's ETA, the live bar, TensorBoard events."""
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from conftest import run_debug, tiny
+from mpifed.progress import Progress, duration
+
+
+def test_durations_and_eta():
+    assert [duration(s) for s in (5, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+    p = Progress(total=10, start=4, live=False)
+    p.begun -= 20.0                                   # 2 rounds (5 and 6) took 20 s: 4 more take 40 s
+    assert p.timing(6) == "elapsed 20s, ETA 40s"
+
+
+def test_round_lines_carry_elapsed_and_eta_and_no_bar_without_a_terminal(tmp_path):
+    p = run_debug(tiny(tmp_path, "train.rounds=2"))
+    lines = [line for line in p.stdout.splitlines() if line.startswith("round ")]
+    assert len(lines) == 2 and all("elapsed" in line and "ETA" in line for line in lines)
+    assert "\r" not in p.stdout and "round/s" not in p.stderr and "it/s" not in p.stderr
+
+
+def test_live_bar_keeps_lines_above_it():
+    err, out = io.StringIO(), io.StringIO()
+    with redirect_stderr(err), redirect_stdout(out):
+        p = Progress(total=3, start=0, live=True)
+        p.write("round 1/3 ...")
+        p.advance(1)
+        p.close()
+    assert "round 1/3 ..." in out.getvalue() and "1/3" in err.getvalue()
+
+
+def test_tensorboard_events_hold_the_metrics_rows(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run_debug(tiny(tmp_path, "train.rounds=3", "run.tensorboard=true"))
+    run = tmp_path / "runs" / "run"
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    acc = [(e.step, e.value) for e in events.Scalars("test_acc")]
+    assert acc == [(r["round"], pytest.approx(r["test_acc"])) for r in rows]
+    assert {"train_loss", "lr", "time/round", "per_class_acc/0"} <= set(events.Tags()["scalars"])

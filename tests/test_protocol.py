@@ -1,0 +1,121 @@
+"""The round protocol and the client-state store: what a method declares is what travels."""
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, env, run_mpi, tiny
+from mpifed.client_state import ClientStates, discard_from
+from mpifed.protocol import Layout
+
+BROKEN = '''
+from mpifed.algorithms.base import Algorithm, Client, Server, per_client
+from mpifed.registry import ALGORITHMS
+
+
+class ForgetfulServer(Server):
+    def downlink(self, rnd, weights):
+        return {} if "SIDE" == "server" else {"hint": weights[:2]}
+
+
+class ForgetfulClient(Client):
+    def uplink(self, ctx):
+        up = super().uplink(ctx)
+        return up                                     # never adds the declared "head" row
+
+
+@ALGORITHMS.register("forgetful_SIDE")
+class Forgetful(Algorithm):
+    Server = ForgetfulServer
+    Client = ForgetfulClient
+
+    def messages(self):
+        return super().messages().extend(down={"hint": (2,)}, up={"head": per_client(3)})
+'''
+
+
+@pytest.mark.parametrize("side,message", [("server", "downlink: missing ['hint']"),
+                                          ("client", "ForgetfulClient.uplink returned ['model', 'weight']")])
+def test_a_declared_entry_not_sent_is_an_error(tmp_path, side, message):
+    plugin = tmp_path / f"forgetful_{side}.py"
+    plugin.write_text(BROKEN.replace("SIDE", side))
+    # in a subprocess: the plugin's registration must not leak into this process's registry
+    p = subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, f"algorithm.name=forgetful_{side}"),
+                        "--plugin", str(plugin)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and message in p.stderr
+
+
+@pytest.mark.mpi
+def test_a_declared_entry_not_sent_fails_fast_under_mpi(has_mpirun, tmp_path):
+    plugin = tmp_path / "forgetful_client.py"
+    plugin.write_text(BROKEN.replace("SIDE", "client"))
+    start = time.time()
+    p = run_mpi(3, tiny(tmp_path, "algorithm.name=forgetful_client", "comm.timeout_s=600") + ["--plugin", str(plugin)],
+                check=False, timeout=120)
+    assert p.returncode != 0 and time.time() - start < 60, "a missing entry must end the job, not hang it"
+    assert "ForgetfulClient.uplink returned ['model', 'weight']" in p.stderr and "'head'" in p.stderr
+
+
+def state_layout():
+    return Layout("client state", {"w": ((4,), np.float32), "flag": ((1,), np.float32)})
+
+
+def state(v):
+    return {"w": torch.full((4,), float(v)), "flag": torch.ones(1)}
+
+
+def versions(root, cid):
+    return sorted(p.name for p in (root / str(cid)).iterdir()) if (root / str(cid)).is_dir() else []
+
+
+def test_states_stay_in_memory_within_the_budget_and_reach_disk_at_flush(tmp_path):
+    store = ClientStates(tmp_path, state_layout(), budget_mb=1)
+    for cid in range(3):
+        store.put(cid, 0, state(cid), keep_from=1)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir()), "no disk write per client per round"
+    assert store.get(2, 1)["w"].tolist() == [2.0] * 4 and store.get(7, 1) is None
+    store.flush(keep_from=1)
+    assert [versions(tmp_path, c) for c in range(3)] == [["r0.bin"]] * 3
+    fresh = ClientStates(tmp_path, state_layout(), budget_mb=1)     # a resumed worker reads them back
+    assert fresh.get(1, 1)["w"].tolist() == [1.0] * 4
+
+
+def test_states_beyond_the_budget_spill_to_disk(tmp_path):
+    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
+    store.put(5, 3, state(9), keep_from=4)
+    assert versions(tmp_path, 5) == ["r3.bin"]
+    assert store.get(5, 4)["w"].tolist() == [9.0] * 4
+    assert store.get(5, 3) is None            # only versions from before the round asked for
+
+
+def test_a_state_moves_between_workers_with_its_round(tmp_path):
+    a = ClientStates(tmp_path, state_layout(), budget_mb=1)
+    b = ClientStates(tmp_path, state_layout(), budget_mb=1)
+    a.put(3, 2, state(7), keep_from=3)
+    message = a.export(3, 5)
+    assert a.get(3, 5) is None                # handed over, not copied
+    b.adopt(3, message)
+    assert b.get(3, 5)["w"].tolist() == [7.0] * 4
+    b.flush(keep_from=3)
+    assert versions(tmp_path, 3) == ["r2.bin"]    # the version is the round the client last trained in
+
+
+def test_old_versions_are_pruned_and_a_resume_discards_newer_ones(tmp_path):
+    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
+    for rnd in (1, 3, 6):
+        store.put(0, rnd, state(rnd), keep_from=4)     # the oldest checkpoint on disk is after round 4
+    assert versions(tmp_path, 0) == ["r3.bin", "r6.bin"]   # r3 is what a resume at round 4 needs
+    discard_from(tmp_path, 4)
+    assert versions(tmp_path, 0) == ["r3.bin"]
+
+
+def test_a_damaged_state_file_is_reported(tmp_path):
+    from mpifed.client_state import ClientStateError
+    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
+    store.put(0, 1, state(1), keep_from=2)
+    (tmp_path / "0" / "r1.bin").write_bytes(b"short")
+    with pytest.raises(ClientStateError, match="r1.bin holds 5 bytes"):
+        store.get(0, 2)
