@@ -30,6 +30,10 @@ CASES = {
     "moon": (["algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.6"],
              ["algorithm.mu=0", "algorithm.projection_dim=0", "train.participation=0.6"], "fedavg-partial"),
     "fednova": (["data.partition.beta=0.5"], ["data.partition=iid"], "fedavg-iid"),
+    "fedcurv": (["algorithm.lam=1"], ["algorithm.lam=0"], "fedavg"),
+    # no alpha reduces FedDyn to FedAvg (h/alpha stays): test_baselines_formulas.py::test_feddyn_* cover it
+    "feddyn": (["algorithm.alpha=0.1", "train.participation=0.6"], None, None),
+    "feddistill_plus": (["algorithm.weight=1"], ["algorithm.weight=0"], "fedavg"),
 }
 
 REFERENCES = {
