@@ -94,10 +94,12 @@ class FedDistillServer(Server):
 
 @ALGORITHMS.register("feddistill_plus")
 class FedDistillPlus(Algorithm):
-    """FedDistill+ : clients share per-class mean logits and distil towards their global average,
-    and the models are averaged as in FedAvg (the "+", FedGen's paper, Zhu, Hong, Zhou, ICML 2021;
-    FedGKD's baseline, paper 004 Sec. 5.1: "shares the logits of user-data and adds the
-    distillation regularization term for clients ... with model parameters sharing").
+    """FedDistill+ (as in FedGen's paper, Zhu, Hong, Zhou, ICML 2021): clients distil towards the global
+    per-class mean logits, and the models are averaged as in FedAvg (the "+").
+
+    FedGKD's baseline (paper 004, Sec. 5.1): FedDistill "shares the logits of user-data and adds
+    the distillation regularization term for clients. We further develop it with model parameters
+    sharing and name it FedDistill+".
 
     Each client records, over the forward passes of its local training (every epoch, as the
     official codes of FedGen and FedGKD track them, so no extra pass), the sum and count of its
