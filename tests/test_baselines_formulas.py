@@ -175,11 +175,11 @@ def test_feddistill_class_means_weighted_by_counts():
     setup = small_setup()
     server, _ = roles("feddistill_plus", setup)
     model = {"model": torch.zeros(setup.num_floats, dtype=torch.float64), "weight": torch.ones(1, dtype=torch.float64)}
-    server.aggregate(0, torch.zeros(setup.num_floats), Replies(model, {"class_logits": rows.float(), "class_counts": counts.float()}, []))
+    w = torch.zeros(setup.num_floats)
+    server.aggregate(0, w, Replies(model, {"class_logits": rows.float(), "class_counts": counts.float()}, []))
     later = torch.zeros(1, 3, 3)
     later[0, 1] = torch.tensor([5.0, 5, 5])
-    server.aggregate(1, torch.zeros(setup.num_floats), Replies(model, {"class_logits": later,
-                                                                       "class_counts": torch.tensor([[0.0, 1, 0]])}, []))
+    server.aggregate(1, w, Replies(model, {"class_logits": later, "class_counts": torch.tensor([[0.0, 1, 0]])}, []))
     sent = server.downlink(2, None)
     assert torch.allclose(sent["logits"], torch.tensor([[2, 1 / 3, 0], [5, 5, 5], [0, 0, 0]]))
     assert sent["known"].tolist() == [1, 1, 0]
