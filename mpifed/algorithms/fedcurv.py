@@ -120,7 +120,9 @@ class FedCurv(Algorithm):
     restored afterwards). Batch-level, as FedNTD's code computes it: its lambda (1.0, with
     ``size`` 500 samples) was tuned for this scale, and it costs one backward pass per batch
     instead of one per sample; a sample-level estimate would be about B times larger in the
-    gradient-noise part.
+    gradient-noise part. (FedNTD's code stops once more than ``size`` samples are seen, one batch
+    later than here; and its server subtracts each client's own contribution from the round's
+    shared sums in place, so later clients of a round lose the earlier ones' too: not reproduced.)
 
     First round: no client has reported a Fisher yet, so U = V = 0 and there is no penalty;
     a client whose own contribution is all there is gets none either.
