@@ -194,22 +194,20 @@ class Summary:
         return "\n".join(lines)
 
     def cell_text(self, setting: str, method: str, column: str) -> str:
-        stat = self.cells[(setting, method, column)]
+        stat = self.cells.get((setting, method, column), results.Stat([]))
         if column.startswith("T("):
             return stat.text(1, "not reached")
         return stat.text(2)
 
 
-def summarize(table: Table) -> Summary:
-    """The table in its metric from the finished runs of the resolved configuration (see :func:`resolve`)."""
-    metric = table.metric
-    columns = [metric.label] + [f"T({100 * t:g}%)" for t in metric.rounds_to] + (["forgetting"] if metric.forgetting else [])
-    percent = metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
-    cells: dict[tuple[str, str, str], results.Stat] = {}
+def finished_runs(table: Table) -> tuple[dict[tuple[str, str], list[Path]], list[str], int]:
+    """The finished runs of the resolved configuration (see :func:`resolve`) per (setting, method);
+    the runs left out, with why; how many were not run yet."""
+    groups: dict[tuple[str, str], list[Path]] = {}
     left_out: list[str] = []
     not_run = 0
     for r in table.runs:
-        stats = [cells.setdefault((r.setting, r.method, c), results.Stat([])) for c in columns]
+        runs = groups.setdefault((r.setting, r.method), [])
         for other in _siblings(r):
             held = stored_identity(other)
             if held is not None and held != r.identity:
@@ -221,17 +219,40 @@ def summarize(table: Table) -> Summary:
             else:
                 left_out.append(f"{r.path}: not finished ({state})")
             continue
-        rows, summary = results.read_rows(r.path), results.read_json(r.path / "summary.json")
-        values = [results.value(metric, rows, summary)]
-        values += [results.rounds_to(rows, t) for t in metric.rounds_to]
-        values += [results.forgetting(rows)] if metric.forgetting else []
-        for i, (stat, v) in enumerate(zip(stats, values)):
-            if v is None:
-                stat.missing += 1
-            else:
-                stat.values.append(float(v) if columns[i].startswith("T(") or not percent else 100 * v)
-    return Summary(table.title, metric, list(dict.fromkeys(r.setting for r in table.runs)),
-                   list(dict.fromkeys(r.method for r in table.runs)), columns, cells, left_out, not_run, percent)
+        runs.append(r.path)
+    return groups, left_out, not_run
+
+
+def summarize(table: Table) -> Summary:
+    """The table in its metric from the finished runs of the resolved configuration (see :func:`resolve`)."""
+    groups, left_out, not_run = finished_runs(table)
+    return tabulate(table.title, table.metric, groups, left_out, not_run)
+
+
+def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
+             left_out: list[str] | None = None, not_run: int = 0) -> Summary:
+    """A table in ``metric`` of the run directories in ``groups`` ((setting, method) -> runs)."""
+    columns = [metric.label] + [f"T({100 * t:g}%)" for t in metric.rounds_to] + (["forgetting"] if metric.forgetting else [])
+    percent = metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
+    cells: dict[tuple[str, str, str], results.Stat] = {}
+    for (setting, method), paths in groups.items():
+        stats = [cells.setdefault((setting, method, c), results.Stat([])) for c in columns]
+        for path in paths:
+            _add_run(metric, columns, percent, path, stats)
+    return Summary(title, metric, list(dict.fromkeys(s for s, _ in groups)), list(dict.fromkeys(m for _, m in groups)),
+                   columns, cells, list(left_out or []), not_run, percent)
+
+
+def _add_run(metric: results.Metric, columns: list[str], percent: bool, path: Path, stats: list[results.Stat]) -> None:
+    rows, summary = results.read_rows(path), results.read_json(path / "summary.json")
+    values = [results.value(metric, rows, summary)]
+    values += [results.rounds_to(rows, t) for t in metric.rounds_to]
+    values += [results.forgetting(rows)] if metric.forgetting else []
+    for i, (stat, v) in enumerate(zip(stats, values)):
+        if v is None:
+            stat.missing += 1
+        else:
+            stat.values.append(float(v) if columns[i].startswith("T(") or not percent else 100 * v)
 
 
 def summary_table(table: Table) -> str:
