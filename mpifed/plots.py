@@ -5,6 +5,7 @@ Needs matplotlib (``pip install 'mpifed[plots]'``); only :mod:`mpifed.report` an
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def heatmap(path: Path, title: str, values: np.ndarray, rows: list[str], xlabel:
                     ax.text(j, i, fmt.format(values[i, j]), ha="center", va="center", fontsize=7,
                             color="white" if dark else "black")
     fig.colorbar(image, ax=ax, label=colorbar)
-    ax.set_title(title, fontsize=11)
+    ax.set_title(textwrap.fill(title, 30 + 6 * min(n_cols, 16)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
