@@ -98,7 +98,11 @@ def resolve(table: Table, extra: list[str]) -> None:
     """Load every run's config with the overrides ``extra`` (raises ConfigError naming the first
     bad one) and pick its directory: the plain name when its configuration is the table's own
     (or the plain directory already holds it), else the plain name plus a hash of the configuration."""
-    loaded: dict[tuple[Path, ...], tuple[dict[str, Any], dict[str, Any] | None]] = {}
+    own_keys = [o.split("=", 1)[0].strip() for o in extra if o.split("=", 1)[0].strip() in ("run.seed", "run.name", "run.root")]
+    if own_keys:
+        raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name and run.root of its runs "
+                                 "itself; change the table's seeds, or use --runs-root")
+    loaded: dict[tuple[Path, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
     for r in table.runs:
         key = tuple(r.configs)
         if key not in loaded:

@@ -132,6 +132,12 @@ def test_summary_uses_only_finished_runs_of_the_configuration_and_says_why(tmp_p
     assert any("beta=0.1 (here 0.5)" in line for line in s.left_out)
 
 
+def test_overrides_of_what_the_table_sets_itself_are_refused(tmp_path, capsys):
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--set", "run.seed=3"]) == 2
+    assert "the table sets run.seed, run.name and run.root of its runs itself" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ metrics as the papers report them
 ROWS = [{"round": 1, "train_loss": 2.0},
         {"round": 2, "test_acc": 0.50, "per_class_acc": [0.4, 0.6]},
