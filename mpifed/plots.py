@@ -19,7 +19,6 @@ except ImportError:  # the message below says what to install
     plt = None
 
 INSTALL = "plots need matplotlib: pip install 'mpifed[plots]'"
-FORMATS = ("png", "pdf", "svg")
 
 
 class PlotsUnavailable(ImportError):

@@ -25,6 +25,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
@@ -32,6 +33,10 @@ import yaml
 from mpifed import config, results
 from mpifed.table import Summary, finished_runs, load_table, resolve, stored_identity, tabulate
 
+if TYPE_CHECKING:
+    from mpifed.plots import Curve
+
+FORMATS = ("png", "pdf", "svg")
 _SEED_SUFFIX = re.compile(r"-s\d+(-[0-9a-f]{10})?$")
 
 
@@ -140,7 +145,7 @@ def _tex(text: str) -> str:
 
 
 # ------------------------------------------------------------------ figures
-def curve(label: str, runs: list[Path], column: str) -> "object | None":
+def curve(label: str, runs: list[Path], column: str) -> "Curve | None":
     """The mean and sample std of ``column`` over ``runs`` at the rounds every run evaluated."""
     from mpifed.plots import Curve
     series = [dict(results.evaluations(results.read_rows(r), column)) for r in runs]
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", metavar="RUNS_OR_TABLE", help="table files, run directories or folders of runs")
     p.add_argument("--out", required=True, metavar="DIR", help="folder the figures and tables are written to")
-    p.add_argument("--format", choices=("png", "pdf", "svg"), default="png", help="figure format (default: png)")
+    p.add_argument("--format", choices=FORMATS, default="png", help="figure format (default: png)")
     p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="a table file's overrides: report the runs made with them (as for python -m mpifed.table)")
