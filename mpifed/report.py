@@ -178,7 +178,7 @@ def figures(c: Collection, out: Path, fmt: str) -> list[Path]:
                   for ylabel, column in (("test accuracy", "test_acc"), ("test loss", "test_loss"))]
         stem = _slug(setting)
         if panels[0][1]:
-            written.append(plots.curves(out / f"{stem}-curves.{fmt}", f"{setting}: mean ± std over seeds", panels))
+            written.append(plots.curves(out / f"{stem}-curves.{fmt}", f"{setting}: line, mean over seeds; band, ± sample std", panels))
         per_class = [(m, v) for m, runs in methods if (v := final_per_class(runs)) is not None]
         if per_class and len({len(v) for _, v in per_class}) == 1:
             values = np.stack([v for _, v in per_class])
