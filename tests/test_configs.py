@@ -97,4 +97,4 @@ def test_table_cli_writes_runs_and_summarises(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpifed.table", str(table), *root, "--run", "0"],
                        cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "| a | " in p.stdout and "(2)" in p.stdout
+    assert "| a | " in p.stdout and "(n=2)" in p.stdout
