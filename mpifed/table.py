@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -25,8 +24,6 @@ from pathlib import Path
 import yaml
 
 from mpifed import config
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -158,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             if status(r) == "finished":
                 continue
             print(f"[mpifed.table] run {i + 1}/{len(table.runs)}: {r.name}", flush=True)
-            launcher = [sys.executable, "-m", "mpifed.main"] if a.run == 0 else [str(REPO / "launch" / "local.sh"), str(a.run)]
-            code = subprocess.call(launcher + r.args(extra), env={**os.environ, "PYTHON": sys.executable})
+            launcher = [sys.executable, "-m", "mpifed.main"] if a.run == 0 else [sys.executable, "-m", "mpifed.launch", "-n", str(a.run)]
+            code = subprocess.call(launcher + r.args(extra))
             if code != 0:
                 print(f"[mpifed.table] {r.name} ended with exit code {code}; stopping", file=sys.stderr)
                 return code
