@@ -23,7 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from mpifed import config
+from mpifed import __version__, config
+from mpifed.packaged import find_config
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Table:
 
 
 def load_table(path: str | Path, runs_root: str = "runs") -> Table:
-    path = Path(path)
+    path = find_config(path)
     try:
         spec = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -127,8 +128,9 @@ def summary_table(table: Table) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table")
-    p.add_argument("--runs-root", default="runs")
+    p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with mpifed")
+    p.add_argument("--runs-root", default="runs", help="folder that holds the table's run folders (default: runs)")
+    p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE", help="added to every run")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--list", action="store_true", help="print each run's mpifed arguments and status")
