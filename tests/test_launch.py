@@ -90,6 +90,7 @@ def test_ctrl_c_in_debug_mode_stops_cleanly_and_resumes(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.e2e
 def test_ctrl_c_under_the_launcher_stops_cleanly_and_resumes(has_mpirun, tmp_path):
     run_debug(long_rounds(tmp_path, "full"))
     code, out = interrupt_after([str(LAUNCH), "3", *long_rounds(tmp_path, "cut")], "round 2/6")
