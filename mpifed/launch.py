@@ -11,17 +11,20 @@ reaches only this launcher, which forwards the first one to mpirun as SIGUSR1 (O
 passes it to every rank: the server finishes the round, writes a checkpoint, marks the run
 ``stopped``, prints the resume command and exits with code 75), the second as SIGTERM (the
 job ends at once), a third as SIGKILL to mpirun's process group. SIGTERM and SIGUSR1 sent to
-the launcher are passed on as they are.
+the launcher are passed on as they are. If the launcher itself is killed (SIGKILL), mpirun
+receives SIGTERM and ends the job (Linux), so no ranks are left behind.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from typing import Mapping
+from typing import Callable, Mapping
 
 from mpifed import __version__
 
@@ -84,6 +87,27 @@ def command(n: int, mpifed_args: list[str], mpirun: str, open_mpi: bool, cores: 
         if n > cores:
             flags.append("--oversubscribe")
     return [mpirun, "-n", str(n), *flags, python, "-m", "mpifed.main", *mpifed_args], env
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def child_setup() -> Callable[[], None]:
+    """What the mpirun child does before it starts: leave the terminal's process group (a
+    session of its own) and, on Linux, ask for SIGTERM when the launcher dies."""
+    launcher = os.getpid()
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl if sys.platform == "linux" else None
+    except (OSError, AttributeError):
+        prctl = None
+
+    def setup() -> None:
+        os.setsid()
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != launcher:        # the launcher died before the request took effect
+                os._exit(1)
+    return setup
 
 
 class Forwarder:
@@ -151,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                        os.geteuid() == 0)
     forwarder = Forwarder()
     forwarder.install()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=child_setup())
     forwarder.attach(proc)
     code = proc.wait()
     return 128 - code if code < 0 else code

@@ -1,5 +1,6 @@
 """The Python launcher: the mpirun command it builds, and Ctrl-C as a clean stop (debug mode and mpirun)."""
 import json
+import re
 import os
 import signal
 import subprocess
@@ -96,3 +97,30 @@ def test_ctrl_c_under_the_launcher_stops_cleanly_and_resumes(has_mpirun, tmp_pat
     code, out = interrupt_after([str(LAUNCH), "3", *long_rounds(tmp_path, "cut")], "round 2/6")
     assert "[mpifed.launch] Ctrl-C" in out
     check_clean_stop(tmp_path, code, out, lambda args: run_mpi(3, args))
+
+
+@pytest.mark.mpi
+@pytest.mark.e2e
+def test_killing_the_launcher_ends_the_job(has_mpirun, tmp_path):
+    proc = subprocess.Popen([str(LAUNCH), "3", *tiny(tmp_path, "train.rounds=400", "train.local_epochs=20")], cwd=REPO,
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    pids = []
+    for line in proc.stdout:
+        pids += [int(p) for p in re.findall(r"rank \d \(\w+\): host \S+ pid (\d+)", line)]
+        if "round 1/" in line:
+            break
+    assert len(pids) == 3
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids), "ranks outlived their launcher"
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
