@@ -49,7 +49,7 @@ def test_version_prints_the_package_version(name, capsys):
 
 def test_mpifed_dispatches_to_each_command(monkeypatch):
     seen = []
-    for name, module in cli.COMMANDS.items():
+    for name in cli.COMMANDS:
         monkeypatch.setattr(cli, "command_main", lambda n: (lambda argv: seen.append((n, argv)) or 0))
         assert cli.main([name, "--config", "x.yaml"]) == 0
     assert seen == [(n, ["--config", "x.yaml"]) for n in cli.COMMANDS]

