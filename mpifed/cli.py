@@ -1,14 +1,15 @@
-"""``mpifed COMMAND [arguments...]``: one entry point for every mpifed tool.
+"""mpifed COMMAND [arguments...]: one entry point for every mpifed tool.
 
 commands:
-  run      train, in this process (the debug mode) or as one rank of mpirun   (= python -m mpifed.main)
-  launch   run with N ranks on this machine: mpifed launch -n N ...          (= python -m mpifed.launch)
-  prepare  write a config's client shards; --download fetches the raw data    (= python -m mpifed.prepare)
-  table    expand a paper table into runs, run them, summarise them           (= python -m mpifed.table)
-  report   curves, per-class heatmaps and tables from finished runs          (= python -m mpifed.report)
-  config   list the configs shipped with mpifed, or copy them to edit        (= python -m mpifed.packaged)
+  run      train, in this process (the debug mode) or as one rank of mpirun    (= python -m mpifed.main)
+  launch   run with N ranks on this machine: mpifed launch -n N ...            (= python -m mpifed.launch)
+  prepare  write a config's client shards; --download fetches the raw data     (= python -m mpifed.prepare)
+  table    expand a paper table into runs, run them, summarise them            (= python -m mpifed.table)
+  report   curves, per-class heatmaps and tables from finished runs            (= python -m mpifed.report)
+  config   list the configs shipped with mpifed, or copy them to edit          (= python -m mpifed.packaged)
 
-`mpifed COMMAND --help` shows a command's own arguments.
+`mpifed COMMAND --help` shows a command's own arguments. `mpifed --config X ...` (options
+without a command) is `mpifed run --config X ...`.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def command_main(name: str) -> Callable[[list[str]], int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["run", *argv]
     if argv and argv[0] in COMMANDS:
         run = command_main(argv[0])
         if run is None:

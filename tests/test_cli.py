@@ -53,6 +53,9 @@ def test_mpifed_dispatches_to_each_command(monkeypatch):
         monkeypatch.setattr(cli, "command_main", lambda n: (lambda argv: seen.append((n, argv)) or 0))
         assert cli.main([name, "--config", "x.yaml"]) == 0
     assert seen == [(n, ["--config", "x.yaml"]) for n in cli.COMMANDS]
+    seen.clear()
+    assert cli.main(["--config", "x.yaml"]) == 0
+    assert seen == [("run", ["--config", "x.yaml"])]
 
 
 def test_a_missing_command_module_is_said_plainly(monkeypatch, capsys):
