@@ -23,6 +23,8 @@ from typing import Any, Callable, Literal, Union
 
 import yaml
 
+from mpifed.packaged import find_config
+
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the key and the fix."""
@@ -445,7 +447,8 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a config file; a top-level ``base:`` (path relative to the file) is merged under it."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"config file {str(path)!r} does not exist (`mpifed config list` shows the configs shipped "
+                          "with mpifed)")
     resolved = path.resolve()
     if resolved in _seen:
         raise ConfigError(f"config file {str(path)!r} includes itself through 'base:'")
@@ -522,7 +525,7 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     data = merge(to_dict(Config()), base) if base else to_dict(Config())
     per_algorithm: dict[str, Any] = {}
     for p in paths or []:
-        layer = read_yaml(p)
+        layer = read_yaml(find_config(p))
         per_algorithm = merge(per_algorithm, _per_algorithm(layer, str(p)))
         data = merge(data, layer)
 

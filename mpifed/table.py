@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import re
 import shlex
 import subprocess
@@ -29,9 +28,8 @@ from typing import Any
 
 import yaml
 
-from mpifed import config, results
-
-REPO = Path(__file__).resolve().parents[1]
+from mpifed import __version__, config, results
+from mpifed.packaged import find_config
 
 
 @dataclass
@@ -68,7 +66,7 @@ class Table:
 
 
 def load_table(path: str | Path, runs_root: str = "runs") -> Table:
-    path = Path(path)
+    path = find_config(path)
     try:
         spec = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -285,8 +283,9 @@ def listing(table: Table, extra: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", help="a table file (*.table.yaml)")
+    p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with mpifed")
     p.add_argument("--runs-root", default="runs", help="folder that holds the table's run folder (default: runs)")
+    p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="added to every run; runs with other results go to their own directories")
     g = p.add_mutually_exclusive_group(required=True)
@@ -313,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             if status(r) == "finished":
                 continue
             print(f"[mpifed.table] run {i + 1}/{len(table.runs)}: {r.name}", flush=True)
-            launcher = [sys.executable, "-m", "mpifed.main"] if a.run == 0 else [str(REPO / "launch" / "local.sh"), str(a.run)]
-            code = subprocess.call(launcher + r.args(extra), env={**os.environ, "PYTHON": sys.executable})
+            launcher = [sys.executable, "-m", "mpifed.main"] if a.run == 0 else [sys.executable, "-m", "mpifed.launch", "-n", str(a.run)]
+            code = subprocess.call(launcher + r.args(extra))
             if code != 0:
                 print(f"[mpifed.table] {r.name} ended with exit code {code}; stopping", file=sys.stderr)
                 return code

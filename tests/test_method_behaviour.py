@@ -55,6 +55,7 @@ def test_every_method_is_covered():
     assert set(CASES) == builtin, "list every registered method in CASES"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", [n for n, (_, off, _) in CASES.items() if off is not None])
 def test_the_method_term_acts(tmp_path, name):
     on, off, reference = CASES[name]
@@ -67,6 +68,7 @@ def test_the_method_term_acts(tmp_path, name):
 
 
 @pytest.mark.mpi
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_method_mpi_equals_debug(has_mpirun, tmp_path, name):
     on = CASES[name][0]
