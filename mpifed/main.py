@@ -315,7 +315,7 @@ def make_algorithm(cfg: config.Config, manifest: "Manifest", device: "torch.devi
     setup = Setup(num_classes=manifest.num_classes, num_clients=manifest.num_clients,
                   clients_per_round=clients_per_round(manifest.num_clients, cfg.train.participation),
                   num_floats=probe.num_floats, num_params=probe.num_params, feature_dim=probe.model.feature_dim,
-                  train=cfg.train, device=device, new_model=new_model)
+                  train=cfg.train, device=device, new_model=new_model, seed=cfg.run.seed)
     return cls(options, setup), setup
 
 
