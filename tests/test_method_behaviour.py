@@ -30,6 +30,9 @@ CASES = {
     "moon": (["algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.6"],
              ["algorithm.mu=0", "algorithm.projection_dim=0", "train.participation=0.6"], "fedavg-partial"),
     "fednova": (["data.partition.beta=0.5"], ["data.partition=iid"], "fedavg-iid"),
+    # baselines-b: FedProto, FedGen
+    "fedproto": (["algorithm.lam=1"], ["algorithm.lam=0"], "fedavg"),
+    "fedgen": (["algorithm.alpha=1", "algorithm.beta=1"], ["algorithm.alpha=0", "algorithm.beta=0"], "fedavg"),
 }
 
 REFERENCES = {

@@ -2,6 +2,7 @@
 feature generator."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,19 +128,19 @@ class FedGenServer(Server):
             self.optimizer.zero_grad()
             (teacher + DIVERSITY_WEIGHT * diversity).backward()
             self.optimizer.step()
-            teacher_sum += float(teacher)
-            diversity_sum += float(diversity)
+            teacher_sum = teacher_sum + teacher.detach()
+            diversity_sum = diversity_sum + diversity.detach()
         self.scheduler.step()
         steps = max(self.options.generator_steps, 1)
-        self.figures = {"generator_teacher_loss": round(teacher_sum / steps, 6),
-                        "generator_diversity_loss": round(diversity_sum / steps, 6)}
+        self.figures = {"generator_teacher_loss": round(float(teacher_sum) / steps, 6),
+                        "generator_diversity_loss": round(float(diversity_sum) / steps, 6)}
 
     def log(self) -> dict[str, Any]:
         return self.figures
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.floats.cpu().clone(), "ints": self.generator.ints.cpu().clone(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "scheduler": self.scheduler.state_dict(),
                 "rng": self.rng.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
