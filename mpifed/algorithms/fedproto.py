@@ -87,7 +87,9 @@ class FedProtoServer(Server):
 @ALGORITHMS.register("fedproto")
 class FedProto(Algorithm):
     """FedProto (Tan et al., AAAI 2022) as FedCSD runs it: CE + lambda * the squared distance of each
-    sample's features to the global prototype of its class; models averaged as in FedAvg.
+    sample's features to the global prototype of its class; models averaged as in FedAvg and the
+    averaged global model evaluated, as FedCSD's tables do (not FedProto's per-client models with
+    nearest-prototype inference).
 
     FedProto's local prototype of class j is the mean of the client's representations f(x)
     (the classifier's input) over its samples of class j; the server's global prototype is
