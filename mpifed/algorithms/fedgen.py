@@ -196,6 +196,9 @@ class FedGen(Algorithm):
     """FedGen (Zhu, Hong, Zhou, ICML 2021): a server-side generator of features, trained against the
     clients' classifiers, regularises local training; models averaged as in FedAvg.
 
+    Equation numbers are those of the arXiv version (2105.10056); the paper's text is not among
+    ../shared/papers, so the details below follow the official code.
+
     Server (Alg. 1; the generator's objective, Eq. 4): after local training each client sends
     its head (the classifier's parameters) and its label counts, one row per client. The server
     trains G(eps, y) -> feature space (the classifier's input) for ``generator_steps`` Adam
@@ -203,8 +206,10 @@ class FedGen(Algorithm):
     and eps ~ U[0, 1)^noise_dim, and minimises the count-weighted teacher loss
     sum_k mean_i w_{y_i,k} CE(head_k(G(eps_i, y_i)), y_i), w_{y,k} = (n_{k,y} + 1) /
     sum_j (n_{j,y} + 1), plus the diversity loss exp(-mean_{i,j} |G_i - G_j|_1 |eps_i - eps_j|_2^2)
-    (dimension-averaged distances) with weight 1. Then the models are averaged as FedAvg does,
-    and the generator goes down with the next round's global model.
+    (dimension-averaged distances) with weight 1. (Eq. 4 writes the loss of the clients'
+    averaged logits; both official codes minimise this count-weighted sum of the clients'
+    cross-entropies instead.) Then the models are averaged as FedAvg does, and the generator
+    goes down with the next round's global model.
 
     Client (the regularised local objective, Eq. 5, and the official code's latent term): from
     round 2 on (round 1's generator is untrained), each batch adds

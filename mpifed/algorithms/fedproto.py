@@ -95,7 +95,7 @@ class FedProto(Algorithm):
     (the classifier's input) over its samples of class j; the server's global prototype is
     their average weighted by the clients' sample counts; the local objective adds
     lambda * L_R, the squared distance between each sample's representation and its class's
-    global prototype (the paper's Sec. 3 "local model update"). As the official code
+    global prototype. The paper's text is not among ../shared/papers; as the official code
     (github.com/yuetan031/FedProto, ``update_weights_het``) does: L_R is the mean squared error over
     the batch and the feature dimensions, samples of classes without a global prototype
     contributing 0; the local prototypes are the features computed on the last local epoch's
