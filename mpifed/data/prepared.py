@@ -143,6 +143,15 @@ def ensure_prepared(cfg: Config, log: Callable[[str], None] = print) -> Manifest
     return manifest
 
 
+def raw_data_missing(cfg: Config) -> Path | None:
+    """The folder a config's raw data set is expected in, when it is not there and no prepared
+    folder makes it unnecessary; None otherwise. Reads no data."""
+    if (prepared_dir(cfg) / "manifest.json").exists():
+        return None
+    check = getattr(DATASETS.get(cfg.data.dataset.name), "raw_missing", None)
+    return check(cfg.data.dataset.options) if check is not None else None
+
+
 def check_matches(manifest: Manifest, cfg: Config) -> None:
     want = prepare_spec(cfg)
     if manifest.spec != want:
