@@ -254,10 +254,26 @@ def _agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> A
     return outcome[1]
 
 
+def _all_agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> None:
+    """Every rank does its share of ``work()``; if any fails, all stop with the first error (printed by rank 0)."""
+    try:
+        work()
+        mine = None
+    except errors as exc:
+        mine = str(exc)
+    w.sync("check of the client shards")
+    found = w.gather_object(mine)
+    first = w.bcast_object(next((e for e in found if e), None) if rank == 0 else None)
+    if first:
+        if rank == 0:
+            sys.stderr.write(f"[mpifed] {first}\n")
+        raise _Exit(2)
+
+
 def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
          errors: tuple[type[Exception], ...]) -> int:
     from mpifed.comm import Comm, MpiComm
-    from mpifed.data.prepared import Manifest, ensure_prepared, verify_files
+    from mpifed.data.prepared import Manifest, ensure_prepared, verify_client_shards, verify_files
     from mpifed.protocol import RoundProtocol, build_layouts
 
     resolved = _agree(w, rank, lambda: resolve(args), errors)
@@ -281,6 +297,8 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
 
     manifest = Manifest.load(Path(_agree(w, rank, prepare, errors)))
     is_server, has_worker = rank == 0, rank > 0 or size == 1
+    workers, worker_index = max(size - 1, 1), rank - 1 if size > 1 else 0
+    _all_agree(w, rank, lambda: verify_client_shards(manifest, worker_index, workers) if has_worker else None, errors)
     device, threads, host = _place(cfg, comm, rank, size)
     algo, setup = make_algorithm(cfg, manifest, device)
     layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
@@ -298,8 +316,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
 
     worker = None
     if has_worker:
-        worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, rank - 1 if size > 1 else 0,
-                             max(size - 1, 1))
+        worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, worker_index, workers)
     if not is_server:
         try:
             RoundProtocol(layouts, w, peers, None, worker, setup.clients_per_round).run()
@@ -308,7 +325,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
             raise
         return 0
 
-    server = make_server(cfg, resolved, algo, setup, manifest, transform, run, max(size - 1, 1))
+    server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers)
     _log_start(run, cfg, manifest, size, ranks)
     w.context = server.describe_checkpoint
 

@@ -220,9 +220,10 @@ class RunDir:
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
-            return json.loads((self.path / name).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = json.loads((self.path / name).read_text())
+        except (OSError, ValueError):
             return None
+        return data if isinstance(data, dict) else None
 
     def close(self) -> None:
         if self._log is not None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from mpifed import config
+from mpifed.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,10 +90,9 @@ def validate(table: Table, extra: list[str]) -> None:
 
 
 def status(run: TableRun) -> str:
-    try:
-        return json.loads((run.path / "status.json").read_text())["state"]
-    except (OSError, ValueError, KeyError):
-        return "new"
+    """The run's state as :meth:`RunDir.status` reads it (a dead ``running`` run is ``failed``); ``new`` without one."""
+    found = RunDir(run.path).status()
+    return found["state"] if found else "new"
 
 
 def result(run: TableRun, metric: str) -> float | None:
