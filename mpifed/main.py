@@ -120,19 +120,9 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     resume_from = None
     if args.resume is not None:
         status = run.status()
-        if status is not None and status["state"] == "finished" and status.get("rounds_done", 0) >= cfg.train.rounds:
-            return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": True,
-                    "nothing_to_do": f"[mpifed] {run_path} is finished ({status['rounds_done']} rounds): nothing to "
-                                     f"resume, nothing changed. To train it further, resume with "
-                                     f"--set train.rounds=<more than {status['rounds_done']}>"}
-        if status is not None and status.get("error"):
-            print(f"[mpifed] {run_path} had failed ({status['error']}); resuming it", flush=True)
-        removed = run.remove_temporary()
-        if removed:
-            print(f"[mpifed] removed {len(removed)} temporary file(s) a failed write left in {run_path}", flush=True)
         resume_from = checkpoint.latest(run.checkpoints)
-        if resume_from is not None:
-            state = checkpoint.load(resume_from)
+        state = checkpoint.load(resume_from) if resume_from is not None else None
+        if state is not None:
             if state["rounds_done"] > cfg.train.rounds:
                 raise RunError(f"cannot resume {run_path} with train.rounds={cfg.train.rounds}: it has already "
                                f"completed {state['rounds_done']} rounds. Set train.rounds to at least that")
@@ -140,6 +130,16 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             if changed:
                 raise RunError(f"cannot resume {run_path}: these settings differ from the checkpoint and change the "
                                f"results: {', '.join(changed)}. Undo them, or start a new run (another run.name)")
+            if status is not None and status["state"] == "finished" and state["rounds_done"] == cfg.train.rounds:
+                return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": True,
+                        "nothing_to_do": f"[mpifed] {run_path} is finished ({cfg.train.rounds} rounds): nothing to "
+                                         f"resume, nothing changed. To train it further, resume with "
+                                         f"--set train.rounds=<more than {cfg.train.rounds}>"}
+        if status is not None and status.get("error"):
+            print(f"[mpifed] {run_path} had failed ({status['error']}); resuming it", flush=True)
+        removed = run.remove_temporary()
+        if removed:
+            print(f"[mpifed] removed {len(removed)} temporary file(s) a failed write left in {run_path}", flush=True)
     elif run.holds_run():
         if not args.overwrite:
             raise RunError(f"{run_path} already holds a run. Continue it with --resume {run_path}, start a new one "
@@ -333,8 +333,10 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         why = {"SIGUSR1": " (a scheduler's warning)",
                "SIGTERM": " (preemption, or the launcher ending the job after a rank failed)"}.get(name, "")
         again = f"; a second {name} ends the job at once" if name in ("SIGINT", "SIGTERM") else ""
+        lost = (" If a rank has failed, the launcher ends the job at once instead, and the run continues from the "
+                "last checkpoint." if name == "SIGTERM" else "")
         sys.stderr.write(f"\n[mpifed] rank 0 received {name}{why}: finishing the current round, then writing a "
-                         f"checkpoint and stopping{again}.{server.describe_checkpoint()}\n")
+                         f"checkpoint and stopping{again}.{lost}{server.describe_checkpoint()}\n")
         sys.stderr.flush()
 
     signals.on_signal(on_signal)
