@@ -105,7 +105,7 @@ class RunDir:
 
         Raises :class:`RunLocked` naming the holder's host and pid when a live process holds it.
         Returns a warning where the file system does not support locks (the run goes on unlocked)."""
-        if self.path in _held:
+        if self._key() in _held:
             raise RunLocked(f"{self.path} is in use by this process already")
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -121,13 +121,16 @@ class RunDir:
                     f"name at the same time would not be refused")
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode(), 0)
-        _held[self.path] = fd
+        _held[self._key()] = fd
         return None
 
     def unlock(self) -> None:
-        fd = _held.pop(self.path, None)
+        fd = _held.pop(self._key(), None)
         if fd is not None:
             os.close(fd)  # closing the descriptor releases the lock
+
+    def _key(self) -> Path:
+        return self.path.resolve()
 
     def lock_holder(self) -> str:
         """"host H pid P" of the run's lock holder, from the lock file."""
@@ -139,7 +142,7 @@ class RunDir:
 
     def in_progress(self) -> bool:
         """Whether a live process holds the run's lock (this one included)."""
-        if self.path in _held:
+        if self._key() in _held:
             return True
         try:
             fd = os.open(self.path / LOCK, os.O_RDWR)
