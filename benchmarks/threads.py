@@ -2,10 +2,12 @@
 
     python benchmarks/threads.py [--rounds 6] [--hogs N] [--config configs/quickstart.yaml]
 
-Runs the debug mode (one process) of the quick start three ways: ``resources.threads=1``;
+Runs the debug mode (one process) of the quick start four ways: ``resources.threads=1``;
 the default thread count (the cores this process may use) with mpifed's default
-``OMP_WAIT_POLICY=PASSIVE``; the default count with ``OMP_WAIT_POLICY=ACTIVE`` (OpenMP
-threads spin while they wait for work, the behaviour before PASSIVE became the default).
+``OMP_WAIT_POLICY=PASSIVE`` (waiting OpenMP threads sleep); the default count with
+libgomp's own default (a value libgomp ignores, so that mpifed's default does not apply:
+waiting threads spin about 300,000 times, then sleep; the behaviour before PASSIVE became
+mpifed's default); and with ``OMP_WAIT_POLICY=ACTIVE`` (waiting threads only spin).
 Each runs once on the machine as it is ("idle") and once beside ``--hogs`` busy-looping
 processes (default: one per core, "busy"). Prints the median seconds per round (after
 the first) and the ratio to ``threads=1`` under the same load.
@@ -25,6 +27,7 @@ from common import REPO, run_mpifed  # noqa: E402
 
 VARIANTS = (("threads=1", ["resources.threads=1"], None),
             ("default, PASSIVE", [], "PASSIVE"),
+            ("default, libgomp's", [], "libgomp-default"),
             ("default, ACTIVE", [], "ACTIVE"))
 
 
@@ -35,7 +38,7 @@ def _spin() -> None:
 
 def measure(config: str, rounds: int, extra: list[str], policy: str | None, root: Path, name: str) -> float:
     if policy is None:
-        os.environ.pop("OMP_WAIT_POLICY", None)
+        os.environ.pop("OMP_WAIT_POLICY", None)  # mpifed sets PASSIVE
     else:
         os.environ["OMP_WAIT_POLICY"] = policy
     args = ["--config", config, "--set", f"train.rounds={rounds}", "run.save_model=false", *extra]
