@@ -159,8 +159,9 @@ def _take_lock(run: RunDir) -> None:
     except RunLocked as exc:
         raise RunError(str(exc)) from None
     except OSError as exc:
-        raise RunError(f"cannot create the run directory {run.path} ({exc.strerror}): run.root={run.path.parent} must be a "
-                       f"folder you can write to (not a file, not under /proc or /sys); set run.root=<folder>") from None
+        raise RunError(f"cannot create the run directory {run.path} ({exc.strerror}): run.root={run.path.parent} "
+                       f"must be a folder you can write to (not a file, not under /proc or /sys); "
+                       f"set run.root=<folder>") from None
     if warning:
         print(warning, file=sys.stderr, flush=True)
 
@@ -254,14 +255,15 @@ def _agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> A
     return outcome[1]
 
 
-def _all_agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> None:
-    """Every rank does its share of ``work()``; if any fails, all stop with the first error (printed by rank 0)."""
+def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Exception], ...]) -> None:
+    """Every rank does its share of ``work()`` (``what``); if any fails, all stop with the first error
+    (printed by rank 0)."""
     try:
         work()
         mine = None
     except errors as exc:
         mine = str(exc)
-    w.sync("check of the client shards")
+    w.sync(what)
     found = w.gather_object(mine)
     first = w.bcast_object(next((e for e in found if e), None) if rank == 0 else None)
     if first:
@@ -298,7 +300,8 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
     manifest = Manifest.load(Path(_agree(w, rank, prepare, errors)))
     is_server, has_worker = rank == 0, rank > 0 or size == 1
     workers, worker_index = max(size - 1, 1), rank - 1 if size > 1 else 0
-    _all_agree(w, rank, lambda: verify_client_shards(manifest, worker_index, workers) if has_worker else None, errors)
+    _all_agree(w, rank, "check of the client shards",
+               lambda: verify_client_shards(manifest, worker_index, workers) if has_worker else None, errors)
     device, threads, host = _place(cfg, comm, rank, size)
     algo, setup = make_algorithm(cfg, manifest, device)
     layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
