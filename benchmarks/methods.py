@@ -2,7 +2,7 @@
 
     python benchmarks/methods.py --seeds 0 1 [--parallel 7] [--ranks 0] [-- --set train.rounds=10]
 
-Each method runs with its own defaults (nothing is tuned against this table) on
+Every registered method (or ``--methods``) runs with its own defaults (nothing is tuned against this table) on
 ``configs/bench/methods.yaml``; ``--parallel`` runs that many at once (a GPU or a many-core
 machine); ``--ranks`` is the rank count of each run (0: debug mode). Prints final and best
 accuracy per method (mean +- std over seeds) and whether each beats FedAvg.
@@ -19,13 +19,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, run_mpifed  # noqa: E402
 
-METHODS = ["fedavg", "fedntd", "fedgkd", "fedgkd_vote", "fedcsd", "fedcad", "fedlsd"]
+from mpifed.registry import ALGORITHMS  # noqa: E402
+
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--methods", nargs="+", default=METHODS)
+    p.add_argument("--methods", nargs="+", default=ALGORITHMS.names(), help="default: every registered method")
     p.add_argument("--ranks", type=int, default=0)
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("mpifed_args", nargs=argparse.REMAINDER)

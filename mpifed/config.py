@@ -23,6 +23,8 @@ from typing import Any, Callable, Literal, Union
 
 import yaml
 
+from mpifed.packaged import find_config
+
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the key and the fix."""
@@ -98,6 +100,10 @@ class RunConfig:
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
     tensorboard: bool = opt(False, "also write TensorBoard event files (runs/<name>/tensorboard/) from the metrics rows; needs pip install 'mpifed[tensorboard]'", math=False)
+    rounds_to: list[float] = opt([], "targets (fractions of test accuracy, e.g. [0.65, 0.9]) whose T(target), the first evaluated round that reaches it, summary.json records under rounds_to", math=False)
+
+    def check(self) -> list[str]:
+        return [f"rounds_to: {t!r} is not a fraction in (0, 1]; write 65% as 0.65" for t in self.rounds_to if not 0 < t <= 1]
 
 
 @dataclass
@@ -441,7 +447,8 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a config file; a top-level ``base:`` (path relative to the file) is merged under it."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"config file {str(path)!r} does not exist (`mpifed config list` shows the configs shipped "
+                          "with mpifed)")
     resolved = path.resolve()
     if resolved in _seen:
         raise ConfigError(f"config file {str(path)!r} includes itself through 'base:'")
@@ -518,7 +525,7 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     data = merge(to_dict(Config()), base) if base else to_dict(Config())
     per_algorithm: dict[str, Any] = {}
     for p in paths or []:
-        layer = read_yaml(p)
+        layer = read_yaml(find_config(p))
         per_algorithm = merge(per_algorithm, _per_algorithm(layer, str(p)))
         data = merge(data, layer)
 
@@ -550,6 +557,24 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     if isinstance(train, dict) and train.get("lr_schedule") == "cosine":
         out.setdefault("train", {})["rounds"] = train.get("rounds")
     return out
+
+
+def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
+    """What a finished run's reported numbers depend on: the math fingerprint, the number of
+    rounds and the evaluation cadence (best accuracy and rounds-to-target read the evaluations)."""
+    out = math_fingerprint(d)
+    out.setdefault("train", {})["rounds"] = d.get("train", {}).get("rounds")
+    out.setdefault("run", {})["eval_every"] = d.get("run", {}).get("eval_every")
+    return out
+
+
+def lookup(d: Any, dotted: str) -> Any:
+    """The value at a dotted key of a nested dict (None where absent)."""
+    for part in dotted.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
 
 
 def _filter_math(cls: type, d: Any) -> Any:

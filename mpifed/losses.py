@@ -117,18 +117,20 @@ def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tenso
 
 
 def cad_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
-             class_weights: torch.Tensor, tau: float, tau_squared: bool = False) -> torch.Tensor:
+             class_weights: torch.Tensor, tau: float, tau_squared: bool = False, scale_ce: bool = True) -> torch.Tensor:
     """FedCAD Eq. 5 with Alg. 1's L_d: per sample (1 - alpha_y) * CE + alpha_y * L_d, batch mean,
     L_d = -sum_k p^g_k log p_k with both softmaxes at temperature tau (no tau^2 factor).
 
     The cross-entropy is at temperature 1 (the paper's Alg. 1 uses CrossEntropyLoss on the
     logits). ``tau_squared`` multiplies L_d by tau^2 (Hinton et al.'s scaling; its gradient is
-    that of tau^2 KL). With a constant alpha this is FedLSD; with alpha = 0, plain cross-entropy.
+    that of tau^2 KL). ``scale_ce=False`` keeps the cross-entropy at full weight (CE + alpha_y L_d),
+    an ablation that separates the distillation from the smaller cross-entropy step. With a
+    constant alpha this is FedLSD; with alpha = 0, plain cross-entropy.
     """
     alpha = class_weights[targets]
     ce = F.cross_entropy(student_logits, targets, reduction="none")
     distill = soft_cross_entropy(student_logits, teacher_logits, tau) * (tau * tau if tau_squared else 1.0)
-    return ((1 - alpha) * ce + alpha * distill).mean()
+    return ((1 - alpha if scale_ce else 1.0) * ce + alpha * distill).mean()
 
 
 def moon_loss(features: torch.Tensor, global_features: torch.Tensor, previous_features: torch.Tensor,

@@ -21,7 +21,7 @@ import yaml
 
 # Only light modules at import time: signals.listening() must block the stop signals before
 # numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
-from mpifed import config, signals
+from mpifed import __version__, config, signals
 from mpifed.registry import RegistryError
 from mpifed.rundir import MARKER, RunDir, RunLocked, check_run_name, release_locks
 
@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory of the same name")
     p.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--config-reference", action="store_true", help="print every config key with its default and exit")
+    p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     return p.parse_args(argv)
 
 
@@ -393,7 +394,7 @@ def make_algorithm(cfg: config.Config, manifest: "Manifest", device: "torch.devi
     setup = Setup(num_classes=manifest.num_classes, num_clients=manifest.num_clients,
                   clients_per_round=clients_per_round(manifest.num_clients, cfg.train.participation),
                   num_floats=probe.num_floats, num_params=probe.num_params, feature_dim=probe.model.feature_dim,
-                  train=cfg.train, device=device, new_model=new_model)
+                  train=cfg.train, device=device, new_model=new_model, seed=cfg.run.seed)
     return cls(options, setup), setup
 
 

@@ -1,15 +1,29 @@
-"""``python -m mpifed.prepare --config X [--set k=v ...] [--force] [--show]``: write a config's
-client shards, test set and manifest (runs also do this on their own when the data is absent).
-``--show`` prints the per-client class counts and partition statistics of the prepared data."""
+"""``python -m mpifed.prepare --config X [--set k=v ...] [--force] [--show] [--plot] [--download]`` (also
+``mpifed-prepare``): write a config's client shards, test set and manifest (runs also do this on
+their own when the data is absent). ``--show`` prints the per-client class counts and partition
+statistics of the prepared data; ``--plot`` draws them as a clients x classes heatmap,
+``partition.png`` in the prepared folder (needs ``pip install 'mpifed[plots]'``). ``--download``
+first fetches the data set's raw files into ``data.dataset.root`` when they are missing (MNIST,
+Fashion-MNIST, CIFAR-10/100, CINIC-10, Tiny-ImageNet), checked against the published checksums;
+docs/data-download.md has the details and the manual steps for LEAF FEMNIST and Office-Caltech-10."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from mpifed import config
+from mpifed import __version__, config
+from mpifed.data.download import MIRROR_ENV, DownloadError, fetch
 from mpifed.data.prepared import Manifest, ensure_prepared, prepare, prepared_dir
+
+
+def _dataset_root(cfg: config.Config) -> str:
+    root = getattr(cfg.data.dataset.options, "root", None)
+    if root is None:
+        raise DownloadError(f"data set {cfg.data.dataset.name} is not read from files: there is nothing to download")
+    return root
 
 
 def class_table(m: Manifest) -> str:
@@ -29,15 +43,47 @@ def class_table(m: Manifest) -> str:
     return "\n".join(lines)
 
 
+def plot_partition(m: Manifest) -> Path:
+    """The per-client class counts as a heatmap, written to ``partition.png`` beside the shards."""
+    from mpifed import plots
+    counts = m.client_class_counts.astype(float)
+    counts[counts == 0] = np.nan
+    spec = m.spec["partition"]
+    how = ", ".join(f"{k} {v}" for k, v in spec.items() if k not in ("name", "fingerprint"))
+    title = f"{m.spec['dataset']['name']}, {spec['name']}{f' ({how})' if how else ''}: samples per client and class"
+    return plots.heatmap(m.root / "partition.png", title, counts, [str(k) for k in range(m.num_clients)],
+                         "class", "client", "samples (blank: none)", fmt="{:.0f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpifed.prepare", description=__doc__)
-    p.add_argument("--config", action="append", default=[], metavar="YAML")
-    p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE")
+    p.add_argument("--config", action="append", default=[], metavar="YAML",
+                   help="config file (repeatable; later files override earlier ones); default: the quick start")
+    p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config keys, e.g. --set data.dataset.name=cifar10 data.num_clients=100")
     p.add_argument("--force", action="store_true", help="rebuild the prepared folder even if it exists")
     p.add_argument("--show", action="store_true", help="print the per-client class counts")
+    p.add_argument("--plot", action="store_true", help="draw the per-client class counts to partition.png in the "
+                   "prepared folder (needs pip install 'mpifed[plots]')")
+    p.add_argument("--download", action="store_true",
+                   help="first fetch the data set's raw files into data.dataset.root if they are missing, "
+                        "checking the published checksums")
+    p.add_argument("--mirror", metavar="URL", default=None,
+                   help=f"with --download: fetch each file from URL/<file name> instead of its published address "
+                        f"(default: ${MIRROR_ENV})")
+    p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     args = p.parse_args(argv)
+    if args.plot:
+        from mpifed import plots
+        try:
+            plots.require()
+        except plots.PlotsUnavailable as exc:
+            print(f"[mpifed.prepare] --plot: {exc}", file=sys.stderr)
+            return 2
     try:
         cfg, _ = config.load(args.config, [o for group in args.set for o in group])
+        if args.download:
+            fetch(cfg.data.dataset.name, _dataset_root(cfg), args.mirror)
         manifest = prepare(cfg) if args.force else ensure_prepared(cfg)
     except Exception as exc:  # every error here is a user's: say it plainly
         print(f"[mpifed.prepare] {exc}", file=sys.stderr)
@@ -46,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.show:
         np.set_printoptions(linewidth=200)
         print(class_table(manifest))
+    if args.plot:
+        print(f"partition plot: {plot_partition(manifest)}")
     return 0
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from mpifed import checkpoint
+from mpifed import checkpoint, results
 from mpifed.algorithms.base import Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
-from mpifed.evaluation import forgetting, summarize
+from mpifed.evaluation import summarize
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
 from mpifed.progress import Progress
@@ -217,19 +217,19 @@ class RoundServer:
         atomic_write(self.run_dir.path / "model.pt", buf.getvalue())
 
     def _write_summary(self, rounds_done: int, status: str) -> None:
-        evaluated = [r for r in self.metrics if "test_acc" in r]
-        best = max(evaluated, key=lambda r: r["test_acc"], default=None)
+        rows = self.metrics
+        best_acc, best_round = results.best(rows)
         summary = {
             "status": status,
             "rounds_done": rounds_done,
             "rounds": self.cfg.train.rounds,
             "algorithm": self.cfg.algorithm.name,
             "dataset": self.cfg.data.dataset.name,
-            "final_test_acc": evaluated[-1]["test_acc"] if evaluated else None,
-            "final_test_loss": evaluated[-1]["test_loss"] if evaluated else None,
-            "best_test_acc": best["test_acc"] if best else None,
-            "best_round": best["round"] if best else None,
-            "forgetting": forgetting([r["per_class_acc"] for r in evaluated]),
+            "final_test_acc": results.final(rows),
+            "final_test_loss": results.final(rows, "test_loss"),
+            "best_test_acc": best_acc,
+            "best_round": best_round,
+            "forgetting": results.forgetting(rows),
             "wall_time_s": round(self.elapsed(), 2),
             "round_time_median_s": round(statistics.median(r["time"]["round"] for r in self.metrics), 4) if self.metrics else None,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
@@ -237,10 +237,12 @@ class RoundServer:
             "peak_rss_mb_per_rank": [round(rss, 1) for rss, _ in self.usage],
             "cpu_s_per_rank": [round(cpu, 2) for _, cpu in self.usage],
         }
+        if self.cfg.run.rounds_to:
+            summary["rounds_to"] = {results.target_key(t): results.rounds_to(rows, t) for t in self.cfg.run.rounds_to}
         self.run_dir.write_json("summary.json", summary)
         self.run_dir.write_json("status.json", {"state": status, "rounds_done": rounds_done,
                                                 "checkpoint": summary["checkpoint"]})
-        if evaluated:
+        if summary["final_test_acc"] is not None:
             self.run_dir.log(f"[mpifed] {status}: {rounds_done} rounds, final test accuracy {summary['final_test_acc']:.4f} "
                              f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}), "
                              f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")

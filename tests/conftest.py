@@ -98,6 +98,16 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], at
         assert diff <= atol, f"{k} differs by {diff}"
 
 
+NOT_UNIT = {"mpi", "e2e", "slurm", "gpu"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``unit`` every test that neither starts mpirun nor trains: ``python -m pytest -m unit``."""
+    for item in items:
+        if not NOT_UNIT & {m.name for m in item.iter_markers()}:
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(scope="session")
 def has_mpirun() -> bool:
     from shutil import which

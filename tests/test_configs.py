@@ -74,6 +74,7 @@ def test_per_data_set_values_of_the_other_baselines():
     assert cfg.algorithm.options.mu == 0.5
 
 
+@pytest.mark.e2e
 def test_paper_config_smoke_run_on_synthetic_data_of_its_shape(tmp_path):
     """FedGKD Table 3's CIFAR-10 setting (ResNet-8 GN, 20 clients, C = 0.2) on random 3x32x32 data."""
     args = ["--config", str(REPO / "configs/papers/fedgkd/cifar10-alpha0.5.yaml"),
@@ -87,6 +88,7 @@ def test_paper_config_smoke_run_on_synthetic_data_of_its_shape(tmp_path):
     assert [r["clients"] for r in rows] == [4, 4] and rows[1]["teacher_models"] == 1
 
 
+@pytest.mark.e2e
 def test_table_cli_writes_runs_and_summarises(tmp_path):
     table = write_tiny_table(tmp_path / "t", tmp_path / "data")
     runs_file = tmp_path / "runs.txt"
@@ -97,4 +99,4 @@ def test_table_cli_writes_runs_and_summarises(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpifed.table", str(table), *root, "--run", "0"],
                        cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "| a | " in p.stdout and "(2)" in p.stdout
+    assert "| a | " in p.stdout and "(n=2)" in p.stdout

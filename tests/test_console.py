@@ -16,6 +16,7 @@ def test_durations_and_eta():
     assert p.timing(6) == "elapsed 20s, ETA 40s"
 
 
+@pytest.mark.e2e
 def test_round_lines_carry_elapsed_and_eta_and_no_bar_without_a_terminal(tmp_path):
     p = run_debug(tiny(tmp_path, "train.rounds=2"))
     lines = [line for line in p.stdout.splitlines() if line.startswith("round ")]
@@ -33,6 +34,7 @@ def test_live_bar_keeps_lines_above_it():
     assert "round 1/3 ..." in out.getvalue() and "1/3" in err.getvalue()
 
 
+@pytest.mark.e2e
 def test_tensorboard_events_hold_the_metrics_rows(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

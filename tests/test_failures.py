@@ -9,7 +9,7 @@ import pytest
 
 from conftest import LAUNCH, REPO, env, tiny
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.e2e]
 
 
 def start_mpi(args):

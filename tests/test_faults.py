@@ -24,7 +24,7 @@ from mpifed.config import build
 from mpifed.optim import round_lr
 from mpifed.rundir import RunDir
 
-pytestmark = pytest.mark.mpi
+pytestmark = pytest.mark.e2e
 
 ROUNDS = ("train.rounds=4", "train.local_epochs=8", "run.checkpoint_every=2")
 
@@ -99,6 +99,7 @@ def assert_resumes_exactly(run, reference, mpi=0):
     assert_one_run(run)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("victim", [0, 2], ids=["server", "worker"])
 def test_kill_9_mid_round(has_mpirun, tmp_path, reference, victim):
     same_data(tmp_path, reference)
@@ -116,6 +117,7 @@ def test_kill_9_mid_round(has_mpirun, tmp_path, reference, victim):
     assert_resumes_exactly(run, reference, mpi=3 if victim == 0 else 0)
 
 
+@pytest.mark.mpi
 def test_worker_stopped_beyond_the_timeout(has_mpirun, tmp_path, reference):
     same_data(tmp_path, reference)
     out = []
@@ -186,6 +188,7 @@ def test_torn_jsonl_lines_are_dropped_on_resume(tmp_path, reference):
     assert_resumes_exactly(run, reference)
 
 
+@pytest.mark.mpi
 def test_two_runs_racing_for_one_name(has_mpirun, tmp_path, reference):
     """The second run, even with --overwrite, is refused while the first is alive; the first's files stay its own."""
     same_data(tmp_path, reference)

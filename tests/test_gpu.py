@@ -7,7 +7,7 @@ import torch
 
 from conftest import final_model, metrics, run_debug, run_mpi, tiny
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def test_deterministic_mode_gives_identical_gpu_runs(tmp_path):

@@ -141,6 +141,9 @@ def test_cad_loss_hand_value():
     # alpha_y = 0.3: 0.7 * CE (ln 2) + 0.3 * L_d, L_d = -(3/4 ln 1/2 + 1/4 ln 1/2) = ln 2 (Alg. 1: a cross-entropy)
     got = cad_loss(t([0.0, 0.0]), t([LN(3), 0.0]), torch.tensor([1]), torch.tensor([0.1, 0.3], dtype=torch.float64), 1.0).item()
     assert got == pytest.approx(0.7 * LN(2) + 0.3 * LN(2), abs=1e-12)
+    full_ce = cad_loss(t([0.0, 0.0]), t([LN(3), 0.0]), torch.tensor([1]), torch.tensor([0.1, 0.3], dtype=torch.float64), 1.0,
+                       scale_ce=False).item()
+    assert full_ce == pytest.approx(LN(2) + 0.3 * LN(2), abs=1e-12)
 
 
 def test_cad_distillation_is_the_papers_cross_entropy_at_tau_without_tau_squared():

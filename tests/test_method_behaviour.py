@@ -30,6 +30,9 @@ CASES = {
     "moon": (["algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.6"],
              ["algorithm.mu=0", "algorithm.projection_dim=0", "train.participation=0.6"], "fedavg-partial"),
     "fednova": (["data.partition.beta=0.5"], ["data.partition=iid"], "fedavg-iid"),
+    # baselines-b: FedProto, FedGen
+    "fedproto": (["algorithm.lam=1"], ["algorithm.lam=0"], "fedavg"),
+    "fedgen": (["algorithm.alpha=1", "algorithm.beta=1"], ["algorithm.alpha=0", "algorithm.beta=0"], "fedavg"),
 }
 
 REFERENCES = {
@@ -55,6 +58,7 @@ def test_every_method_is_covered():
     assert set(CASES) == builtin, "list every registered method in CASES"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", [n for n, (_, off, _) in CASES.items() if off is not None])
 def test_the_method_term_acts(tmp_path, name):
     on, off, reference = CASES[name]
@@ -67,6 +71,7 @@ def test_the_method_term_acts(tmp_path, name):
 
 
 @pytest.mark.mpi
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_method_mpi_equals_debug(has_mpirun, tmp_path, name):
     on = CASES[name][0]

@@ -11,6 +11,7 @@ from mpifed.data.transforms import BatchTransform
 from mpifed.registry import ALGORITHMS
 
 
+@pytest.mark.e2e
 def test_fedgkd_logs_teacher_buffer(tmp_path):
     run_debug(tiny(tmp_path, "algorithm.name=fedgkd", "algorithm.buffer_size=2", "train.rounds=3", name="gkd"))
     assert [r["teacher_models"] for r in metrics(tmp_path / "runs" / "gkd")] == [0, 1, 2]   # round 1 has no teacher

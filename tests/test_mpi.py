@@ -8,7 +8,7 @@ import pytest
 
 from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, tiny
 
-pytestmark = pytest.mark.mpi
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +19,7 @@ def debug_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("ranks", [3, 4])
+@pytest.mark.mpi
 def test_mpi_run_equals_debug_run(has_mpirun, debug_run, tmp_path, ranks):
     p = run_mpi(ranks, tiny(tmp_path))
     assert f"MPI, {ranks} ranks (1 server + {ranks - 1} workers)" in p.stdout
@@ -33,6 +34,7 @@ def test_mpi_run_equals_debug_run(has_mpirun, debug_run, tmp_path, ranks):
     assert {c["worker"] for c in clients[0]["clients"]} == set(range(ranks - 1))
 
 
+@pytest.mark.mpi
 def test_fewer_clients_than_workers(has_mpirun, tmp_path):
     run_debug(tiny(tmp_path, "data.num_clients=2", name="debug"))
     run_mpi(4, tiny(tmp_path, "data.num_clients=2"))
@@ -47,12 +49,14 @@ def test_same_seed_same_result_other_seed_other_result(debug_run, tmp_path):
         assert_same_model(final_model(tmp_path / "runs" / "other"), final_model(debug_run))
 
 
+@pytest.mark.mpi
 def test_quick_start_with_11_ranks(has_mpirun, tmp_path):
     p = run_mpi(11, ["--set", "train.rounds=1", f"run.root={tmp_path}", f"data.prepared_root={tmp_path / 'data'}",
                      "run.name=qs"], timeout=400)
     assert "MPI, 11 ranks (1 server + 10 workers)" in p.stdout and "final test accuracy" in p.stdout
 
 
+@pytest.mark.mpi
 def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=1", name="prep"))
     shard = next((tmp_path / "data").glob("*/clients/client_00003.h5"))
@@ -65,6 +69,7 @@ def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
     assert "[mpifed] rank" in p.stderr
 
 
+@pytest.mark.mpi
 def test_config_error_under_mpirun_is_reported_once(has_mpirun, tmp_path):
     p = run_mpi(3, tiny(tmp_path, "train.lokal_epochs=2"), check=False, timeout=120)
     assert p.returncode == 2
@@ -78,6 +83,7 @@ def test_nan_loss_is_a_clear_error(tmp_path):
 
 
 
+@pytest.mark.mpi
 def test_nan_loss_on_a_worker_marks_the_run_failed(has_mpirun, tmp_path):
     p = run_mpi(3, tiny(tmp_path, "train.lr=1e12", "train.momentum=0"), check=False, timeout=120)
     assert p.returncode != 0 and "Lower train.lr" in p.stderr
@@ -94,6 +100,7 @@ def test_existing_run_directory_is_not_overwritten(debug_run, tmp_path):
     assert "rounds: 5" in p.stdout and (tmp_path / "runs" / "run" / "model.pt").exists()
 
 
+@pytest.mark.mpi
 def test_client_state_follows_clients_across_workers(has_mpirun, tmp_path):
     """SCAFFOLD's per-client control variates, with clients changing workers between rounds."""
     args = ("algorithm.name=scaffold", "train.participation=0.6", "train.rounds=4")

@@ -37,6 +37,7 @@ class Forgetful(Algorithm):
 '''
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("side,message", [("server", "downlink: missing ['hint']"),
                                           ("client", "ForgetfulClient.uplink returned ['model', 'weight']")])
 def test_a_declared_entry_not_sent_is_an_error(tmp_path, side, message):
@@ -49,6 +50,7 @@ def test_a_declared_entry_not_sent_is_an_error(tmp_path, side, message):
 
 
 @pytest.mark.mpi
+@pytest.mark.e2e
 def test_a_declared_entry_not_sent_fails_fast_under_mpi(has_mpirun, tmp_path):
     plugin = tmp_path / "forgetful_client.py"
     plugin.write_text(BROKEN.replace("SIDE", "client"))

@@ -10,6 +10,8 @@ import pytest
 from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
 from mpifed import checkpoint
 
+pytestmark = pytest.mark.e2e
+
 
 def start(cmd):
     return subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

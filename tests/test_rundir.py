@@ -15,6 +15,8 @@ from mpifed import rundir
 from mpifed.data.sets.idx import write_idx
 from mpifed.rundir import RunDir
 
+pytestmark = pytest.mark.e2e
+
 
 def hold_lock(path):
     """A separate process that holds the run lock of ``path`` until its stdin closes."""

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import REPO, assert_same_model, final_model, metrics, write_tiny_table
 
-pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.e2e]
 
 PACKAGES = ["slurm-wlm", "munge", "libpmix-dev"]
 

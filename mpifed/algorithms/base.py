@@ -111,6 +111,7 @@ class Setup:
     train: TrainConfig
     device: torch.device
     new_model: Callable[[], FlatModel]   # a fresh network (with the method's extensions) on this rank's device
+    seed: int = 0              # run.seed: for a method's own random draws (e.g. a server-side generator)
 
 
 @dataclass
@@ -164,6 +165,7 @@ class ClientContext:
     generator: torch.Generator      # seeded by (seed, round, client): batches and augmentation
     train_cfg: TrainConfig
     state: dict[str, torch.Tensor] = field(default_factory=dict)   # Messages.client_state, persisted per client
+    epoch: int = 0                  # the local epoch being trained (0-based)
     steps: int = 0
     loss_sum: float = 0.0
     seen: int = 0
@@ -305,6 +307,7 @@ class Client:
         ctx.model.train()
         opt = make_optimizer(ctx.flat, ctx.lr, cfg)
         for epoch in range(cfg.local_epochs):
+            ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
             for batch in ctx.batches():
                 loss = self.loss(ctx, batch, forward(ctx.model, batch.x))

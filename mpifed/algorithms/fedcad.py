@@ -47,7 +47,7 @@ class FedCADClient(Client):
 
     def loss(self, ctx, batch, out):
         return cad_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.class_weights, self.options.tau,
-                        self.options.tau_squared)
+                        self.options.tau_squared, self.options.scale_ce)
 
 
 @ALGORITHMS.register("fedcad")
@@ -87,6 +87,7 @@ class FedCAD(Algorithm):
         weights_at_tau: bool = opt(True, "Eq. 6 from the global model's softmax at temperature tau (the paper's p^g); "
                                          "false: at temperature 1")
         tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); the paper's Alg. 1 does not")
+        scale_ce: bool = opt(True, "(1 - alpha_y) CE as Eq. 5; false: CE + alpha_y L_d (an ablation: FedAvg's full CE step)")
 
         def check(self) -> list[str]:
             return [f"beta ({self.beta}) must not exceed gamma ({self.gamma})"] if self.beta > self.gamma else []
@@ -119,5 +120,6 @@ class FedLSD(FedCAD):
         alpha: float = opt(0.3, "constant distillation weight", min=0, max=1)
         tau: float = opt(2.0, "distillation temperature", min=0, exclusive_min=True)
         tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); FedCAD's Alg. 1 does not")
+        scale_ce: bool = opt(True, "(1 - alpha) CE as FedLSD's loss; false: CE + alpha L_d (an ablation: FedAvg's full CE step)")
 
     Server = FedLSDServer

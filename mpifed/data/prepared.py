@@ -184,6 +184,15 @@ def check_raw_inputs(manifest: Manifest) -> None:
             f"raw data; re-prepare with: python -m mpifed.prepare --config <config> --force")
 
 
+def raw_data_missing(cfg: Config) -> Path | None:
+    """The folder a config's raw data set is expected in, when it is not there and no prepared
+    folder makes it unnecessary; None otherwise. Reads no data."""
+    if (prepared_dir(cfg) / "manifest.json").exists():
+        return None
+    check = getattr(DATASETS.get(cfg.data.dataset.name), "raw_missing", None)
+    return check(cfg.data.dataset.options) if check is not None else None
+
+
 def check_matches(manifest: Manifest, cfg: Config) -> None:
     want = prepare_spec(cfg)
     if manifest.spec != want:

@@ -22,6 +22,10 @@ class Dataset(Protocol):
     @staticmethod
     def load(options) -> "RawData": ...
 
+    # Data sets read from files also define ``raw_missing(options) -> Path | None``: the folder
+    # they expect when their files are not there (None when present or fetched on demand), a
+    # cheap check that reads nothing (``python -m mpifed.table --list`` marks such runs).
+
 
 @dataclass
 class RawData:

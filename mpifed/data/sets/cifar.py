@@ -44,6 +44,11 @@ def _load(root: Path, folder: str, train: list[str], test: list[str], label_key:
                    f"{title} pickle batches in {base}", files=[base / name for name in train + test])
 
 
+def _missing(options, folder: str) -> Path | None:
+    base = Path(options.root) / folder
+    return None if base.is_dir() or options.download else base
+
+
 @DATASETS.register("cifar10")
 class Cifar10:
     """CIFAR-10 (50,000 + 10,000 32x32 colour images, 10 classes) from ``cifar-10-batches-py``."""
@@ -55,6 +60,10 @@ class Cifar10:
 
     crop_padding = 4
     flip = True
+
+    @staticmethod
+    def raw_missing(options) -> Path | None:
+        return _missing(options, "cifar-10-batches-py")
 
     @staticmethod
     def load(options) -> RawData:
@@ -74,6 +83,10 @@ class Cifar100:
 
     crop_padding = 4
     flip = True
+
+    @staticmethod
+    def raw_missing(options) -> Path | None:
+        return _missing(options, "cifar-100-python")
 
     @staticmethod
     def load(options) -> RawData:

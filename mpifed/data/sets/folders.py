@@ -55,6 +55,11 @@ class Cinic10:
     flip = True
 
     @staticmethod
+    def raw_missing(options) -> Path | None:
+        root = Path(options.root)
+        return None if (root / "train").is_dir() and (root / "test").is_dir() else root
+
+    @staticmethod
     def load(options) -> RawData:
         root = Path(options.root)
         classes = class_names(root / "train")
@@ -80,6 +85,11 @@ class TinyImageNet:
 
     crop_padding = 4
     flip = True
+
+    @staticmethod
+    def raw_missing(options) -> Path | None:
+        root = Path(options.root)
+        return None if (root / "wnids.txt").is_file() else root
 
     @staticmethod
     def load(options) -> RawData:
@@ -131,6 +141,11 @@ class OfficeCaltech:
 
     crop_padding = 0
     flip = True
+
+    @staticmethod
+    def raw_missing(options) -> Path | None:
+        root = Path(options.root)
+        return None if all((root / d).is_dir() for d in OfficeCaltech.DOMAINS) else root
 
     @staticmethod
     def load(options) -> RawData:

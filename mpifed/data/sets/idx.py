@@ -87,6 +87,15 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
             return IdxDataset._read(root / torchvision_name / "raw")
 
         @staticmethod
+        def raw_missing(options) -> Path | None:
+            root = Path(options.root)
+            try:
+                find_idx(root, "train-images-idx3-ubyte")
+            except FileNotFoundError:
+                return None if options.download else root
+            return None
+
+        @staticmethod
         def _read(root: Path) -> RawData:
             if not root.is_dir():
                 raise FileNotFoundError("the folder does not exist")

@@ -52,6 +52,11 @@ class Femnist:
     flip = False
 
     @staticmethod
+    def raw_missing(options) -> Path | None:
+        root = Path(options.root)
+        return None if (root / "train").is_dir() and (root / "test").is_dir() else root
+
+    @staticmethod
     def load(options) -> RawData:
         root = Path(options.root)
         if not (root / "train").is_dir() or not (root / "test").is_dir():

@@ -1,0 +1,263 @@
+"""FedGen (Zhu, Hong, Zhou, ICML 2021): data-free knowledge distillation through a server-trained
+feature generator."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from mpifed.algorithms.base import Algorithm, Client, Server, Setup, per_client
+from mpifed.config import opt
+from mpifed.flat import FlatModel
+from mpifed.registry import ALGORITHMS
+
+WEIGHT_FLOOR = 1e-4          # the decayed client weights never fall below this (official code)
+GENERATOR_WEIGHT_DECAY = 1e-2
+GENERATOR_LR_DECAY = 0.98    # per round (ExponentialLR stepped after each round's generator training)
+DIVERSITY_WEIGHT = 1.0       # eta
+
+
+class FeatureGenerator(nn.Module):
+    """G(eps, y): [eps, one_hot(y)] -> Linear -> BatchNorm1d -> ReLU -> Linear -> a feature vector
+    (FedGen's generator with a one-hot label input); eps ~ U[0, 1)^noise_dim is drawn by the caller."""
+
+    def __init__(self, noise_dim: int, hidden_dim: int, num_classes: int, feature_dim: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.noise_dim = noise_dim
+        self.net = nn.Sequential(nn.Linear(noise_dim + num_classes, hidden_dim), nn.BatchNorm1d(hidden_dim),
+                                 nn.ReLU(), nn.Linear(hidden_dim, feature_dim))
+
+    def forward(self, noise: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([noise, F.one_hot(labels, self.num_classes).to(noise.dtype)], dim=1))
+
+
+def diversity_loss(noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """exp(-mean_{i,j} d_1(G_i, G_j) d_2(eps_i, eps_j)) over all pairs of the batch, d_1 the mean
+    absolute and d_2 the mean squared difference (the official code's ``DiversityLoss('l1')``)."""
+    feature_dist = torch.cdist(features, features, p=1) / features.shape[1]    # 4x faster than broadcasting on CPUs
+    noise_dist = (noise.unsqueeze(0) - noise.unsqueeze(1)).pow(2).mean(dim=2)
+    return torch.exp(-(feature_dist * noise_dist).mean())
+
+
+def label_weights(counts: torch.Tensor) -> torch.Tensor:
+    """[classes, clients] weights of each client's head for samples of each class, from the clients'
+    label counts [clients, classes]: (n_{k,y} + 1) / sum_j (n_{j,y} + 1) (the codes start every
+    count at 1)."""
+    smoothed = counts + 1
+    return (smoothed / smoothed.sum(dim=0, keepdim=True)).T
+
+
+def ensemble_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The generator's teacher loss: sum_k mean_i w[y_i, k] CE(logits[k, i], y_i), ``logits``
+    [clients, batch, classes] the clients' heads on the generated features."""
+    k, b, c = logits.shape
+    ce = F.cross_entropy(logits.reshape(k * b, c), labels.repeat(k), reduction="none").view(k, b)
+    return (ce * weights[labels].T).mean(dim=1).sum()
+
+
+def decayed(weight: float, decay: float, rnd: int) -> float:
+    """A client weight in round ``rnd`` (0-based): max(1e-4, weight * decay^rnd); 0 stays 0."""
+    return max(WEIGHT_FLOOR, weight * decay ** rnd) if weight > 0 else 0.0
+
+
+def head_size(setup: Setup) -> int:
+    return sum(p.numel() for p in setup.new_model().model.classifier.parameters())
+
+
+def new_generator(options: Any, setup: Setup) -> FlatModel:
+    net = FeatureGenerator(options.noise_dim, options.hidden_dim, setup.num_classes, setup.feature_dim)
+    return FlatModel(net.to(setup.device))
+
+
+class FedGenServer(Server):
+    """Averages the models as FedAvg; before that, trains the generator for ``generator_steps``
+    Adam steps against the round's client heads (count-weighted teacher loss + diversity loss)."""
+
+    def __init__(self, options, setup, tools) -> None:
+        super().__init__(options, setup, tools)
+        init_seed, draw_seed = np.random.SeedSequence([setup.seed, 0xFED6E]).generate_state(2)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(init_seed))
+            self.generator = new_generator(options, setup)
+        self.rng = torch.Generator().manual_seed(int(draw_seed))
+        self.optimizer = torch.optim.Adam(self.generator.model.parameters(), lr=options.generator_lr,
+                                          weight_decay=GENERATOR_WEIGHT_DECAY)
+        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=GENERATOR_LR_DECAY)
+        self.head = tools.flat.model.classifier
+        self.figures: dict[str, float] = {}
+
+    def downlink(self, rnd, weights):
+        return {"generator": self.generator.floats}
+
+    def aggregate(self, rnd, weights, replies):
+        self.train_generator(replies.rows["head"].to(self.setup.device), replies.rows["label_counts"].to(self.setup.device))
+        return super().aggregate(rnd, weights, replies)
+
+    def head_params(self, rows: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Each client's head parameters, by name, as views of its uplink row."""
+        heads = []
+        for row in rows:
+            params, offset = {}, 0
+            for name, p in self.head.named_parameters():
+                params[name] = row[offset: offset + p.numel()].view_as(p)
+                offset += p.numel()
+            heads.append(params)
+        return heads
+
+    def train_generator(self, head_rows: torch.Tensor, counts: torch.Tensor) -> None:
+        heads = self.head_params(head_rows)
+        weights = label_weights(counts)
+        qualified = torch.nonzero(counts.sum(dim=0) > 0).flatten().cpu()
+        size, device = self.setup.train.batch_size, self.setup.device
+        gen = self.generator.model.train()
+        teacher_sum = diversity_sum = 0.0
+        for _ in range(self.options.generator_steps):
+            y = qualified[torch.randint(len(qualified), (size,), generator=self.rng)].to(device)
+            noise = torch.rand(size, self.options.noise_dim, generator=self.rng).to(device)
+            z = gen(noise, y)
+            logits = torch.stack([functional_call(self.head, params, (z,)) for params in heads])
+            teacher = ensemble_loss(logits, y, weights)
+            diversity = diversity_loss(noise, z)
+            self.optimizer.zero_grad()
+            (teacher + DIVERSITY_WEIGHT * diversity).backward()
+            self.optimizer.step()
+            teacher_sum = teacher_sum + teacher.detach()
+            diversity_sum = diversity_sum + diversity.detach()
+        self.scheduler.step()
+        steps = max(self.options.generator_steps, 1)
+        self.figures = {"generator_teacher_loss": round(float(teacher_sum) / steps, 6),
+                        "generator_diversity_loss": round(float(diversity_sum) / steps, 6)}
+
+    def log(self) -> dict[str, Any]:
+        return self.figures
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.floats.cpu().clone(), "ints": self.generator.ints.cpu().clone(),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "scheduler": self.scheduler.state_dict(),
+                "rng": self.rng.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.load(state["generator"].to(self.setup.device), state["ints"].to(self.setup.device))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rng.set_state(state["rng"])
+
+
+class FedGenClient(Client):
+    """CE + alpha_t CE(head(G(eps, y_hat)), y_hat) + beta_t KL(softmax(head(G(eps', y))) || softmax(logits));
+    sends its head and the label counts of the batches it trained on."""
+
+    def __init__(self, options, setup) -> None:
+        super().__init__(options, setup)
+        self.generator = new_generator(options, setup)
+        self.generator.model.eval()
+
+    def round_start(self, rnd, down):
+        self.generator.load(down["generator"])
+        regularise = rnd > 0         # round 1's generator is untrained
+        self.alpha = decayed(self.options.alpha, self.options.decay, rnd) if regularise else 0.0
+        self.beta = decayed(self.options.beta, self.options.decay, rnd) if regularise else 0.0
+
+    def train(self, ctx):
+        self.label_counts = torch.zeros(self.setup.num_classes, device=self.setup.device)
+        super().train(ctx)
+
+    @torch.no_grad()
+    def generate(self, labels: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+        noise = torch.rand(len(labels), self.options.noise_dim, generator=rng).to(self.setup.device)
+        return self.generator.model(noise, labels)
+
+    def loss(self, ctx, batch, out):
+        self.label_counts += F.one_hot(batch.y, self.setup.num_classes).sum(dim=0)
+        loss = F.cross_entropy(out.logits, batch.y)
+        if self.alpha > 0:
+            sampled = torch.randint(self.setup.num_classes, (self.setup.train.batch_size,), generator=ctx.generator)
+            sampled = sampled.to(self.setup.device)
+            loss = loss + self.alpha * F.cross_entropy(ctx.model.head(self.generate(sampled, ctx.generator)), sampled)
+        if self.beta > 0:
+            target = F.softmax(ctx.model.head(self.generate(batch.y, ctx.generator)), dim=1).detach()
+            loss = loss + self.beta * F.kl_div(F.log_softmax(out.logits, dim=1), target, reduction="batchmean")
+        return loss
+
+    def uplink(self, ctx):
+        head = torch.cat([p.detach().reshape(-1) for p in ctx.model.classifier.parameters()])
+        return {**super().uplink(ctx), "head": head, "label_counts": self.label_counts}
+
+
+@ALGORITHMS.register("fedgen")
+class FedGen(Algorithm):
+    """FedGen (Zhu, Hong, Zhou, ICML 2021): a server-side generator of features, trained against the
+    clients' classifiers, regularises local training; models averaged as in FedAvg.
+
+    Equation numbers are those of the arXiv version (2105.10056); the paper's text is not among
+    ../shared/papers, so the details below follow the official code.
+
+    Server (Alg. 1; the generator's objective, Eq. 4): after local training each client sends
+    its head (the classifier's parameters) and its label counts, one row per client. The server
+    trains G(eps, y) -> feature space (the classifier's input) for ``generator_steps`` Adam
+    steps: each step draws a batch of labels uniformly from those some round client holds
+    and eps ~ U[0, 1)^noise_dim, and minimises the count-weighted teacher loss
+    sum_k mean_i w_{y_i,k} CE(head_k(G(eps_i, y_i)), y_i), w_{y,k} = (n_{k,y} + 1) /
+    sum_j (n_{j,y} + 1), plus the diversity loss exp(-mean_{i,j} |G_i - G_j|_1 |eps_i - eps_j|_2^2)
+    (dimension-averaged distances) with weight 1. (Eq. 4 writes the loss of the clients'
+    averaged logits; both official codes minimise this count-weighted sum of the clients'
+    cross-entropies instead.) Then the models are averaged as FedAvg does, and the generator
+    goes down with the next round's global model.
+
+    Client (the regularised local objective, Eq. 5, and the official code's latent term): from
+    round 2 on (round 1's generator is untrained), each batch adds
+    alpha_t * CE(head(G(eps, y_hat)), y_hat) on ``train.batch_size`` generated features with labels
+    y_hat drawn uniformly from all classes (FedGen's ``available_labels``), and
+    beta_t * KL(softmax(head(G(eps', y))) || softmax(logits)) on the batch's own labels y (the
+    official code's ``generative_beta`` term; the target is detached). The generator is frozen
+    on clients (eval mode: BatchNorm running statistics), so the first term trains only the head.
+    Both weights decay per round: w_t = max(1e-4, w * decay^t), t the 0-based round.
+
+    Choices, where the paper is silent, from the official code (github.com/zhuangdizhu/FedGen:
+    ``serverpFedGen.py``, ``userpFedGen.py``, ``generator.py``, ``model_config.py``) and FedGKD's
+    reimplementation used for its Table 3 (github.com/CGCL-codes/FedGKD, ``master_fedgen.py``,
+    ``worker_fedgen.py``, ``generator.py``): one hidden layer of ``hidden_dim`` = 512 and
+    ``noise_dim`` = 64 (both codes' CIFAR generator); ``generator_steps`` = 50 per round (10 x 5
+    teacher iterations) with batches of ``train.batch_size`` (both codes pass the training batch
+    size); Adam lr 1e-4 (FedGKD's code, FedGen's for EMNIST; 3e-4 for its MNIST), betas
+    (0.9, 0.999), weight decay 1e-2, learning rate x 0.98 after every round; no adversarial
+    student term (ensemble_beta = 0 in every configuration); the label counts are those of the
+    batches the client trained on this round (as both codes count them), plus one in
+    the weights; the generated batch equals the training batch (gen_ratio 1, FedGen's default
+    sizes); the decay 0.98 from round 1 (FedGen's ``exp_lr_scheduler``; FedGKD's code counts
+    rounds from 1). Defaults alpha = beta = 10 are FedGen's code's for MNIST; FedGKD's
+    reimplementation drops the beta term (``beta: 0``) and sets alpha per data set (0.1 CIFAR-10,
+    1 CIFAR-100, 0.1 Tiny-ImageNet, whose generator is 2048 wide with 2048 noise dimensions; see
+    configs/papers/fedgkd). FedGen's ``early_stop`` (no regulariser after 20 local epochs) is
+    not implemented (no table runs more than 20). The server's draws come from its own
+    generator seeded by ``run.seed``, so MPI and debug runs agree.
+    """
+
+    @dataclass
+    class Options:
+        alpha: float = opt(10.0, "weight of the generated-feature cross-entropy (FedGen's generative_alpha)", min=0)
+        beta: float = opt(10.0, "weight of the KL term towards the generator's features of the batch's labels "
+                                "(FedGen's generative_beta; FedGKD's code: 0)", min=0)
+        decay: float = opt(0.98, "per-round decay of alpha and beta", min=0, max=1)
+        noise_dim: int = opt(64, "dimension of the generator's uniform noise", min=1)
+        hidden_dim: int = opt(512, "width of the generator's hidden layer", min=1)
+        generator_steps: int = opt(50, "server Adam steps on the generator per round", min=0)
+        generator_lr: float = opt(1e-4, "the generator's Adam learning rate", min=0, exclusive_min=True)
+
+    Server = FedGenServer
+    Client = FedGenClient
+
+    def messages(self):
+        s = self.setup
+        with torch.device("meta"):
+            generator = FeatureGenerator(self.options.noise_dim, self.options.hidden_dim, s.num_classes, s.feature_dim)
+        floats = sum(t.numel() for t in [*generator.parameters(), *generator.buffers()] if t.is_floating_point())
+        return super().messages().extend(down={"generator": (floats,)},
+                                         up={"head": per_client(head_size(s)), "label_counts": per_client(s.num_classes)})

@@ -1,0 +1,232 @@
+"""Figures and tables from finished runs: ``python -m mpifed.report RUNS_OR_TABLE... --out DIR``.
+
+    python -m mpifed.report configs/repro/fedntd/table1.table.yaml --out report/     # a table's runs
+    python -m mpifed.report runs/fedntd-table1 runs/my-run --out report/ --format pdf
+
+Each input is a table file (its runs under ``--runs-root``, with ``--set`` picking the
+configuration as ``python -m mpifed.table`` does), a run directory, or a folder of run
+directories. Runs are grouped into methods: a table's methods, or for directories the run's
+name without ``-s<seed>``; runs of different configurations are never put in one group.
+For every setting (a table's setting, or the folder that holds the runs) it writes:
+
+    <setting>-curves.<fmt>      test accuracy and loss against round, one line per method,
+                                mean ± sample std over the seeds as a band
+    <setting>-per-class.<fmt>   the final model's per-class test accuracy (methods x classes)
+
+and for all inputs ``table.md``, ``table.csv`` and ``table.tex``: the table in its metric
+(a table file's, else ``--metric``), mean ± sample std (n - 1) with n.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import yaml
+
+from mpifed import config, results
+from mpifed.rundir import RunDir
+from mpifed.table import Summary, finished_runs, load_table, resolve, stored_identity, tabulate
+
+if TYPE_CHECKING:
+    from mpifed.plots import Curve
+
+FORMATS = ("png", "pdf", "svg")
+_SEED_SUFFIX = re.compile(r"-s\d+(-[0-9a-f]{10})?$")
+
+
+class ReportError(ValueError):
+    """An input cannot be reported on."""
+
+
+@dataclass
+class Collection:
+    """Finished run directories per (setting, method), the runs left out and why, the metric."""
+
+    title: str
+    metric: results.Metric
+    groups: dict[tuple[str, str], list[Path]] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
+
+
+def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results.Metric | None) -> Collection:
+    """Group the runs of every input (see the module docstring)."""
+    titles = []
+    out = Collection("", metric or results.Metric())
+    for item in inputs:
+        path = Path(item)
+        if path.name.endswith(".table.yaml"):
+            table = load_table(path, runs_root)
+            resolve(table, extra)
+            groups, left_out, _ = finished_runs(table)
+            for key, runs in groups.items():
+                out.groups.setdefault(key, []).extend(runs)
+            out.left_out += left_out
+            titles.append(table.title)
+            if metric is None:
+                out.metric = table.metric
+        elif path.is_dir():
+            _collect_dirs(path, out)
+            titles.append(str(path))
+        else:
+            raise ReportError(f"{item} is neither a table file (*.table.yaml) nor a folder of runs")
+    if not any(out.groups.values()):
+        raise ReportError("no finished runs found in " + ", ".join(inputs)
+                          + (f" (left out: {'; '.join(out.left_out)})" if out.left_out else ""))
+    out.title = "; ".join(titles)
+    return out
+
+
+def _collect_dirs(folder: Path, out: Collection) -> None:
+    """Every run under ``folder`` (itself, or any folder below holding config.yaml), grouped by
+    name without the seed and by configuration without the seed."""
+    found = [folder] if (folder / "config.yaml").exists() else sorted(p.parent for p in folder.rglob("config.yaml"))
+    keyed: dict[tuple[str, str, str], list[Path]] = {}
+    for run in found:
+        held = stored_identity(run)
+        if isinstance(held, str) or held is None:
+            out.left_out.append(f"{run}: {held or 'no config.yaml'}")
+            continue
+        state = (RunDir(run).status() or {}).get("state")  # a dead "running" run reads as failed
+        if state != "finished":
+            out.left_out.append(f"{run}: not finished ({state or 'no status.json'})")
+            continue
+        held["run"].pop("seed", None)
+        keyed.setdefault((run.parent.name, _SEED_SUFFIX.sub("", run.name), config.digest(held)), []).append(run)
+    labels: dict[tuple[str, str], int] = {}
+    for setting, label, _ in keyed:
+        labels[(setting, label)] = labels.get((setting, label), 0) + 1
+    for (setting, label, digest), runs in keyed.items():
+        method = label if labels[(setting, label)] == 1 else f"{label} [{digest[:6]}]"
+        out.groups.setdefault((setting, method), []).extend(runs)
+
+
+# ------------------------------------------------------------------ tables
+def csv_text(s: Summary) -> str:
+    """One line per (setting, method, column): mean, sample std, n, and the runs without a value."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["setting", "method", "column", "unit", "mean", "std", "n", "missing"])
+    for setting in s.settings:
+        for method in s.methods:
+            for column in s.columns:
+                stat = s.cells.get((setting, method, column))
+                if stat is None:
+                    continue
+                unit = "rounds" if column.startswith("T(") else ("%" if s.percent else "")
+                w.writerow([setting, method, column, unit, _num(stat.mean), _num(stat.std), stat.n, stat.missing])
+    return buf.getvalue()
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def latex(s: Summary) -> str:
+    """A booktabs tabular: methods as rows, settings (x columns) as columns."""
+    heads = [s_ if len(s.columns) == 1 else f"{s_}: {c}" for s_ in s.settings for c in s.columns]
+    lines = [f"% {s.title}: {s.metric.label}{' (%)' if s.percent else ''}, mean $\\pm$ sample std over seeds (n)",
+             "\\begin{tabular}{l" + "c" * len(heads) + "}", "\\toprule",
+             "method & " + " & ".join(_tex(h) for h in heads) + " \\\\", "\\midrule"]
+    for m in s.methods:
+        cells = [_tex(s.cell_text(s_, m, c)).replace("±", "$\\pm$") for s_ in s.settings for c in s.columns]
+        lines.append(f"{_tex(m)} & " + " & ".join(cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def _tex(text: str) -> str:
+    return re.sub(r"([_%&#$])", r"\\\1", text)
+
+
+# ------------------------------------------------------------------ figures
+def curve(label: str, runs: list[Path], column: str) -> "Curve | None":
+    """The mean and sample std of ``column`` over ``runs`` at the rounds every run evaluated."""
+    from mpifed.plots import Curve
+    series = [dict(results.evaluations(results.read_rows(r), column)) for r in runs]
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    if not rounds:
+        return None
+    values = np.array([[s[r] for r in rounds] for s in series], dtype=np.float64)
+    std = values.std(axis=0, ddof=1) if len(runs) > 1 else None
+    return Curve(f"{label} (n={len(runs)})", np.array(rounds), values.mean(axis=0), std)
+
+
+def final_per_class(runs: list[Path]) -> np.ndarray | None:
+    """The mean over ``runs`` of the last evaluation's per-class test accuracy."""
+    last = []
+    for r in runs:
+        rows = [row for row in results.read_rows(r) if row.get("per_class_acc") is not None]
+        if rows:
+            last.append([np.nan if a is None else a for a in rows[-1]["per_class_acc"]])
+    if not last or len({len(x) for x in last}) != 1:
+        return None
+    return np.nanmean(np.array(last, dtype=np.float64), axis=0)
+
+
+def figures(c: Collection, out: Path, fmt: str) -> list[Path]:
+    from mpifed import plots
+    written = []
+    for setting in dict.fromkeys(s for s, _ in c.groups):
+        methods = [(m, runs) for (s, m), runs in c.groups.items() if s == setting and runs]
+        panels = [(ylabel, [x for m, runs in methods if (x := curve(m, runs, column)) is not None])
+                  for ylabel, column in (("test accuracy", "test_acc"), ("test loss", "test_loss"))]
+        stem = _slug(setting)
+        if panels[0][1]:
+            written.append(plots.curves(out / f"{stem}-curves.{fmt}", f"{setting}: line, mean over seeds; band, ± sample std", panels))
+        per_class = [(m, v) for m, runs in methods if (v := final_per_class(runs)) is not None]
+        if per_class and len({len(v) for _, v in per_class}) == 1:
+            values = np.stack([v for _, v in per_class])
+            written.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", f"{setting}: final per-class test accuracy",
+                                         values, [m for m, _ in per_class], "class", "method", "test accuracy",
+                                         vmin=0.0, vmax=1.0))
+    return written
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "runs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpifed.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="+", metavar="RUNS_OR_TABLE", help="table files, run directories or folders of runs")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder the figures and tables are written to")
+    p.add_argument("--format", choices=FORMATS, default="png", help="figure format (default: png)")
+    p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
+    p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="a table file's overrides: report the runs made with them (as for python -m mpifed.table)")
+    p.add_argument("--metric", metavar="YAML", help="the table's metric for folders of runs, e.g. best or "
+                   "'{kind: final, rounds_to: [0.8]}' (default: final test accuracy; a table file's own metric wins)")
+    a = p.parse_args(argv)
+    from mpifed import plots
+    try:
+        plots.require()
+        metric = None
+        if a.metric:
+            spec = yaml.safe_load(a.metric)
+            metric = results.Metric.parse({"kind": spec} if spec in results.KINDS else spec)
+        c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric)
+    except (plots.PlotsUnavailable, ReportError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
+        print(f"[mpifed.report] {exc}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = tabulate(c.title, c.metric, c.groups, c.left_out)
+    (out / "table.md").write_text(summary.markdown() + "\n")
+    (out / "table.csv").write_text(csv_text(summary))
+    (out / "table.tex").write_text(latex(summary))
+    written = [out / "table.md", out / "table.csv", out / "table.tex", *figures(c, out, a.format)]
+    print(summary.markdown())
+    print("\nwrote " + ", ".join(str(w) for w in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The command-line tools: the `mpifed` dispatcher, --version and help text on every flag, shipped configs."""
+import argparse
+
+import pytest
+
+from mpifed import __version__, cli, launch, main, packaged, prepare, table
+from mpifed.config import ConfigError, load
+
+TOOLS = {"main": main.main, "prepare": prepare.main, "table": table.main, "launch": launch.main, "cli": cli.main,
+         "config": packaged.main}
+
+
+class Parsed(Exception):
+    """Raised instead of parsing, carrying the parser."""
+
+
+def parser_of(tool, monkeypatch):
+    def grab(self, *args, **kwargs):
+        raise Parsed(self)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
+    with pytest.raises(Parsed) as got:
+        tool(["-n", "2"] if tool is launch.main else [])
+    return got.value.args[0]
+
+
+def actions(parser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from actions(sub)
+        else:
+            yield action
+
+
+@pytest.mark.parametrize("name", sorted(TOOLS))
+def test_every_flag_has_help_and_every_tool_a_version(name, monkeypatch):
+    parser = parser_of(TOOLS[name], monkeypatch)
+    undocumented = [a.option_strings or a.dest for a in actions(parser) if not a.help]
+    assert not undocumented, f"{name}: no help text for {undocumented}"
+    assert any(isinstance(a, argparse._VersionAction) for a in parser._actions)
+
+
+@pytest.mark.parametrize("name", sorted(TOOLS))
+def test_version_prints_the_package_version(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        TOOLS[name](["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"mpifed {__version__}"
+
+
+def test_mpifed_dispatches_to_each_command(monkeypatch):
+    seen = []
+    for name in cli.COMMANDS:
+        monkeypatch.setattr(cli, "command_main", lambda n: (lambda argv: seen.append((n, argv)) or 0))
+        assert cli.main([name, "--config", "x.yaml"]) == 0
+    assert seen == [(n, ["--config", "x.yaml"]) for n in cli.COMMANDS]
+    seen.clear()
+    assert cli.main(["--config", "x.yaml"]) == 0
+    assert seen == [("run", ["--config", "x.yaml"])]
+
+
+def test_a_missing_command_module_is_said_plainly(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, "report", "mpifed.no_such_module")
+    assert cli.main(["report", "runs"]) == 2
+    assert "not available in this installation" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["frobnicate"])
+    assert e.value.code == 2
+
+
+def test_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert packaged.find_config("configs/quickstart.yaml") == packaged.CONFIGS / "quickstart.yaml"
+    assert packaged.find_config("papers/fedntd/base.yaml") == packaged.CONFIGS / "papers" / "fedntd" / "base.yaml"
+    cfg, _ = load(["configs/papers/fedntd/cifar10-shard2.yaml"])
+    assert cfg.data.dataset.name == "cifar10"
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "quickstart.yaml").write_text("train: {rounds: 3}\n")
+    assert load(["configs/quickstart.yaml"])[0].train.rounds == 3          # a local file wins
+    with pytest.raises(ConfigError, match="mpifed config list"):
+        load(["configs/nope.yaml"])
+    assert packaged.main(["copy", "mine"]) == 0
+    assert (tmp_path / "mine" / "papers" / "fedntd" / "table1.table.yaml").is_file()
+    assert packaged.main(["copy", "mine"]) == 2 and "--force" in capsys.readouterr().err

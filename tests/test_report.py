@@ -1,0 +1,93 @@
+"""mpifed.report on hand-written run directories: figures exist, the CSV holds the right numbers,
+configurations are never mixed; prepare --plot; the message when matplotlib is missing."""
+from __future__ import annotations
+
+import csv
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, env, tiny
+from test_tables import fake_run, resolved_config, write_table
+
+from mpifed import plots
+from mpifed.report import main as report_main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+FINALS = {"a": [0.60, 0.64, 0.71], "b": [0.70, 0.75, 0.77]}
+
+
+def hand_written_table(tmp_path):
+    table = write_table(tmp_path / "t", tmp_path / "data", methods="[a.yaml, b.yaml]", seeds="[0, 1, 2]",
+                        metric="{kind: final, rounds_to: [0.65]}")
+    root = tmp_path / "runs" / "t-t"
+    for method, finals in FINALS.items():
+        for seed, last in enumerate(finals):
+            accs = [0.3, 0.5, last]
+            per_class = [[a - 0.1, a + 0.1] for a in accs]
+            fake_run(root / f"s-{method}-s{seed}", resolved_config(table, seed, method=f"{method}.yaml"), accs, per_class)
+    return table
+
+
+def test_report_of_a_table_writes_figures_and_correct_tables(tmp_path, capsys):
+    table = hand_written_table(tmp_path)
+    out = tmp_path / "report"
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    for name in ("s-curves.png", "s-per-class.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 10_000
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    got = {(r["method"], r["column"]): r for r in rows}
+    for method, finals in FINALS.items():
+        cell = got[(method, "final test_acc")]
+        assert float(cell["mean"]) == pytest.approx(100 * statistics.fmean(finals), abs=1e-4)
+        assert float(cell["std"]) == pytest.approx(100 * statistics.stdev(finals), abs=1e-4)
+        assert cell["n"] == "3" and cell["unit"] == "%"
+    assert got[("a", "T(65%)")]["n"] == "1" and got[("a", "T(65%)")]["missing"] == "2"
+    assert float(got[("b", "T(65%)")]["mean"]) == 3 and got[("b", "T(65%)")]["std"] == "0"
+    assert "| a | 65.00 ± 5.57 (n=3) | 3.0 (n=1; not reached in 2) |" in (out / "table.md").read_text()
+    tex = (out / "table.tex").read_text()
+    assert "\\begin{tabular}{lcc}" in tex and "65.00 $\\pm$ 5.57 (n=3)" in tex and "T(65\\%)" in tex
+
+
+def test_report_of_folders_never_mixes_configurations(tmp_path, capsys):
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    root = tmp_path / "runs" / "mine"
+    fake_run(root / "x-s0", resolved_config(table, 0), [0.5, 0.6], [[0.5, 0.7], [0.6, 0.6]])
+    fake_run(root / "x-s1", resolved_config(table, 1), [0.5, 0.8], [[0.5, 0.7], [0.8, 0.8]])
+    fake_run(root / "x-s2", resolved_config(table, 2, "train.lr=0.5"), [0.1, 0.2], [[0.1, 0.1], [0.2, 0.2]])
+    fake_run(root / "x-s3", resolved_config(table, 3), [0.1], state="stopped")
+    out = tmp_path / "report"
+    assert report_main([str(root), "--out", str(out), "--metric", "best", "--format", "svg"]) == 0
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    assert sorted((r["method"].split(" [")[0], r["n"], r["mean"]) for r in rows) == [("x", "1", "20"), ("x", "2", "70")]
+    assert len({r["method"] for r in rows}) == 2                # two configurations, two labelled groups
+    assert "x-s3: not finished (stopped)" in (out / "table.md").read_text()
+    assert (out / "mine-curves.svg").read_text().lstrip().startswith("<?xml")
+    assert (out / "mine-per-class.svg").stat().st_size > 1000
+
+
+def test_report_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
+    table = hand_written_table(tmp_path)
+    monkeypatch.setattr(plots, "plt", None)
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 2
+    assert "pip install 'mpifed[plots]'" in capsys.readouterr().err
+    from mpifed.prepare import main as prepare_main
+    assert prepare_main(tiny(tmp_path) + ["--plot"]) == 2
+    assert "pip install 'mpifed[plots]'" in capsys.readouterr().err
+
+
+def test_prepare_plot_writes_the_partition_heatmap_beside_the_shards(tmp_path, capsys):
+    from mpifed.prepare import main as prepare_main
+    assert prepare_main(tiny(tmp_path) + ["--plot"]) == 0
+    written = list((tmp_path / "data").glob("*/partition.png"))
+    assert len(written) == 1 and (written[0].parent / "manifest.json").exists()
+    assert written[0].read_bytes().startswith(PNG)
+
+
+def test_trainer_and_table_never_import_matplotlib():
+    code = ("import sys, mpifed.main, mpifed.server, mpifed.worker, mpifed.table, mpifed.results, mpifed.prepare; "
+            "sys.exit('matplotlib' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env()).returncode == 0
