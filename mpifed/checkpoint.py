@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from mpifed.rundir import write_then_rename
+
 MAGIC = b"MPIFEDCKPT1\n"
 _NAME = re.compile(r"^round_(\d{6})\.ckpt$")
 
@@ -35,12 +37,8 @@ def save(folder: Path, rounds_done: int, payload: dict[str, Any], keep: int) -> 
     torch.save(payload, buf)
     data = buf.getvalue()
     path = path_for(folder, rounds_done)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + hashlib.sha256(data).digest() + len(data).to_bytes(8, "little") + data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_then_rename(path, path.with_name(path.name + f".tmp{os.getpid()}"),
+                      MAGIC + hashlib.sha256(data).digest() + len(data).to_bytes(8, "little") + data)
     for old in all_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     return path

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mpifed.protocol import Layout
+from mpifed.rundir import write_then_rename
 
 _VERSION = re.compile(r"^r(\d+)\.bin$")
 
@@ -117,12 +118,8 @@ class ClientStates:
     def _write(self, cid: int, entry: _Entry, keep_from: int) -> None:
         folder = self.root / str(cid)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".r{entry.round}.bin.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(entry.buf.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / f"r{entry.round}.bin")
+        write_then_rename(folder / f"r{entry.round}.bin", folder / f".r{entry.round}.bin.tmp{os.getpid()}",
+                          entry.buf.tobytes())
         entry.dirty = False
         needed = [v for v in self._versions(cid) if v < keep_from]
         oldest_needed = needed[-1] if needed else 0

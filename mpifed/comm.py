@@ -39,6 +39,17 @@ class Comm:
         self.timeout_s = timeout_s
         self.poll_s = poll_ms / 1000.0
         self.context: Callable[[], str] = lambda: ""
+        self.on_abort: Callable[[str], None] | None = None  # records why, before an abort ends the job
+
+    def fail(self, message: str) -> None:
+        """End the whole job because of ``message``: print it, let :attr:`on_abort` record it, abort."""
+        sys.stderr.write(message)
+        if self.on_abort is not None:
+            try:
+                self.on_abort(message.strip())
+            except Exception as exc:  # recording is best effort; the abort must happen
+                sys.stderr.write(f"[mpifed] could not record the failure: {exc}\n")
+        self.abort(1)
 
     def world_rank(self, rank: int) -> int:
         return rank
@@ -112,10 +123,9 @@ class MpiComm(Comm):
             if waited > limit:
                 lost = ", ".join(str(self.world_rank(r)) for r in missing())
                 extra = self.context()
-                sys.stderr.write(
+                self.fail(
                     f"\n[mpifed] rank {self.world_rank(self.rank)}: rank(s) {lost} did not reach '{what}' within "
                     f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died. Ending the job.{extra}\n")
-                self.abort(1)
             time.sleep(pause)
         return time.perf_counter() - start
 
@@ -144,10 +154,9 @@ class MpiComm(Comm):
         limit = self._limit()
 
         def stuck() -> None:
-            sys.stderr.write(f"\n[mpifed] rank {self.world_rank(self.rank)}: '{what}' has not completed after "
-                             f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died during "
-                             f"the transfer. Ending the job.{self.context()}\n")
-            self.abort(1)
+            self.fail(f"\n[mpifed] rank {self.world_rank(self.rank)}: '{what}' has not completed after "
+                      f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died during "
+                      f"the transfer. Ending the job.{self.context()}\n")
 
         timer = threading.Timer(limit, stuck)
         timer.daemon = True

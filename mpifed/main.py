@@ -6,6 +6,7 @@ and all clients in one process, the same round code, the same results.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import os
@@ -22,7 +23,7 @@ import yaml
 # numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
 from mpifed import __version__, config, signals
 from mpifed.registry import RegistryError
-from mpifed.rundir import RunDir
+from mpifed.rundir import MARKER, RunDir, RunLocked, check_run_name, release_locks
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +102,12 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         raise RunError("--resume without a run directory continues run.root/run.name, but run.name is not set: "
                        "give the directory (--resume runs/<name>) or the name (--set run.name=<name>)")
     if run_path is None:
-        if cfg.run.name is None:
+        if cfg.run.name is not None:
+            try:
+                check_run_name(cfg.run.name)
+            except ValueError as exc:
+                raise RunError(str(exc)) from None
+        else:
             stem = Path(args.config[-1]).stem if args.config else "quickstart"
             d["run"]["name"] = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_path = Path(cfg.run.root) / d["run"]["name"]
@@ -109,11 +115,15 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         d["run"]["name"], d["run"]["root"] = run_path.name, str(run_path.parent)
     cfg = config.build(d)
     run = RunDir(run_path)
+    if args.show_config:
+        return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": False}
+    _take_lock(run)
     resume_from = None
     if args.resume is not None:
+        status = run.status()
         resume_from = checkpoint.latest(run.checkpoints)
-        if resume_from is not None:
-            state = checkpoint.load(resume_from)
+        state = checkpoint.load(resume_from) if resume_from is not None else None
+        if state is not None:
             if state["rounds_done"] > cfg.train.rounds:
                 raise RunError(f"cannot resume {run_path} with train.rounds={cfg.train.rounds}: it has already "
                                f"completed {state['rounds_done']} rounds. Set train.rounds to at least that")
@@ -121,13 +131,40 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             if changed:
                 raise RunError(f"cannot resume {run_path}: these settings differ from the checkpoint and change the "
                                f"results: {', '.join(changed)}. Undo them, or start a new run (another run.name)")
-    elif run.holds_run() and not args.show_config:
+            if status is not None and status["state"] == "finished" and state["rounds_done"] == cfg.train.rounds:
+                return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": True,
+                        "nothing_to_do": f"[mpifed] {run_path} is finished ({cfg.train.rounds} rounds): nothing to "
+                                         f"resume, nothing changed. To train it further, resume with "
+                                         f"--set train.rounds=<more than {cfg.train.rounds}>"}
+        if status is not None and status.get("error"):
+            print(f"[mpifed] {run_path} had failed ({status['error']}); resuming it", flush=True)
+        removed = run.remove_temporary()
+        if removed:
+            print(f"[mpifed] removed {len(removed)} temporary file(s) a failed write left in {run_path}", flush=True)
+    elif run.holds_run():
         if not args.overwrite:
             raise RunError(f"{run_path} already holds a run. Continue it with --resume {run_path}, start a new one "
                            f"with --set run.name=<new name>, or replace it with --overwrite")
-        shutil.rmtree(run_path)
+        if not run.made_by_mpifed():
+            raise RunError(f"--overwrite refused: {run_path} lacks the {MARKER} file that marks a directory mpifed "
+                           f"made, so it is not deleted. Remove it yourself if it is a run, or choose another run.name")
+        run.clear()
     return {"config": d, "run_path": str(run_path), "resume_from": str(resume_from) if resume_from else None,
             "resuming": args.resume is not None}
+
+
+def _take_lock(run: RunDir) -> None:
+    """Hold the run directory's lock (for this process's life), or say plainly why not."""
+    try:
+        warning = run.lock()
+    except RunLocked as exc:
+        raise RunError(str(exc)) from None
+    except OSError as exc:
+        raise RunError(f"cannot create the run directory {run.path} ({exc.strerror}): run.root={run.path.parent} "
+                       f"must be a folder you can write to (not a file, not under /proc or /sys); "
+                       f"set run.root=<folder>") from None
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,12 +198,28 @@ def main(argv: list[str] | None = None) -> int:
             if size > 1:
                 w.abort(2)
             return 2
-        except BaseException:
-            sys.stderr.write(f"[mpifed] rank {rank} failed:\n{traceback.format_exc()}")
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                return _crashed(w, rank, size)
+            sys.stderr.write(f"[mpifed] rank {rank}: {exc.strerror} writing {exc.filename or 'a file'}: free space "
+                             f"there, then continue the run with --resume (it restarts from the last complete "
+                             f"checkpoint)\n")
             if size > 1:
-                sys.stderr.write(f"[mpifed] rank {rank}: ending the whole job (MPI Abort)\n")
-                w.abort(1)
-            return 1
+                w.abort(2)
+            return 2
+        except BaseException:
+            return _crashed(w, rank, size)
+        finally:
+            release_locks()
+
+
+def _crashed(w: "Comm", rank: int, size: int) -> int:
+    """Report an unexpected error with its traceback and end the job."""
+    sys.stderr.write(f"[mpifed] rank {rank} failed:\n{traceback.format_exc()}")
+    if size > 1:
+        sys.stderr.write(f"[mpifed] rank {rank}: ending the whole job (MPI Abort)\n")
+        w.abort(1)
+    return 1
 
 
 def load_plugin(spec: str) -> None:
@@ -203,10 +256,27 @@ def _agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> A
     return outcome[1]
 
 
+def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Exception], ...]) -> None:
+    """Every rank does its share of ``work()`` (``what``); if any fails, all stop with the first error
+    (printed by rank 0)."""
+    try:
+        work()
+        mine = None
+    except errors as exc:
+        mine = str(exc)
+    w.sync(what)
+    found = w.gather_object(mine)
+    first = w.bcast_object(next((e for e in found if e), None) if rank == 0 else None)
+    if first:
+        if rank == 0:
+            sys.stderr.write(f"[mpifed] {first}\n")
+        raise _Exit(2)
+
+
 def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
          errors: tuple[type[Exception], ...]) -> int:
     from mpifed.comm import Comm, MpiComm
-    from mpifed.data.prepared import Manifest, ensure_prepared, verify_files
+    from mpifed.data.prepared import Manifest, ensure_prepared, verify_client_shards, verify_files
     from mpifed.protocol import RoundProtocol, build_layouts
 
     resolved = _agree(w, rank, lambda: resolve(args), errors)
@@ -215,7 +285,12 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         if rank == 0:
             print(yaml.safe_dump(resolved["config"], sort_keys=False))
         return 0
+    if resolved.get("nothing_to_do"):
+        if rank == 0:
+            print(resolved["nothing_to_do"], flush=True)
+        return 0
     run = RunDir(Path(resolved["run_path"]))
+    w.on_abort = lambda reason: _mark_failed(run, reason)
     w.timeout_s, w.poll_s = cfg.comm.timeout_s, cfg.comm.poll_ms / 1000.0
 
     def prepare() -> str:
@@ -225,6 +300,9 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
 
     manifest = Manifest.load(Path(_agree(w, rank, prepare, errors)))
     is_server, has_worker = rank == 0, rank > 0 or size == 1
+    workers, worker_index = max(size - 1, 1), rank - 1 if size > 1 else 0
+    _all_agree(w, rank, "check of the client shards",
+               lambda: verify_client_shards(manifest, worker_index, workers) if has_worker else None, errors)
     device, threads, host = _place(cfg, comm, rank, size)
     algo, setup = make_algorithm(cfg, manifest, device)
     layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
@@ -238,21 +316,20 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         sub = comm.Split(1 if rank > 0 else MPI.UNDEFINED, rank)
         if rank > 0:
             peers = MpiComm(sub, cfg.comm.timeout_s, cfg.comm.poll_ms)
+            peers.on_abort = w.on_abort
 
     worker = None
     if has_worker:
-        worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, rank - 1 if size > 1 else 0,
-                             max(size - 1, 1))
+        worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, worker_index, workers)
     if not is_server:
         try:
             RoundProtocol(layouts, w, peers, None, worker, setup.clients_per_round).run()
         except BaseException as exc:
-            if run.path.is_dir():
-                _mark_failed(run, f"rank {rank}: {type(exc).__name__}: {exc}")
+            _mark_failed(run, f"rank {rank}: {type(exc).__name__}: {exc}")
             raise
         return 0
 
-    server = make_server(cfg, resolved, algo, setup, manifest, transform, run, max(size - 1, 1))
+    server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers)
     _log_start(run, cfg, manifest, size, ranks)
     w.context = server.describe_checkpoint
 
@@ -260,8 +337,10 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         why = {"SIGUSR1": " (a scheduler's warning)",
                "SIGTERM": " (preemption, or the launcher ending the job after a rank failed)"}.get(name, "")
         again = f"; a second {name} ends the job at once" if name in ("SIGINT", "SIGTERM") else ""
+        lost = (" If a rank has failed, the launcher ends the job at once instead, and the run continues from the "
+                "last checkpoint." if name == "SIGTERM" else "")
         sys.stderr.write(f"\n[mpifed] rank 0 received {name}{why}: finishing the current round, then writing a "
-                         f"checkpoint and stopping{again}.{server.describe_checkpoint()}\n")
+                         f"checkpoint and stopping{again}.{lost}{server.describe_checkpoint()}\n")
         sys.stderr.flush()
 
     signals.on_signal(on_signal)
@@ -380,10 +459,19 @@ def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int,
 
 
 def _mark_failed(run: RunDir, error: str) -> None:
-    """Record in status.json that the run failed, with the checkpoint to resume from."""
+    """Record in status.json (and log.txt) that the run failed, with the reason and the checkpoint to
+    resume from. Best effort: a failure to write (a full disk) is reported, never raised."""
     from mpifed import checkpoint
+    if not run.path.is_dir():
+        return
     latest = checkpoint.latest(run.checkpoints)
-    run.write_json("status.json", {"state": "failed", "error": error, "checkpoint": str(latest) if latest else None})
+    try:
+        with open(run.path / "log.txt", "a") as log:
+            log.write(f"{time.strftime('%H:%M:%S')} [mpifed] failed: {error}\n")
+        run.write_json("status.json", {"state": "failed", "error": error, "checkpoint": str(latest) if latest else None})
+    except OSError as exc:
+        sys.stderr.write(f"[mpifed] could not record the failure in {run.path}/status.json ({exc.strerror}); "
+                         f"readers treat the run as failed once its processes have ended\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import numpy as np
 import yaml
 
 from mpifed import config, results
+from mpifed.rundir import RunDir
 from mpifed.table import Summary, finished_runs, load_table, resolve, stored_identity, tabulate
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
         if isinstance(held, str) or held is None:
             out.left_out.append(f"{run}: {held or 'no config.yaml'}")
             continue
-        state = results.read_json(run / "status.json").get("state")
+        state = (RunDir(run).status() or {}).get("state")  # a dead "running" run reads as failed
         if state != "finished":
             out.left_out.append(f"{run}: not finished ({state or 'no status.json'})")
             continue

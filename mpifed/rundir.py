@@ -9,26 +9,76 @@
     log.txt          what rank 0 printed, plus each rank's host and device
     checkpoints/     see checkpoint.py
     client_state/    see client_state.py
+    .mpifed-run      marks a directory mpifed made (only such a directory is replaced by --overwrite)
+    .lock            held (an OS lock) by the server rank while the run is in progress
+
+A run name is one path component of letters, digits and ``._+-@=`` (not starting with a
+dot), so a run never writes outside ``run.root``.
+
+The lock is a POSIX record lock (``fcntl``) on ``.lock``: the kernel releases it when the
+holder dies, however it dies, so a killed run leaves no stale lock. POSIX locks are
+coherent across the nodes of NFS (NLM for v3, built into v4) and of Lustre mounted with
+``-o flock``; where the file system refuses locks the run goes on with a warning.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import re
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
+MARKER = ".mpifed-run"
+LOCK = ".lock"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+@=-]*$")
+_TEMPORARY = re.compile(r"^(\..+\.tmp\d+|.+\.ckpt\.tmp\d+|\.r\d+\.bin\.tmp\d+)$")
+_held: dict[Path, int] = {}  # run directory -> descriptor of its lock file, for the locks this process holds
+
+
+class RunLocked(RuntimeError):
+    """Another live process holds the run directory."""
+
+
+def release_locks() -> None:
+    """Release every run lock this process holds (at the end of a run)."""
+    for path in list(_held):
+        RunDir(path).unlock()
+
+
+def check_run_name(name: str) -> None:
+    """Raise ValueError unless ``name`` is one safe path component."""
+    if len(name) > 200 or not _SAFE_NAME.match(name):
+        raise ValueError(f"run.name={name!r} is not allowed: a run name is one folder name of letters, digits and "
+                         f"._+@=- (not starting with a dot, no '/'), e.g. run.name=cifar10-fedavg-s0; "
+                         f"choose the parent folder with run.root")
+
 
 def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file beside ``path``, then rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write to a temporary file beside ``path``, then rename it over ``path``; on failure (a full
+    disk) the temporary file is removed and ``path`` is left as it was."""
+    write_then_rename(path, path.with_name(f".{path.name}.tmp{os.getpid()}"),
+                      data.encode() if isinstance(data, str) else data)
+
+
+def write_then_rename(path: Path, tmp: Path, data: bytes) -> None:
+    """Write ``data`` to ``tmp``, flush it to disk and rename it to ``path``; ``tmp`` never outlives a failure."""
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(tmp)
+        raise
 
 
 class RunDir:
@@ -41,10 +91,102 @@ class RunDir:
 
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / MARKER).touch()
         self._log = open(self.path / "log.txt", "a", buffering=1)
 
     def holds_run(self) -> bool:
         return (self.path / "config.yaml").exists()
+
+    def made_by_mpifed(self) -> bool:
+        return (self.path / MARKER).is_file()
+
+    def lock(self) -> str | None:
+        """Take the run's exclusive lock for the life of this process (or until :meth:`unlock`).
+
+        Raises :class:`RunLocked` naming the holder's host and pid when a live process holds it.
+        Returns a warning where the file system does not support locks (the run goes on unlocked)."""
+        if self._key() in _held:
+            raise RunLocked(f"{self.path} is in use by this process already")
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                raise RunLocked(f"{self.path} is in use by another run ({self.lock_holder()}). Wait for it to end, "
+                                f"stop it, or choose another run.name") from None
+            return (f"[mpifed] warning: cannot lock {self.path / LOCK} ({exc.strerror}): the file system does not "
+                    f"support file locks (Lustre needs the 'flock' mount option), so a second run with the same "
+                    f"name at the same time would not be refused")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode(), 0)
+        _held[self._key()] = fd
+        return None
+
+    def unlock(self) -> None:
+        fd = _held.pop(self._key(), None)
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _key(self) -> Path:
+        return self.path.resolve()
+
+    def lock_holder(self) -> str:
+        """"host H pid P" of the run's lock holder, from the lock file."""
+        try:
+            who = json.loads((self.path / LOCK).read_text())
+            return f"host {who['host']} pid {who['pid']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "holder unknown"
+
+    def in_progress(self) -> bool:
+        """Whether a live process holds the run's lock (this one included)."""
+        if self._key() in _held:
+            return True
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            # only a test: this process holds no lock on this file, so closing fd releases nothing of its own
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except OSError as exc:
+            return exc.errno in (errno.EACCES, errno.EAGAIN)
+        finally:
+            os.close(fd)
+
+    def status(self) -> dict[str, Any] | None:
+        """status.json as a reader should believe it: a ``running`` run whose lock holder is gone
+        (killed, node lost) is reported ``failed``, with the reason. None where there is no status."""
+        status = self.read_json("status.json")
+        if status is None or not isinstance(status.get("state"), str):
+            return None
+        if status["state"] == "running" and not self.in_progress():
+            status = {**status, "state": "failed",
+                      "error": "the run's processes ended without recording why (killed, or their node was lost)"}
+        return status
+
+    def remove_temporary(self) -> list[Path]:
+        """Delete temporary files a crashed writer left behind (in the run directory, checkpoints/ and
+        client_state/); returns them."""
+        found = [p for folder in (self.path, self.checkpoints, *self.client_state.glob("*"))
+                 if folder.is_dir() for p in folder.iterdir() if p.is_file() and _TEMPORARY.match(p.name)]
+        for p in found:
+            p.unlink(missing_ok=True)
+        return found
+
+    def clear(self) -> None:
+        """Delete everything in the directory but its lock (for --overwrite, with the lock held)."""
+        import shutil
+        for p in self.path.iterdir():
+            if p.name == LOCK:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
 
     def log(self, message: str) -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -81,9 +223,10 @@ class RunDir:
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
-            return json.loads((self.path / name).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = json.loads((self.path / name).read_text())
+        except (OSError, ValueError):
             return None
+        return data if isinstance(data, dict) else None
 
     def close(self) -> None:
         if self._log is not None:

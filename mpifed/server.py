@@ -126,15 +126,21 @@ class RoundServer:
             self._save_model()
         self._write_summary(rounds_done, "finished" if finished else "stopped")
         if not finished:
-            self.run_dir.log(f"[mpifed] stopped after round {rounds_done} on {self._stop_reason()}; "
-                             f"resume with --resume {self.run_dir.path} (checkpoint {self.last_checkpoint})")
+            if rounds_done == 0:
+                self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
+                                 f"--resume {self.run_dir.path} starts the run from round 1")
+            else:
+                self.run_dir.log(f"[mpifed] stopped after round {rounds_done} on {self._stop_reason()}; resume with "
+                                 f"--resume {self.run_dir.path} (checkpoint {self.last_checkpoint})")
             self.exit_code = EXIT_STOPPED
 
     # ------------------------------------------------------------ bookkeeping
     def _stop_reason(self) -> str:
         if received():
-            return ", ".join(received())
-        return "; ".join(f"{', '.join(names)} received by rank {rank}" for rank, names in self.worker_stops)
+            return ", ".join(received()) + " received by rank 0"
+        by_workers = [f"{', '.join(names)} received by rank {rank}" for rank, names in self.worker_stops if names]
+        return "; ".join(by_workers) or "a stop request"
+
 
     def _record(self, plan: RoundPlan, t: dict[str, float]) -> None:
         reports = self.replies.clients

@@ -30,6 +30,7 @@ import yaml
 
 from mpifed import __version__, config, results
 from mpifed.packaged import find_config
+from mpifed.rundir import RunDir
 
 
 @dataclass
@@ -147,8 +148,9 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
 
 
 def status(run: TableRun) -> str:
-    state = results.read_json(run.path / "status.json").get("state")
-    return state if isinstance(state, str) else "new"
+    """The run's state as :meth:`RunDir.status` reads it (a dead ``running`` run is ``failed``); ``new`` without one."""
+    found = RunDir(run.path).status()
+    return found["state"] if found else "new"
 
 
 def _siblings(run: TableRun) -> list[Path]:

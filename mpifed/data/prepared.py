@@ -26,6 +26,7 @@ import numpy as np
 from mpifed.config import Config, diff_keys, digest, to_dict
 from mpifed.registry import DATASETS, PARTITIONS
 from mpifed.data.partitions import PartitionError, hold_out_per_class, split_summary
+from mpifed.data.fingerprint import fingerprint, first_change
 from mpifed.data.raw import RawData
 from mpifed.data.shards import ShardError, read_shard, write_shard
 
@@ -56,6 +57,7 @@ class Manifest:
     test_group_counts: np.ndarray
     server_size: int
     stats: dict[str, Any]
+    raw_inputs: dict[str, Any] | None = None  # the fingerprint of the raw files (see fingerprint.py)
 
     @property
     def num_clients(self) -> int:
@@ -81,11 +83,19 @@ class Manifest:
             raise PreparedDataError(f"{root} holds no manifest.json; prepare it with python -m mpifed.prepare --config <config>") from None
         except json.JSONDecodeError as exc:
             raise PreparedDataError(f"{path} is corrupt ({exc}); re-prepare with python -m mpifed.prepare --config <config> --force") from None
+        except OSError as exc:
+            raise PreparedDataError(f"cannot read {path} ({exc.strerror}); re-prepare with python -m mpifed.prepare "
+                                    f"--config <config> --force") from None
+        if not isinstance(m, dict):
+            raise PreparedDataError(f"{path} is malformed (not a JSON object); re-prepare with python -m mpifed.prepare "
+                                    f"--config <config> --force")
         if m.get("format") != FORMAT:
             raise PreparedDataError(f"{root} was prepared by another mpifed version (format {m.get('format')}); re-prepare with --force")
         try:
-            return Manifest._from_json(root, m)
-        except (KeyError, TypeError, ValueError) as exc:
+            manifest = Manifest._from_json(root, m)
+            manifest._check()
+            return manifest
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PreparedDataError(f"{path} is incomplete or malformed ({type(exc).__name__}: {exc}); "
                                     "re-prepare with python -m mpifed.prepare --config <config> --force") from None
 
@@ -99,7 +109,28 @@ class Manifest:
             test_size=m["test"]["num_samples"], test_class_counts=np.array(m["test"]["class_counts"], dtype=np.int64),
             group_names=m["test"]["group_names"], test_group_counts=np.array(m["test"]["group_counts"], dtype=np.int64),
             server_size=m["server"]["num_samples"] if m["server"] else 0,
-            stats=m["stats"])
+            stats=m["stats"], raw_inputs=m.get("raw_inputs"))
+
+    def _check(self) -> None:
+        """Raise ValueError naming the first field of the wrong type or shape."""
+        def numbers(name: str, values: Any, count: int) -> None:
+            if (not isinstance(values, list) or len(values) != count
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+                raise ValueError(f"'{name}' must be a list of {count} numbers, got {values!r}")
+        if not (isinstance(self.num_classes, int) and self.num_classes > 0):
+            raise ValueError(f"'num_classes' must be a positive integer, got {self.num_classes!r}")
+        if len(self.image_shape) != 3 or not all(isinstance(v, int) and v > 0 for v in self.image_shape):
+            raise ValueError(f"'image_shape' must be 3 positive integers, got {list(self.image_shape)!r}")
+        numbers("mean", self.mean, self.image_shape[0])
+        numbers("std", self.std, self.image_shape[0])
+        if not isinstance(self.crop_padding, int) or not isinstance(self.flip, bool):
+            raise ValueError(f"'crop_padding' must be an integer and 'flip' true or false")
+        if not (isinstance(self.test_size, int) and self.test_size > 0 and isinstance(self.server_size, int)):
+            raise ValueError(f"'test.num_samples' must be a positive integer, got {self.test_size!r}")
+        if len(self.client_sizes) == 0 or (self.client_sizes <= 0).any():
+            raise ValueError("'clients' must list at least one client, each with a positive 'num_samples'")
+        if not isinstance(self.spec, dict) or not isinstance(self.stats, dict):
+            raise ValueError("'spec' and 'stats' must be JSON objects")
 
 
 def prepare_spec(cfg: Config) -> dict[str, Any]:
@@ -140,7 +171,17 @@ def ensure_prepared(cfg: Config, log: Callable[[str], None] = print) -> Manifest
         _build(cfg, root, replace=False, log=log)
     manifest = Manifest.load(root)
     check_matches(manifest, cfg)
+    check_raw_inputs(manifest)
     return manifest
+
+
+def check_raw_inputs(manifest: Manifest) -> None:
+    """Stop when the raw files the folder was prepared from have changed since."""
+    change = first_change(manifest.raw_inputs) if manifest.raw_inputs else None
+    if change:
+        raise PreparedDataError(
+            f"the raw data changed since {manifest.root} was prepared: {change}. Its shards would not match the "
+            f"raw data; re-prepare with: python -m mpifed.prepare --config <config> --force")
 
 
 def raw_data_missing(cfg: Config) -> Path | None:
@@ -171,6 +212,12 @@ def prepare(cfg: Config, log: Callable[[str], None] = print) -> Manifest:
 
 def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -> None:
     spec = prepare_spec(cfg)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PreparedDataError(f"cannot create the folder {root.parent} for the prepared data ({exc.strerror}): "
+                                f"data.prepared_root (or data.prepared_dir) must be a folder you can write to "
+                                f"(not a file, not under /proc); set it to one") from None
     dataset = DATASETS.get(cfg.data.dataset.name)
     log(f"[prepare] reading {cfg.data.dataset.name} ...")
     raw = dataset.load(cfg.data.dataset.options)
@@ -195,35 +242,41 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
     common = {"dataset": cfg.data.dataset.name, "partition": spec["partition"], "seed": spec["seed"]}
 
     tmp = root.with_name(f"{root.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "clients").mkdir(parents=True)
-    clients = []
-    for k, idx in enumerate(parts):
-        write_shard(tmp / "clients" / f"client_{k:05d}.h5", raw.train_x[idx], labels[idx],
-                    {**common, "client_id": k, "class_counts": counts[k].tolist()},
-                    raw.train_groups[idx] if raw.train_groups is not None else None)
-        clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts[k].tolist()})
-    test_counts = np.bincount(raw.test_y, minlength=raw.num_classes)
-    write_shard(tmp / "test.h5", raw.test_x, raw.test_y, {**common, "client_id": -1, "class_counts": test_counts.tolist()},
-                raw.test_groups)
-    server = None
-    if len(server_idx):
-        sc = np.bincount(labels[server_idx], minlength=raw.num_classes)
-        write_shard(tmp / "server.h5", raw.train_x[server_idx], labels[server_idx],
-                    {**common, "client_id": -2, "class_counts": sc.tolist()})
-        server = {"num_samples": int(len(server_idx)), "class_counts": sc.tolist()}
-    manifest = {
-        "format": FORMAT, "spec": spec, "source": raw.source, "num_classes": raw.num_classes,
-        "image_shape": list(raw.image_shape), "mean": mean, "std": std,
-        "crop_padding": dataset.crop_padding, "flip": dataset.flip,
-        "clients": clients,
-        "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(), "group_names": raw.group_names,
-                 "group_counts": np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
-                 if raw.test_groups is not None else []},
-        "server": server,
-        "stats": partition_stats(counts),
-    }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "clients").mkdir(parents=True)
+        clients = []
+        for k, idx in enumerate(parts):
+            write_shard(tmp / "clients" / f"client_{k:05d}.h5", raw.train_x[idx], labels[idx],
+                        {**common, "client_id": k, "class_counts": counts[k].tolist()},
+                        raw.train_groups[idx] if raw.train_groups is not None else None)
+            clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts[k].tolist()})
+        test_counts = np.bincount(raw.test_y, minlength=raw.num_classes)
+        write_shard(tmp / "test.h5", raw.test_x, raw.test_y, {**common, "client_id": -1, "class_counts": test_counts.tolist()},
+                    raw.test_groups)
+        server = None
+        if len(server_idx):
+            sc = np.bincount(labels[server_idx], minlength=raw.num_classes)
+            write_shard(tmp / "server.h5", raw.train_x[server_idx], labels[server_idx],
+                        {**common, "client_id": -2, "class_counts": sc.tolist()})
+            server = {"num_samples": int(len(server_idx)), "class_counts": sc.tolist()}
+        manifest = {
+            "format": FORMAT, "spec": spec, "source": raw.source, "num_classes": raw.num_classes,
+            "image_shape": list(raw.image_shape), "mean": mean, "std": std,
+            "crop_padding": dataset.crop_padding, "flip": dataset.flip,
+            "clients": clients,
+            "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(), "group_names": raw.group_names,
+                     "group_counts": np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
+                     if raw.test_groups is not None else []},
+            "server": server,
+            "stats": partition_stats(counts),
+            "raw_inputs": fingerprint(raw.files),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PreparedDataError(f"cannot write the prepared data to {tmp} ({exc}): data.prepared_root (or "
+                                f"data.prepared_dir) must be a folder you can write to, with space") from None
     if replace and root.exists():
         shutil.rmtree(root)
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -243,7 +296,7 @@ def _subset(raw: RawData, train: int, test: int) -> RawData:
     te = slice(None, test or None)
     return RawData(raw.train_x[tr], raw.train_y[tr], raw.test_x[te], raw.test_y[te], raw.num_classes, raw.source,
                    raw.train_groups[tr] if raw.train_groups is not None else None,
-                   raw.test_groups[te] if raw.test_groups is not None else None, raw.group_names)
+                   raw.test_groups[te] if raw.test_groups is not None else None, raw.group_names, raw.files)
 
 
 def _channel_stats(x: np.ndarray, chunk: int = 4096) -> tuple[list[float], list[float]]:
@@ -276,6 +329,13 @@ def partition_stats(counts: np.ndarray) -> dict[str, Any]:
         "classes_per_client_max": int(held.max()),
         "label_skew_tv_mean": round(float(tv.mean()), 4),
     }
+
+
+def verify_client_shards(manifest: Manifest, index: int, count: int) -> None:
+    """Worker ``index`` of ``count``: every ``count``-th client shard from ``index`` is intact (its
+    checksum matches), so that together the workers check every shard before any training."""
+    for cid in range(index, manifest.num_clients, count):
+        read_shard(manifest.client_path(cid), verify=True)
 
 
 def verify_files(manifest: Manifest) -> None:

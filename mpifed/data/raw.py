@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -33,6 +34,8 @@ class RawData:
     ``train_groups``/``test_groups`` give each sample's natural group (a writer, a domain)
     where the data set has one; ``group_names`` names the groups that evaluation reports
     separately (the ids in ``test_groups``; empty when test accuracy is not split by group).
+    ``files`` lists the raw files (or, for folders of images, the folders) read, whose
+    fingerprint the manifest keeps (see :mod:`mpifed.data.fingerprint`).
     """
 
     train_x: np.ndarray
@@ -44,6 +47,7 @@ class RawData:
     train_groups: np.ndarray | None = None
     test_groups: np.ndarray | None = None
     group_names: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("train", "test"):

@@ -41,7 +41,7 @@ def _load(root: Path, folder: str, train: list[str], test: list[str], label_key:
     te = [read_batch(base / name, label_key) for name in test]
     return RawData(np.concatenate([x for x, _ in tr]), np.concatenate([y for _, y in tr]),
                    np.concatenate([x for x, _ in te]), np.concatenate([y for _, y in te]), classes,
-                   f"{title} pickle batches in {base}")
+                   f"{title} pickle batches in {base}", files=[base / name for name in train + test])
 
 
 def _missing(options, folder: str) -> Path | None:

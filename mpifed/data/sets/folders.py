@@ -68,7 +68,9 @@ class Cinic10:
             vx, vy = read_class_folders(root / "valid", classes, 32)
             trx, try_ = np.concatenate([trx, vx]), np.concatenate([try_, vy])
         tex, tey = read_class_folders(root / "test", classes, 32)
-        return RawData(trx, try_, tex, tey, len(classes), f"CINIC-10 folders in {root}")
+        splits = ["train", "test"] + (["valid"] if options.include_valid else [])
+        return RawData(trx, try_, tex, tey, len(classes), f"CINIC-10 folders in {root}",
+                       files=[root / s / c for s in splits for c in classes])
 
 
 @DATASETS.register("tiny_imagenet")
@@ -109,7 +111,9 @@ class TinyImageNet:
                 vx.append(load_image(root / "val" / "images" / parts[0], 64))
                 vy.append(index[parts[1]])
         return RawData(np.stack(xs), np.asarray(ys, dtype=np.int64), np.stack(vx), np.asarray(vy, dtype=np.int64),
-                       len(wnids), f"Tiny-ImageNet folders in {root}")
+                       len(wnids), f"Tiny-ImageNet folders in {root}",
+                       files=[root / "wnids.txt", root / "val" / "val_annotations.txt", root / "val" / "images",
+                              *(root / "train" / w / "images" for w in wnids)])
 
 
 @DATASETS.register("office_caltech")
@@ -163,4 +167,5 @@ class OfficeCaltech:
             parts["teg"].append(np.full(len(te), g, dtype=np.int64))
         cat = {k: np.concatenate(v) for k, v in parts.items()}
         return RawData(cat["trx"], cat["try"], cat["tex"], cat["tey"], len(classes), f"Office-Caltech-10 folders in {root}",
-                       train_groups=cat["trg"], test_groups=cat["teg"], group_names=list(OfficeCaltech.DOMAINS))
+                       train_groups=cat["trg"], test_groups=cat["teg"], group_names=list(OfficeCaltech.DOMAINS),
+                       files=[root / d / c for d in OfficeCaltech.DOMAINS for c in classes if (root / d / c).is_dir()])

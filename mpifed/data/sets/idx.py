@@ -47,10 +47,15 @@ def find_idx(root: Path, stem: str) -> Path:
     raise FileNotFoundError(f"{stem}(.gz) is missing")
 
 
+def idx_files(root: Path, prefix: str) -> tuple[Path, Path]:
+    """The images and labels files of the ``train`` or ``t10k`` split."""
+    return find_idx(root, f"{prefix}-images-idx3-ubyte"), find_idx(root, f"{prefix}-labels-idx1-ubyte")
+
+
 def load_idx_split(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     """Images (N x 1 x H x W uint8) and int64 labels of the ``train`` or ``t10k`` split."""
-    images = read_idx(find_idx(root, f"{prefix}-images-idx3-ubyte"))
-    labels = read_idx(find_idx(root, f"{prefix}-labels-idx1-ubyte"))
+    images_file, labels_file = idx_files(root, prefix)
+    images, labels = read_idx(images_file), read_idx(labels_file)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise ValueError(f"IDX files under {root} ({prefix}) do not pair up: images {images.shape}, labels {labels.shape}")
     return images[:, None].astype(np.uint8), labels.astype(np.int64)
@@ -96,7 +101,8 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
                 raise FileNotFoundError("the folder does not exist")
             trx, try_ = load_idx_split(root, "train")
             tex, tey = load_idx_split(root, "t10k")
-            return RawData(trx, try_, tex, tey, 10, f"{title} IDX files in {root}")
+            return RawData(trx, try_, tex, tey, 10, f"{title} IDX files in {root}",
+                           files=[*idx_files(root, "train"), *idx_files(root, "t10k")])
 
     IdxDataset.Options = Options
     return IdxDataset

@@ -71,4 +71,4 @@ class Femnist:
             trx, try_, trg, tex, tey = trx[keep], try_[keep], trg[keep], tex[keep_te], tey[keep_te]
             classes = 10
         return RawData(trx, try_, tex, tey, classes, f"LEAF FEMNIST JSON in {root} ({len(writers)} writers)",
-                       train_groups=trg)
+                       train_groups=trg, files=sorted(root.glob("t*/*.json")))

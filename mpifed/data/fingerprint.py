@@ -1,0 +1,57 @@
+"""A fingerprint of the raw files a prepared folder was made from, and the check against it.
+
+The manifest records each raw file's absolute path, size and modification time, and a
+SHA-256 over all their contents when they are small enough to hash at every start-up
+(``HASH_LIMIT`` bytes in all). A run compares the files on disk with it before using the
+shards: a file whose size, time or content changed stops the run. A recorded file that no
+longer exists is not an error (the raw data may be deleted once prepared).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+HASH_LIMIT = 32 * 2**20
+
+
+def fingerprint(files: list[Path]) -> dict[str, Any]:
+    """The fingerprint of ``files`` (in their order)."""
+    entries = []
+    for f in files:
+        if not os.path.exists(f):
+            continue
+        st = os.stat(f)
+        entries.append({"path": str(Path(f).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    total = sum(e["size"] for e in entries)
+    cheap = entries and total <= HASH_LIMIT
+    return {"files": entries, "sha256": _digest([Path(e["path"]) for e in entries]) if cheap else None}
+
+
+def first_change(recorded: dict[str, Any]) -> str | None:
+    """How the raw files differ from ``recorded`` (the first difference, naming the file), or None."""
+    present = []
+    for e in recorded.get("files", []):
+        path = Path(e["path"])
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if st.st_size != e["size"]:
+            return f"{path} changed size ({e['size']} bytes when prepared, {st.st_size} now)"
+        if st.st_mtime_ns != e["mtime_ns"]:
+            return f"{path} was modified after the data was prepared"
+        present.append(path)
+    if recorded.get("sha256") and len(present) == len(recorded["files"]) and _digest(present) != recorded["sha256"]:
+        return f"the content of the raw files ({', '.join(str(p) for p in present)}) changed"
+    return None
+
+
+def _digest(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()

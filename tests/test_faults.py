@@ -1,0 +1,222 @@
+"""Fault injection with real processes: kill -9 of the server and of a worker mid-round, a worker
+stopped beyond comm.timeout_s, a full disk, a corrupt checkpoint, a torn jsonl line, two runs
+racing for one name, changed raw data.
+
+After each fault the run directory is checked on disk: no file mixes runs, status.json (as
+:meth:`RunDir.status` reads it) tells the truth, and ``--resume`` either continues exactly
+(equal to the uninterrupted run) or refuses with a message.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
+from mpifed import checkpoint
+from mpifed.config import build
+from mpifed.optim import round_lr
+from mpifed.rundir import RunDir
+
+pytestmark = pytest.mark.e2e
+
+ROUNDS = ("train.rounds=4", "train.local_epochs=8", "run.checkpoint_every=2")
+
+
+def args(tmp, *extra, name="cut"):
+    return tiny(tmp, *ROUNDS, *extra, name=name)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run (debug mode: the same results as any rank count)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    run_debug(args(tmp, name="full"))
+    return tmp / "runs" / "full"
+
+
+def same_data(tmp, reference):
+    """Use the reference's prepared data (tiny() puts it under tmp/data)."""
+    (tmp / "data").symlink_to(reference.parents[1] / "data")
+
+
+def start(cmd):
+    return subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def pids_when(proc, marker, out):
+    """Read output until ``marker``; return {rank: pid} from the start-up lines."""
+    pids = {}
+    for line in proc.stdout:
+        out.append(line)
+        m = re.search(r"rank (\d+) \((?:server|worker|server and worker)\): host \S+ pid (\d+)", line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+        if marker in line and pids:
+            return pids
+    raise AssertionError("".join(out))
+
+
+def finish(proc, out, timeout=90):
+    try:
+        rest, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the job did not end:\n" + "".join(out))
+    return "".join(out) + rest
+
+
+def assert_one_run(run, lr=None):
+    """Every record in ``run`` belongs to one run: rounds 1..n once each, in order, in both logs; each
+    row's learning rate follows config.yaml's; the checkpoints hold config.yaml's config; no temporary file."""
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    rows = metrics(run)
+    assert [r["round"] for r in rows] == list(range(1, len(rows) + 1))
+    clients = [json.loads(line)["round"] for line in (run / "clients.jsonl").read_text().splitlines()]
+    assert clients == [r["round"] for r in rows]
+    train = build(cfg).train
+    assert all(r["lr"] == round_lr(train, r["round"] - 1) for r in rows) and (lr is None or train.lr == lr)
+    for ckpt in checkpoint.all_checkpoints(run / "checkpoints"):
+        assert checkpoint.load(ckpt)["config"] == cfg
+    assert not [f for f in run.rglob("*") if ".tmp" in f.name]
+
+
+def assert_resumes_exactly(run, reference, mpi=0):
+    if mpi:
+        run_mpi(mpi, ["--resume", str(run)])
+    else:
+        run_debug(["--resume", str(run)])
+    assert RunDir(run).status()["state"] == "finished"
+    assert metrics(run) == metrics(reference)
+    assert_same_model(final_model(run), final_model(reference))
+    assert_one_run(run)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("victim", [0, 2], ids=["server", "worker"])
+def test_kill_9_mid_round(has_mpirun, tmp_path, reference, victim):
+    same_data(tmp_path, reference)
+    out = []
+    proc = start([str(LAUNCH), "3", *args(tmp_path)])
+    pids = pids_when(proc, "round 3/", out)
+    os.kill(pids[victim], signal.SIGKILL)
+    text = finish(proc, out)
+    assert proc.returncode != 0, text
+    run = tmp_path / "runs" / "cut"
+    status = RunDir(run).status()
+    assert status["state"] == "failed", status
+    assert 2 <= len(metrics(run)) < 4
+    assert_one_run(run)
+    assert_resumes_exactly(run, reference, mpi=3 if victim == 0 else 0)
+
+
+@pytest.mark.mpi
+def test_worker_stopped_beyond_the_timeout(has_mpirun, tmp_path, reference):
+    same_data(tmp_path, reference)
+    out = []
+    proc = start([str(LAUNCH), "3", *args(tmp_path, "comm.timeout_s=10")])
+    pids = pids_when(proc, "round 3/", out)
+    os.kill(pids[2], signal.SIGSTOP)
+    try:
+        text = finish(proc, out)
+    finally:
+        try:
+            os.kill(pids[2], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0
+    run = tmp_path / "runs" / "cut"
+    on_disk = json.loads((run / "status.json").read_text())  # written by the server before MPI_Abort
+    assert on_disk["state"] == "failed" and "comm.timeout_s=10" in on_disk["error"], text
+    assert "failed:" in (run / "log.txt").read_text() and "comm.timeout_s=10" in (run / "log.txt").read_text()
+    assert_one_run(run)
+    assert_resumes_exactly(run, reference)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_then_resume_after_freeing_space(tmp_path, reference):
+    same_data(tmp_path, reference)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        p = subprocess.run([sys.executable, "-m", "mpifed.main", *args(tmp_path, f"run.root={disk}")], cwd=REPO,
+                           env=env(), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert "No space left on device writing" in p.stderr and "--resume" in p.stderr
+        run = disk / "cut"
+        assert RunDir(run).status()["state"] == "failed"
+        assert not [f for f in run.rglob("*") if ".tmp" in f.name]
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        assert_resumes_exactly(run, reference)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def test_corrupt_checkpoint_is_refused_then_the_one_before_resumes_exactly(tmp_path, reference):
+    same_data(tmp_path, reference)
+    run_debug(args(tmp_path, "run.checkpoint_every=1"))
+    run = tmp_path / "runs" / "cut"
+    last = checkpoint.latest(run / "checkpoints")
+    data = bytearray(last.read_bytes())
+    data[-10] ^= 0xFF
+    last.write_bytes(bytes(data))
+    p = subprocess.run([sys.executable, "-m", "mpifed.main", "--resume", str(run)], cwd=REPO, env=env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "corrupt" in p.stderr and last.name in p.stderr and "delete it" in p.stderr
+    assert RunDir(run).status()["state"] == "finished"
+    last.unlink()
+    assert_resumes_exactly(run, reference)
+
+
+def test_torn_jsonl_lines_are_dropped_on_resume(tmp_path, reference):
+    same_data(tmp_path, reference)
+    run_debug(args(tmp_path))
+    run = tmp_path / "runs" / "cut"
+    checkpoint.path_for(run / "checkpoints", 4).unlink()
+    for log in ("metrics.jsonl", "clients.jsonl"):
+        with open(run / log, "a") as f:
+            f.write('{"round": 5, "tr')
+    assert_resumes_exactly(run, reference)
+
+
+@pytest.mark.mpi
+def test_two_runs_racing_for_one_name(has_mpirun, tmp_path, reference):
+    """The second run, even with --overwrite, is refused while the first is alive; the first's files stay its own."""
+    same_data(tmp_path, reference)
+    out = []
+    first = start([str(LAUNCH), "2", *args(tmp_path, "train.lr=0.05", "train.rounds=400")])
+    pids = pids_when(first, "round 1/", out)
+    second = subprocess.run([str(LAUNCH), "2", *args(tmp_path, "train.lr=0.01"), "--overwrite"], cwd=REPO, env=env(),
+                            capture_output=True, text=True, timeout=120)
+    first.send_signal(signal.SIGUSR1)
+    text = finish(first, out)
+    assert first.returncode == 75, text
+    assert second.returncode == 2 and "in use by another run" in second.stderr, second.stderr
+    assert f"pid {pids[0]}" in second.stderr
+    run = tmp_path / "runs" / "cut"
+    assert RunDir(run).status()["state"] == "stopped" and len(metrics(run)) >= 1
+    assert_one_run(run, lr=0.05)
+
+
+def test_changed_raw_data_refuses_run_and_resume(tmp_path):
+    from test_rundir import tiny_mnist, write_mnist
+    write_mnist(tmp_path / "mnist", 200, 50, seed=0)
+    run_debug(tiny_mnist(tmp_path))
+    write_mnist(tmp_path / "mnist", 200, 50, seed=1)  # same sizes, other images and labels
+    run = tmp_path / "runs" / "run"
+    before = (run / "summary.json").read_bytes()
+    for cmd in (tiny_mnist(tmp_path, name="b"), ["--resume", str(run), "--set", "train.rounds=2"]):
+        p = subprocess.run([sys.executable, "-m", "mpifed.main", *cmd], cwd=REPO, env=env(), capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2 and "raw data changed" in p.stderr and "--force" in p.stderr, p.stderr
+        assert str(Path(tmp_path / "mnist").resolve()) in p.stderr
+    assert (run / "summary.json").read_bytes() == before and RunDir(run).status()["state"] == "finished"
