@@ -499,7 +499,8 @@ def _modality_checks(cfg: Config) -> list[str]:
     errors = []
     if data != model:
         fix = "a text model such as distilbert" if data == "text" else "an image model such as digits_cnn or resnet8"
-        errors.append(f"model.name: {cfg.model.name!r} takes {model}s but data set {cfg.data.dataset.name!r} holds {data}; "
+        what = {"image": "images", "text": "text"}
+        errors.append(f"model.name: {cfg.model.name!r} takes {what[model]} but data set {cfg.data.dataset.name!r} holds {what[data]}; "
                       f"choose {fix}")
     if data == "text" and not cfg.data.tokenizer:
         errors.append(f"data.tokenizer: data set {cfg.data.dataset.name!r} is text and needs a local tokenizer folder "
