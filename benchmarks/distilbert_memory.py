@@ -64,7 +64,7 @@ def main() -> None:
     seconds = (time.perf_counter() - start) / ctx.steps
     print(f"DistilBERT-base: {flat.num_params:,} parameters; batch {args.batch}, length {args.length}, "
           f"{ctx.steps} Adam steps on {device} with {torch.get_num_threads()} threads")
-    print(f"peak RSS {peak_rss_mb():.0f} MB (the interpreter, torch and transformers alone: {before:.0f} MB); "
+    print(f"peak RSS {peak_rss_mb():.0f} MB (before the model was built: {before:.0f} MB); "
           f"{seconds:.1f} s per step; the evaluation copy ({sum(t.numel() for t in eval_copy.net.parameters()):,} "
           f"parameters) held as a worker holds it")
     if device.type == "cuda":
