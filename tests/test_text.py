@@ -171,3 +171,14 @@ def test_image_runs_never_import_transformers_or_tokenizers(tmp_path):
             "assert not loaded, loaded")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_vocab_tool_writes_a_vocabulary_that_prepare_uses(tmp_path):
+    from mpifed.data.vocab import main as vocab_main
+    args = text_run(tmp_path)
+    assert vocab_main(["--set", *args[1:], "--out", str(tmp_path / "trained"), "--size", "80"]) == 0
+    tokens = (tmp_path / "trained" / "vocab.txt").read_text().split()
+    assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(tokens) <= 80
+    cfg, _ = config.load(overrides=args[1:] + [f"data.tokenizer={tmp_path / 'trained'}"])
+    m = prepare(cfg, log=lambda s: None)
+    assert m.vocab_size == len(tokens)
