@@ -221,7 +221,7 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         server = {"num_samples": int(len(server_idx)), "class_counts": sc.tolist()}
     manifest = {
         "format": FORMAT, "spec": spec, "source": raw.source, "num_classes": raw.num_classes,
-        "modality": "text" if isinstance(raw.train_x, dict) else "image", "input_shape": list(raw.input_shape),
+        "modality": modality(dataset), "input_shape": list(raw.input_shape),
         "vocab_size": vocab_size, "mean": mean, "std": std,
         "crop_padding": dataset.crop_padding, "flip": dataset.flip,
         "clients": clients,
