@@ -13,7 +13,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.mark.parametrize("method", ALGORITHMS.names())
 def test_method_on_text_mpi_equals_debug(has_mpirun, tmp_path, method):
-    extra = [f"algorithm.name={method}", "train.participation=0.75"]
+    extra = [f"algorithm.name={method}", "train.participation=0.75", "train.optimizer=sgd", "train.lr=0.05"]   # FedNova needs SGD
     run_debug(text_run(tmp_path, *extra, name="debug"))
     run_mpi(3, text_run(tmp_path, *extra))
     mpi, debug = tmp_path / "runs" / "run", tmp_path / "runs" / "debug"
