@@ -142,6 +142,8 @@ class DataConfig:
     prepared_root: str = opt("data/prepared", "where prepared shards are written (one folder per data/partition setting)", math=False)
     prepared_dir: str | None = opt(None, "use exactly this prepared folder instead of one under prepared_root", math=False)
     augment: AugmentConfig = section(AugmentConfig, "training-time augmentation (never applied in evaluation)")
+    tokenizer: str | None = opt(None, "text data sets: local folder with the tokenizer's tokenizer.json or vocab.txt (e.g. DistilBERT's); nothing is downloaded")
+    max_length: int = opt(128, "text data sets: token ids per text, padded or truncated to this length ([CLS] and [SEP] included)", min=2)
 
 
 @dataclass
@@ -491,6 +493,28 @@ def cross_checks(cfg: Config) -> list[str]:
     if method.needs_server_data and cfg.data.server_holdout_per_class <= 0:
         errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
     errors.extend(method.check_config(cfg))
+    errors.extend(_modality_checks(cfg))
+    return errors
+
+
+def _modality_checks(cfg: Config) -> list[str]:
+    """The model takes what the data set holds (images or text); text needs a tokenizer."""
+    from mpifed.data.raw import modality
+    from mpifed.registry import DATASETS, MODELS
+    data = modality(DATASETS.get(cfg.data.dataset.name))
+    model = modality(MODELS.get(cfg.model.name))
+    errors = []
+    if data != model:
+        fix = "a text model such as distilbert" if data == "text" else "an image model such as digits_cnn or resnet8"
+        what = {"image": "images", "text": "text"}
+        errors.append(f"model.name: {cfg.model.name!r} takes {what[model]} but data set {cfg.data.dataset.name!r} holds {what[data]}; "
+                      f"choose {fix}")
+    if data == "text" and not cfg.data.tokenizer:
+        errors.append(f"data.tokenizer: data set {cfg.data.dataset.name!r} is text and needs a local tokenizer folder "
+                      f"(tokenizer.json or vocab.txt); see docs/text.md for how to obtain one")
+    if data == "text" and (cfg.data.augment.crop_padding or cfg.data.augment.flip or cfg.data.augment.rotation
+                           or cfg.data.augment.cutout):
+        errors.append("data.augment: image augmentation is set but the data set is text; remove the data.augment keys")
     return errors
 
 

@@ -386,7 +386,10 @@ def make_algorithm(cfg: config.Config, manifest: "Manifest", device: "torch.devi
     options = cfg.algorithm.options
 
     def new_model() -> FlatModel:
-        net = build_model(cfg.model.name, cfg.model.options, manifest.image_shape, manifest.num_classes)
+        net = build_model(cfg.model.name, cfg.model.options, manifest.input_shape, manifest.num_classes)
+        if manifest.vocab_size > getattr(net, "vocab_size", manifest.vocab_size):
+            raise ValueError(f"the tokenizer's vocabulary ({manifest.vocab_size} tokens) exceeds the model's "
+                             f"{net.vocab_size} token embeddings; set model.vocab_size to at least {manifest.vocab_size}")
         return FlatModel(cls.extend_model(net, options).to(device))
 
     torch.manual_seed(cfg.run.seed)
@@ -399,11 +402,8 @@ def make_algorithm(cfg: config.Config, manifest: "Manifest", device: "torch.devi
 
 
 def make_transform(cfg: config.Config, manifest: "Manifest", device: "torch.device") -> "BatchTransform":
-    from mpifed.data.transforms import BatchTransform
-    aug = cfg.data.augment
-    return BatchTransform(manifest.mean, manifest.std,
-                          manifest.crop_padding if aug.crop_padding is None else aug.crop_padding,
-                          manifest.flip if aug.flip is None else aug.flip, aug.cutout, device, aug.rotation)
+    from mpifed.data.transforms import make_transform as for_manifest
+    return for_manifest(manifest, cfg.data.augment, device)
 
 
 def make_worker(cfg: config.Config, algo: "Algorithm", setup: "Setup", layouts: "Layouts", manifest: "Manifest",
@@ -440,7 +440,7 @@ def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm",
     server_data = None
     if manifest.server_size:
         shard = read_shard(manifest.server_path)
-        server_data = ClientData(-1, *to_device(shard.images, shard.labels, setup.device))
+        server_data = ClientData(-1, *to_device(shard.inputs, shard.labels, setup.device))
     tools = ServerTools(flat=flat, transform=transform, data=server_data, eval_batch_size=cfg.train.eval_batch_size)
     if resume is None and resolved["resuming"]:
         run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")

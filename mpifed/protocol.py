@@ -203,7 +203,7 @@ class RoundProtocol:
             self._stop()
             return False
 
-        if plan.moves:                                                              # migrate
+        if plan.moves and self.layouts.client_state.entries:                        # migrate
             self._migrate(plan)
 
         with _timed(times, "downlink"):                                             # downlink

@@ -25,7 +25,23 @@ def test_round_trip_and_attributes(tmp_path):
     assert s.attrs["client_id"] == 7 and s.attrs["class_counts"] == [7, 7, 6] and s.attrs["partition"] == {"name": "iid"}
     assert s.attrs["num_samples"] == 20
     xi, yi, g = read_rows(tmp_path / "s.h5", 5, 9)
-    assert np.array_equal(xi, x[5:9]) and np.array_equal(yi, y[5:9]) and g is None
+    assert np.array_equal(xi["images"], x[5:9]) and np.array_equal(yi, y[5:9]) and g is None
+
+
+def test_named_input_arrays_round_trip(tmp_path):
+    ids = np.arange(40, dtype=np.uint16).reshape(10, 4)
+    mask = (ids % 3 > 0).astype(np.uint8)
+    y = np.arange(10, dtype=np.int64) % 2
+    write_shard(tmp_path / "t.h5", {"input_ids": ids, "attention_mask": mask}, y, {"client_id": 1})
+    s = read_shard(tmp_path / "t.h5")
+    assert list(s.inputs) == ["input_ids", "attention_mask"] and s.inputs["input_ids"].dtype == np.uint16
+    assert np.array_equal(s.inputs["attention_mask"], mask) and np.array_equal(s.labels, y)
+    xi, yi, _ = read_rows(tmp_path / "t.h5", 2, 5)
+    assert np.array_equal(xi["input_ids"], ids[2:5]) and np.array_equal(yi, y[2:5])
+    with pytest.raises(ValueError, match="'labels'.*a name other than"):
+        write_shard(tmp_path / "u.h5", {"labels": ids}, y, {})
+    with pytest.raises(ValueError, match="'x'.*float64"):
+        write_shard(tmp_path / "u.h5", {"x": ids.astype(float)}, y, {})
 
 
 def test_corrupt_truncated_and_missing_shards_are_reported(tmp_path):

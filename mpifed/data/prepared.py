@@ -27,7 +27,7 @@ from mpifed.config import Config, diff_keys, digest, to_dict
 from mpifed.registry import DATASETS, PARTITIONS
 from mpifed.data.partitions import PartitionError, hold_out_per_class, split_summary
 from mpifed.data.fingerprint import fingerprint, first_change
-from mpifed.data.raw import RawData
+from mpifed.data.raw import RawData, RawText, modality, select
 from mpifed.data.shards import ShardError, read_shard, write_shard
 
 FORMAT = 1
@@ -44,7 +44,7 @@ class Manifest:
     root: Path
     spec: dict[str, Any]
     num_classes: int
-    image_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]    # one sample: C, H, W (images) or the sequence length (text)
     mean: list[float]
     std: list[float]
     crop_padding: int
@@ -58,6 +58,12 @@ class Manifest:
     server_size: int
     stats: dict[str, Any]
     raw_inputs: dict[str, Any] | None = None  # the fingerprint of the raw files (see fingerprint.py)
+    modality: str = "image"
+    vocab_size: int = 0             # text: the tokenizer's vocabulary size
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return self.input_shape
 
     @property
     def num_clients(self) -> int:
@@ -102,14 +108,16 @@ class Manifest:
     @staticmethod
     def _from_json(root: Path, m: dict[str, Any]) -> "Manifest":
         return Manifest(
-            root=root, spec=m["spec"], num_classes=m["num_classes"], image_shape=tuple(m["image_shape"]),
+            root=root, spec=m["spec"], num_classes=m["num_classes"],
+            input_shape=tuple(m["input_shape"] if "input_shape" in m else m["image_shape"]),
             mean=m["mean"], std=m["std"], crop_padding=m["crop_padding"], flip=m["flip"],
             client_sizes=np.array([c["num_samples"] for c in m["clients"]], dtype=np.int64),
             client_class_counts=np.array([c["class_counts"] for c in m["clients"]], dtype=np.int64).reshape(len(m["clients"]), m["num_classes"]),
             test_size=m["test"]["num_samples"], test_class_counts=np.array(m["test"]["class_counts"], dtype=np.int64),
             group_names=m["test"]["group_names"], test_group_counts=np.array(m["test"]["group_counts"], dtype=np.int64),
             server_size=m["server"]["num_samples"] if m["server"] else 0,
-            stats=m["stats"], raw_inputs=m.get("raw_inputs"))
+            stats=m["stats"], raw_inputs=m.get("raw_inputs"), modality=m.get("modality", "image"),
+            vocab_size=m.get("vocab_size", 0))
 
     def _check(self) -> None:
         """Raise ValueError naming the first field of the wrong type or shape."""
@@ -119,12 +127,14 @@ class Manifest:
                 raise ValueError(f"'{name}' must be a list of {count} numbers, got {values!r}")
         if not (isinstance(self.num_classes, int) and self.num_classes > 0):
             raise ValueError(f"'num_classes' must be a positive integer, got {self.num_classes!r}")
-        if len(self.image_shape) != 3 or not all(isinstance(v, int) and v > 0 for v in self.image_shape):
-            raise ValueError(f"'image_shape' must be 3 positive integers, got {list(self.image_shape)!r}")
-        numbers("mean", self.mean, self.image_shape[0])
-        numbers("std", self.std, self.image_shape[0])
+        dims = 3 if self.modality == "image" else 1
+        if len(self.input_shape) != dims or not all(isinstance(v, int) and v > 0 for v in self.input_shape):
+            raise ValueError(f"'input_shape' must be {dims} positive integer(s), got {list(self.input_shape)!r}")
+        if self.modality == "image":
+            numbers("mean", self.mean, self.input_shape[0])
+            numbers("std", self.std, self.input_shape[0])
         if not isinstance(self.crop_padding, int) or not isinstance(self.flip, bool):
-            raise ValueError(f"'crop_padding' must be an integer and 'flip' true or false")
+            raise ValueError("'crop_padding' must be an integer and 'flip' true or false")
         if not (isinstance(self.test_size, int) and self.test_size > 0 and isinstance(self.server_size, int)):
             raise ValueError(f"'test.num_samples' must be a positive integer, got {self.test_size!r}")
         if len(self.client_sizes) == 0 or (self.client_sizes <= 0).any():
@@ -137,9 +147,13 @@ def prepare_spec(cfg: Config) -> dict[str, Any]:
     """Everything that determines the prepared files (and nothing else)."""
     d = cfg.data
     partition = to_dict(d.partition)
-    fingerprint = getattr(PARTITIONS.get(d.partition.name), "fingerprint", None)
-    if fingerprint is not None:
-        partition["fingerprint"] = fingerprint(d.partition.options)
+    split_file = getattr(PARTITIONS.get(d.partition.name), "fingerprint", None)
+    if split_file is not None:
+        partition["fingerprint"] = split_file(d.partition.options)
+    text = {}
+    if modality(DATASETS.get(d.dataset.name)) == "text":
+        from mpifed.data.tokenize import fingerprint as tokenizer_fingerprint
+        text = {"text": {"tokenizer": tokenizer_fingerprint(d.tokenizer), "max_length": d.max_length}}
     return {
         "dataset": to_dict(d.dataset),
         "num_clients": d.num_clients,
@@ -148,6 +162,7 @@ def prepare_spec(cfg: Config) -> dict[str, Any]:
         "train_subset": d.train_subset,
         "test_subset": d.test_subset,
         "server_holdout_per_class": d.server_holdout_per_class,
+        **text,
     }
 
 
@@ -221,6 +236,10 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
     dataset = DATASETS.get(cfg.data.dataset.name)
     log(f"[prepare] reading {cfg.data.dataset.name} ...")
     raw = dataset.load(cfg.data.dataset.options)
+    vocab_size = 0
+    if isinstance(raw, RawText):
+        from mpifed.data.tokenize import tokenize
+        raw, vocab_size = tokenize(raw, cfg.data.tokenizer, cfg.data.max_length, log)
     raw = _subset(raw, cfg.data.train_subset, cfg.data.test_subset)
     rng = np.random.default_rng([spec["seed"], 0x5EED])
 
@@ -238,7 +257,7 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         raise PartitionError(f"clients {empty[:10]} received no samples; use fewer clients or a less skewed partition")
 
     counts = split_summary(parts, labels, raw.num_classes)
-    mean, std = _channel_stats(raw.train_x[pool])
+    mean, std = ([], []) if isinstance(raw.train_x, dict) else _channel_stats(raw.train_x[pool])
     common = {"dataset": cfg.data.dataset.name, "partition": spec["partition"], "seed": spec["seed"]}
 
     tmp = root.with_name(f"{root.name}.tmp-{socket.gethostname()}-{os.getpid()}")
@@ -247,7 +266,7 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         (tmp / "clients").mkdir(parents=True)
         clients = []
         for k, idx in enumerate(parts):
-            write_shard(tmp / "clients" / f"client_{k:05d}.h5", raw.train_x[idx], labels[idx],
+            write_shard(tmp / "clients" / f"client_{k:05d}.h5", select(raw.train_x, idx), labels[idx],
                         {**common, "client_id": k, "class_counts": counts[k].tolist()},
                         raw.train_groups[idx] if raw.train_groups is not None else None)
             clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts[k].tolist()})
@@ -257,12 +276,13 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         server = None
         if len(server_idx):
             sc = np.bincount(labels[server_idx], minlength=raw.num_classes)
-            write_shard(tmp / "server.h5", raw.train_x[server_idx], labels[server_idx],
+            write_shard(tmp / "server.h5", select(raw.train_x, server_idx), labels[server_idx],
                         {**common, "client_id": -2, "class_counts": sc.tolist()})
             server = {"num_samples": int(len(server_idx)), "class_counts": sc.tolist()}
         manifest = {
             "format": FORMAT, "spec": spec, "source": raw.source, "num_classes": raw.num_classes,
-            "image_shape": list(raw.image_shape), "mean": mean, "std": std,
+            "modality": modality(dataset), "input_shape": list(raw.input_shape),
+            "vocab_size": vocab_size, "mean": mean, "std": std,
             "crop_padding": dataset.crop_padding, "flip": dataset.flip,
             "clients": clients,
             "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(), "group_names": raw.group_names,
@@ -294,7 +314,7 @@ def _subset(raw: RawData, train: int, test: int) -> RawData:
         return raw
     tr = slice(None, train or None)
     te = slice(None, test or None)
-    return RawData(raw.train_x[tr], raw.train_y[tr], raw.test_x[te], raw.test_y[te], raw.num_classes, raw.source,
+    return RawData(select(raw.train_x, tr), raw.train_y[tr], select(raw.test_x, te), raw.test_y[te], raw.num_classes, raw.source,
                    raw.train_groups[tr] if raw.train_groups is not None else None,
                    raw.test_groups[te] if raw.test_groups is not None else None, raw.group_names, raw.files)
 

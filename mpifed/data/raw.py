@@ -1,4 +1,6 @@
-"""The in-memory form every data-set loader returns, before partitioning."""
+"""The in-memory forms data-set loaders return, before partitioning: decoded images
+(:class:`RawData`) or labelled texts (:class:`RawText`, tokenized by the prepare step into a
+:class:`RawData` of token-id arrays)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,14 +15,48 @@ class DataMissing(FileNotFoundError):
 
 
 class Dataset(Protocol):
-    """What a registered data set provides (see :mod:`mpifed.data.sets`)."""
+    """What a registered data set provides (see :mod:`mpifed.data.sets`); ``modality`` is
+    "image" (the default when absent) or "text"."""
 
     Options: type
     crop_padding: int
     flip: bool
 
     @staticmethod
-    def load(options) -> "RawData": ...
+    def load(options) -> "RawData | RawText": ...
+
+
+def modality(dataset: object) -> str:
+    """"image" or "text": what a data set (or a model entry) works on."""
+    return getattr(dataset, "modality", "image")
+
+
+Arrays = np.ndarray | dict[str, np.ndarray]
+
+
+def select(x: Arrays, idx: np.ndarray | slice) -> Arrays:
+    """Rows ``idx`` of an input array or of every array of a dict."""
+    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+
+
+@dataclass
+class RawText:
+    """Texts and int64 labels of a train and a test split (tokenized later, by the prepare step)."""
+
+    train_texts: list[str]
+    train_y: np.ndarray
+    test_texts: list[str]
+    test_y: np.ndarray
+    num_classes: int
+    source: str
+
+    def __post_init__(self) -> None:
+        for name in ("train", "test"):
+            texts, y = getattr(self, f"{name}_texts"), getattr(self, f"{name}_y")
+            if y.dtype != np.int64 or y.shape != (len(texts),):
+                raise ValueError(f"{name} labels must be int64 of length {len(texts)}, got {y.dtype} {y.shape}")
+            if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
+                raise ValueError(f"{name} labels must lie in [0, {self.num_classes}), got [{y.min()}, {y.max()}]")
 
     # Data sets read from files also define ``raw_missing(options) -> Path | None``: the folder
     # they expect when their files are not there (None when present or fetched on demand), a
@@ -29,7 +65,10 @@ class Dataset(Protocol):
 
 @dataclass
 class RawData:
-    """Decoded images (uint8, N x C x H x W) and int64 labels of a train and a test split.
+    """Model inputs and int64 labels of a train and a test split.
+
+    Inputs are decoded images (uint8, N x C x H x W) or a dict of named integer arrays with
+    N rows (token ids and attention masks, N x length).
 
     ``train_groups``/``test_groups`` give each sample's natural group (a writer, a domain)
     where the data set has one; ``group_names`` names the groups that evaluation reports
@@ -38,9 +77,9 @@ class RawData:
     fingerprint the manifest keeps (see :mod:`mpifed.data.fingerprint`).
     """
 
-    train_x: np.ndarray
+    train_x: Arrays
     train_y: np.ndarray
-    test_x: np.ndarray
+    test_x: Arrays
     test_y: np.ndarray
     num_classes: int
     source: str
@@ -52,18 +91,34 @@ class RawData:
     def __post_init__(self) -> None:
         for name in ("train", "test"):
             x, y = getattr(self, f"{name}_x"), getattr(self, f"{name}_y")
-            if x.dtype != np.uint8 or x.ndim != 4:
+            if isinstance(x, dict):
+                bad = {k: (v.dtype.name, v.shape) for k, v in x.items() if v.dtype.kind not in "iu" or v.ndim != 2}
+                if not x or bad:
+                    raise ValueError(f"{name} inputs must be 2-D integer arrays (N x length), got {bad or 'none'}")
+                rows = {len(v) for v in x.values()}
+                if len(rows) != 1:
+                    raise ValueError(f"{name} input arrays differ in length: {sorted(rows)}")
+                n = rows.pop()
+            elif x.dtype != np.uint8 or x.ndim != 4:
                 raise ValueError(f"{name} images must be uint8 N x C x H x W, got {x.dtype} {x.shape}")
-            if y.dtype != np.int64 or y.shape != (len(x),):
-                raise ValueError(f"{name} labels must be int64 of length {len(x)}, got {y.dtype} {y.shape}")
+            else:
+                n = len(x)
+            if y.dtype != np.int64 or y.shape != (n,):
+                raise ValueError(f"{name} labels must be int64 of length {n}, got {y.dtype} {y.shape}")
             if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
                 raise ValueError(f"{name} labels must lie in [0, {self.num_classes}), got [{y.min()}, {y.max()}]")
-        if self.train_x.shape[1:] != self.test_x.shape[1:]:
-            raise ValueError(f"train and test images differ in shape: {self.train_x.shape[1:]} vs {self.test_x.shape[1:]}")
+        if _shapes(self.train_x) != _shapes(self.test_x):
+            raise ValueError(f"train and test inputs differ in shape: {_shapes(self.train_x)} vs {_shapes(self.test_x)}")
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape: C, H, W for images; the sequence length for token ids."""
+        first = next(iter(self.train_x.values())) if isinstance(self.train_x, dict) else self.train_x
+        return tuple(first.shape[1:])
+
+
+def _shapes(x: Arrays) -> dict[str, tuple[int, ...]]:
+    return {k: v.shape[1:] for k, v in x.items()} if isinstance(x, dict) else {"images": x.shape[1:]}
 
 
 def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

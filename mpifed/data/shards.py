@@ -1,9 +1,10 @@
 """HDF5 shards: one file per client (and one for the test set, one for server-held data).
 
-A shard holds ``images`` (uint8, N x C x H x W), ``labels`` (int64), optionally
-``groups`` (int64: a writer or domain per sample), and attributes: the client id, class
-counts, source data set, partition parameters, seed and a SHA-256 content checksum
-that readers verify.
+A shard holds the model inputs as named arrays of N rows (``images``: uint8 N x C x H x W;
+text: ``input_ids`` uint16/int32 and ``attention_mask`` uint8, N x length; the attribute
+``inputs`` lists the names in order), ``labels`` (int64), optionally ``groups`` (int64: a
+writer or domain per sample), and attributes: the client id, class counts, source data
+set, partition parameters, seed and a SHA-256 content checksum that readers verify.
 """
 from __future__ import annotations
 
@@ -22,32 +23,57 @@ class ShardError(RuntimeError):
     """A shard is missing, unreadable or does not match its checksum."""
 
 
+INPUT_DTYPES = (np.uint8, np.uint16, np.int32, np.int64)
+RESERVED = ("labels", "groups")
+
+Inputs = dict[str, np.ndarray]
+
+
 @dataclass
 class Shard:
-    images: np.ndarray
+    inputs: Inputs
     labels: np.ndarray
     groups: np.ndarray | None
     attrs: dict[str, Any]
 
+    @property
+    def images(self) -> np.ndarray:
+        return self.inputs["images"]
 
-def content_checksum(images: np.ndarray, labels: np.ndarray, groups: np.ndarray | None = None) -> str:
+
+def named(inputs: np.ndarray | Inputs) -> Inputs:
+    """Model inputs as named arrays: a bare array is a batch of ``images``."""
+    return inputs if isinstance(inputs, dict) else {"images": inputs}
+
+
+def content_checksum(inputs: np.ndarray | Inputs, labels: np.ndarray, groups: np.ndarray | None = None) -> str:
+    """SHA-256 over the input arrays (in their order), the labels and the groups."""
     h = hashlib.sha256()
-    for a in (images, labels) + ((groups,) if groups is not None else ()):
+    for a in (*named(inputs).values(), labels) + ((groups,) if groups is not None else ()):
         h.update(np.ascontiguousarray(a).view(np.uint8).data)
     return h.hexdigest()
 
 
-def write_shard(path: Path, images: np.ndarray, labels: np.ndarray, attrs: dict[str, Any],
+def write_shard(path: Path, inputs: np.ndarray | Inputs, labels: np.ndarray, attrs: dict[str, Any],
                 groups: np.ndarray | None = None) -> None:
-    """Write one shard atomically (temporary file, then rename); byte-identical for equal input."""
+    """Write one shard atomically (temporary file, then rename); byte-identical for equal input.
+
+    ``inputs`` is a dict of named arrays of ``len(labels)`` rows (a bare array: ``images``)."""
+    inputs = named(inputs)
+    for name, a in inputs.items():
+        if name in RESERVED or a.dtype not in INPUT_DTYPES or len(a) != len(labels):
+            raise ValueError(f"shard input {name!r}: {a.dtype} x {len(a)} rows; inputs need a name other than "
+                             f"{RESERVED}, a dtype in {[np.dtype(d).name for d in INPUT_DTYPES]} and one row per label")
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with h5py.File(tmp, "w", libver="earliest", track_order=False) as f:
-        f.create_dataset("images", data=np.ascontiguousarray(images, dtype=np.uint8), track_times=False)
+        for name, a in inputs.items():
+            f.create_dataset(name, data=np.ascontiguousarray(a), track_times=False)
         f.create_dataset("labels", data=np.ascontiguousarray(labels, dtype=np.int64), track_times=False)
         if groups is not None:
             f.create_dataset("groups", data=np.ascontiguousarray(groups, dtype=np.int64), track_times=False)
-        for key, value in {**attrs, "num_samples": len(labels),
-                           "checksum": content_checksum(images, labels, groups)}.items():
+        names = {} if list(inputs) == ["images"] else {"inputs": list(inputs)}
+        for key, value in {**attrs, **names, "num_samples": len(labels),
+                           "checksum": content_checksum(inputs, labels, groups)}.items():
             f.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
     os.replace(tmp, path)
 
@@ -71,24 +97,26 @@ def read_shard(path: Path, verify: bool = True) -> Shard:
     """Read a whole shard; with ``verify`` its checksum must match."""
     try:
         with h5py.File(path, "r") as f:
-            images, labels = f["images"][...], f["labels"][...]
-            groups = f["groups"][...] if "groups" in f else None
             attrs = _attrs(f)
+            inputs = {name: f[name][...] for name in attrs.get("inputs", ["images"])}
+            labels = f["labels"][...]
+            groups = f["groups"][...] if "groups" in f else None
     except FileNotFoundError:
         raise ShardError(f"shard {path} is missing; {_fix(path)}") from None
     except (OSError, KeyError) as exc:
         raise ShardError(f"shard {path} is corrupt or truncated ({exc}); {_fix(path)}") from None
-    if verify and content_checksum(images, labels, groups) != attrs.get("checksum"):
+    if verify and content_checksum(inputs, labels, groups) != attrs.get("checksum"):
         raise ShardError(f"shard {path} does not match its checksum (the file was altered or damaged); {_fix(path)}")
-    return Shard(images, labels, groups, attrs)
+    return Shard(inputs, labels, groups, attrs)
 
 
-def read_rows(path: Path, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Rows [start, stop) of a shard (images, labels, groups), without reading the rest."""
+def read_rows(path: Path, start: int, stop: int) -> tuple[Inputs, np.ndarray, np.ndarray | None]:
+    """Rows [start, stop) of a shard (inputs, labels, groups), without reading the rest."""
     try:
         with h5py.File(path, "r") as f:
+            names = json.loads(f.attrs["inputs"]) if "inputs" in f.attrs else ["images"]
             groups = f["groups"][start:stop] if "groups" in f else None
-            return f["images"][start:stop], f["labels"][start:stop], groups
+            return {name: f[name][start:stop] for name in names}, f["labels"][start:stop], groups
     except FileNotFoundError:
         raise ShardError(f"shard {path} is missing; {_fix(path)}") from None
     except (OSError, KeyError) as exc:

@@ -1,7 +1,9 @@
 """Decoded data held by a rank: its clients' shards (cached), its share of the test set.
 
-A worker opens only the shards of the clients it trains, keeps them decoded (uint8,
-on its device) within a memory budget, and evicts the least recently used.
+A worker opens only the shards of the clients it trains, keeps them decoded (as stored:
+uint8 images, integer token ids, on its device) within a memory budget, and evicts the
+least recently used. Model inputs are a tensor (images) or a dict of named tensors (text:
+``input_ids``, ``attention_mask``); everything below handles both alike.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 
 from mpifed.data.prepared import Manifest
-from mpifed.data.shards import read_rows, read_shard
+from mpifed.data.shards import Inputs, read_rows, read_shard
 
 
 def take(inputs: Any, idx: torch.Tensor) -> Any:
@@ -50,8 +52,12 @@ class ClientData:
         return _nbytes(self.inputs) + 8 * self.labels.numel()
 
 
-def to_device(images: np.ndarray, labels: np.ndarray, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.from_numpy(np.ascontiguousarray(images)).to(device), torch.from_numpy(np.ascontiguousarray(labels)).to(device)
+def to_device(inputs: Inputs, labels: np.ndarray, device: torch.device | str) -> tuple[Any, torch.Tensor]:
+    """Model inputs and labels as tensors on ``device``: the ``images`` tensor when that is the
+    only input, else a dict of tensors by name."""
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in inputs.items()}
+    x = tensors["images"] if list(tensors) == ["images"] else tensors
+    return x, torch.from_numpy(np.ascontiguousarray(labels)).to(device)
 
 
 class ClientStore:
@@ -68,8 +74,7 @@ class ClientStore:
             self._cache.move_to_end(cid)
             return self._cache[cid]
         shard = read_shard(self.manifest.client_path(cid), verify=True)
-        images, labels = to_device(shard.images, shard.labels, self.device)
-        data = ClientData(cid, images, labels)
+        data = ClientData(cid, *to_device(shard.inputs, shard.labels, self.device))
         self._cache[cid] = data
         while len(self._cache) > 1 and sum(d.nbytes for d in self._cache.values()) > self.budget:
             self._cache.popitem(last=False)
@@ -96,6 +101,6 @@ def load_eval_batches(manifest: Manifest, batch_size: int, worker: int, workers:
     out = []
     for b in eval_batch_ids(manifest.test_size, batch_size, worker, workers):
         x, y, g = read_rows(manifest.test_path, b * batch_size, min((b + 1) * batch_size, manifest.test_size))
-        images, labels = to_device(x, y, device)
-        out.append(EvalBatch(b, images, labels, torch.from_numpy(g).to(device) if g is not None else None))
+        inputs, labels = to_device(x, y, device)
+        out.append(EvalBatch(b, inputs, labels, torch.from_numpy(g).to(device) if g is not None else None))
     return out

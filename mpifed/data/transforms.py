@@ -1,4 +1,9 @@
-"""Batch transforms on the device: uint8 images to normalised floats, with augmentation.
+"""Batch transforms on the device: stored inputs to what the model takes.
+
+:class:`BatchTransform` turns uint8 images into normalised floats, with augmentation;
+:class:`TokenTransform` turns stored token ids and masks (text) into int64 tensors.
+Both have ``train(x, gen)`` and ``eval(x)``, so the training loop and every method treat
+them alike.
 
 Everything works on whole batches (no per-sample Python), with random numbers drawn
 from the client's own generator so that training is reproducible whichever worker
@@ -10,6 +15,7 @@ before normalising, as ``RandomCrop(padding=p)``), horizontal flip, random rotat
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -74,3 +80,29 @@ class BatchTransform:
             keep = ~(in_y.view(b, 1, h, 1) & in_x.view(b, 1, 1, w))
             x = x * keep
         return x
+
+
+class TokenTransform:
+    """Text batches: a dict of stored integer arrays (token ids, attention mask) to int64
+    tensors for the model; there is no augmentation."""
+
+    augments = False
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+
+    def eval(self, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.long() for k, v in x.items()}
+
+    def train(self, x: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
+        return self.eval(x)
+
+
+def make_transform(manifest: Any, augment: Any, device: torch.device | str) -> BatchTransform | TokenTransform:
+    """The transform for a prepared data set (its manifest) with the config's ``data.augment``."""
+    if manifest.modality == "text":
+        return TokenTransform(device)
+    return BatchTransform(manifest.mean, manifest.std,
+                          manifest.crop_padding if augment.crop_padding is None else augment.crop_padding,
+                          manifest.flip if augment.flip is None else augment.flip, augment.cutout, device,
+                          augment.rotation)
