@@ -10,7 +10,7 @@ import torch
 from conftest import REPO, env, run_debug, tiny
 from textdata import text_run, write_fortunes, write_vocab
 from mpifed import config
-from mpifed.data.prepared import prepare
+from mpifed.data.prepared import prepare, raw_data_missing
 from mpifed.data.raw import DataMissing
 from mpifed.data.shards import read_shard
 from mpifed.data.tokenize import TokenizerMissing
@@ -110,6 +110,7 @@ def test_missing_tokenizer_says_how_to_get_one(tmp_path):
     cfg, _ = config.load(overrides=args)
     with pytest.raises(TokenizerMissing, match="does not exist.*save_pretrained"):
         prepare(cfg, log=lambda s: None)
+    assert raw_data_missing(cfg) == tmp_path / "nowhere"  # table --list names the tokenizer folder, not a traceback
 
 
 def test_config_rejects_a_model_of_the_other_modality_and_text_without_tokenizer(tmp_path):

@@ -201,8 +201,13 @@ def check_raw_inputs(manifest: Manifest) -> None:
 
 def raw_data_missing(cfg: Config) -> Path | None:
     """The folder a config's raw data set is expected in, when it is not there and no prepared
-    folder makes it unnecessary; None otherwise. Reads no data."""
-    if (prepared_dir(cfg) / "manifest.json").exists():
+    folder makes it unnecessary; None otherwise. Reads no data. For text, a missing tokenizer
+    folder is named first: the prepared folder's name depends on it."""
+    try:
+        folder = prepared_dir(cfg)
+    except FileNotFoundError:  # the tokenizer (tokenize.TokenizerMissing)
+        return Path(cfg.data.tokenizer)
+    if (folder / "manifest.json").exists():
         return None
     check = getattr(DATASETS.get(cfg.data.dataset.name), "raw_missing", None)
     return check(cfg.data.dataset.options) if check is not None else None
