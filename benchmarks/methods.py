@@ -38,7 +38,7 @@ def main() -> None:
 
         def one(job):
             m, s = job
-            figs = run_mpifed(a.ranks, base + extra + ["--set", f"algorithm.name={m}", f"run.seed={s}", f"data.partition_seed=0"],
+            figs = run_mpifed(a.ranks, base + extra + ["--set", f"algorithm.name={m}", f"run.seed={s}", "data.partition_seed=0"],
                               Path(tmp), f"{m}-s{s}")
             print(f"  {m:12s} seed {s}: final {figs.summary['final_test_acc']:.4f} best {figs.summary['best_test_acc']:.4f} "
                   f"({figs.summary['wall_time_s']:.0f} s)", flush=True)
@@ -53,7 +53,7 @@ def main() -> None:
         return f"{100 * statistics.fmean(v):6.2f} +- {100 * statistics.pstdev(v):4.2f}"
 
     print(f"\nFashion-MNIST, 10 clients, Dirichlet(0.1), seeds {a.seeds}; extra arguments: {' '.join(extra) or '-'}")
-    print(f"| method | final acc (%) | best acc (%) | final > FedAvg in every seed |\n| --- | --- | --- | --- |")
+    print("| method | final acc (%) | best acc (%) | final > FedAvg in every seed |\n| --- | --- | --- | --- |")
     for m in a.methods:
         beats = all(f > g for f, g in zip(final[m], final["fedavg"])) if m != "fedavg" and "fedavg" in final else "-"
         print(f"| {m} | {fmt(final[m])} | {fmt(best[m])} | {beats} |")

@@ -1,5 +1,3 @@
-import torch
-
 from mpifed.algorithms.scaffold import effective_steps
 
 

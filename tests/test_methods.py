@@ -1,5 +1,4 @@
 """The methods' server and client roles, piece by piece."""
-import numpy as np
 import pytest
 import torch
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import REPO, env, run_debug, tiny
-from textdata import text_run, write_fortunes, write_vocab
+from textdata import text_run, write_fortunes
 from mpifed import config
 from mpifed.data.prepared import prepare, raw_data_missing
 from mpifed.data.raw import DataMissing
