@@ -56,17 +56,45 @@ def test_quick_start_with_11_ranks(has_mpirun, tmp_path):
     assert "MPI, 11 ranks (1 server + 10 workers)" in p.stdout and "final test accuracy" in p.stdout
 
 
+RAISING = '''
+from mpifed.algorithms.base import Algorithm, Client
+from mpifed.registry import ALGORITHMS
+
+
+class RaisingClient(Client):
+    def loss(self, ctx, batch, out):
+        if ctx.round >= 1 and ctx.cid == 3:
+            raise RuntimeError("client 3 fails mid-run")
+        return super().loss(ctx, batch, out)
+
+
+@ALGORITHMS.register("raising")
+class Raising(Algorithm):
+    Client = RaisingClient
+'''
+
+
 @pytest.mark.mpi
 def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
+    plugin = tmp_path / "raising.py"
+    plugin.write_text(RAISING)
+    start = time.time()
+    p = run_mpi(3, tiny(tmp_path, "algorithm.name=raising", "train.participation=1.0", "comm.timeout_s=600")
+                + ["--plugin", str(plugin)], check=False, timeout=120)
+    assert p.returncode != 0 and time.time() - start < 60, "a worker's exception must end the job, not hang it"
+    assert "client 3 fails mid-run" in p.stderr and "[mpifed] rank" in p.stderr
+
+
+@pytest.mark.mpi
+def test_corrupt_shard_stops_the_job_before_training(has_mpirun, tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=1", name="prep"))
     shard = next((tmp_path / "data").glob("*/clients/client_00003.h5"))
     with h5py.File(shard, "r+") as f:
         f["images"][0] = 255 - f["images"][0]   # damage the content; the checksum attribute stays
-    start = time.time()
     p = run_mpi(3, tiny(tmp_path), check=False, timeout=120)
-    assert p.returncode != 0 and time.time() - start < 60
+    assert p.returncode != 0
     assert "does not match its checksum" in p.stderr and "client_00003.h5" in p.stderr
-    assert "[mpifed] rank" in p.stderr
+    assert "round 1/" not in p.stdout
 
 
 @pytest.mark.mpi

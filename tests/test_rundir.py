@@ -214,3 +214,16 @@ def test_stop_before_round_one_says_nothing_was_trained(tmp_path, monkeypatch):
     p = run_debug(tiny(tmp_path), check=False)
     assert p.returncode == 75 and "None" not in p.stdout
     assert "stopped before round 1 on SIGUSR1 received by rank 0: nothing was trained" in p.stdout
+
+
+def test_fingerprint_of_an_image_folder_notices_a_renamed_image(tmp_path):
+    from mpifed.data.fingerprint import first_change, fingerprint
+    folder = tmp_path / "back_pack"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(b"x")
+    recorded = fingerprint([folder])
+    assert recorded["sha256"] and first_change(recorded) is None
+    mtime = folder.stat().st_mtime_ns
+    (folder / "a.jpg").rename(folder / "b.jpg")
+    os.utime(folder, ns=(mtime, mtime))          # even with the folder's time put back
+    assert "changed" in first_change(recorded)

@@ -51,6 +51,9 @@ def first_change(recorded: dict[str, Any]) -> str | None:
 def _digest(files: list[Path]) -> str:
     h = hashlib.sha256()
     for f in files:
+        if f.is_dir():   # a folder of images: its entries' names
+            h.update("\n".join(sorted(os.listdir(f))).encode())
+            continue
         with open(f, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
