@@ -592,6 +592,31 @@ def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def checkpoint_changes(stored: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Compare a checkpoint's math fingerprint with a resolved config dict.
+
+    Returns the dotted keys whose values differ, and the keys the checkpoint predates (added to
+    mpifed after it was written): those count as this version's defaults, so an upgrade that
+    adds a setting does not make older runs unresumable. A checkpoint holding a key this version
+    no longer knows is compared as stored, and that key is reported as differing.
+    """
+    want = math_fingerprint(current)
+    try:
+        filled = math_fingerprint(build(stored).to_dict())
+    except ConfigError:
+        return diff_keys(stored, want), []
+    predates = [k for k in diff_keys(stored, filled) if not _holds(stored, k)]
+    return diff_keys(filled, want), predates
+
+
+def _holds(d: Any, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return False
+        d = d[part]
+    return True
+
+
 def lookup(d: Any, dotted: str) -> Any:
     """The value at a dotted key of a nested dict (None where absent)."""
     for part in dotted.split("."):

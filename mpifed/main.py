@@ -127,10 +127,14 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             if state["rounds_done"] > cfg.train.rounds:
                 raise RunError(f"cannot resume {run_path} with train.rounds={cfg.train.rounds}: it has already "
                                f"completed {state['rounds_done']} rounds. Set train.rounds to at least that")
-            changed = config.diff_keys(state["config_math"], config.math_fingerprint(d))
+            changed, predates = config.checkpoint_changes(state["config_math"], d)
             if changed:
                 raise RunError(f"cannot resume {run_path}: these settings differ from the checkpoint and change the "
                                f"results: {', '.join(changed)}. Undo them, or start a new run (another run.name)")
+            if predates:
+                shown = ", ".join(f"{k}={config.lookup(d, k)!r}" for k in predates)
+                print(f"[mpifed] {run_path}'s checkpoint predates the settings {shown}: resuming with these "
+                      f"defaults", flush=True)
             if status is not None and status["state"] == "finished" and state["rounds_done"] == cfg.train.rounds:
                 return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": True,
                         "nothing_to_do": f"[mpifed] {run_path} is finished ({cfg.train.rounds} rounds): nothing to "

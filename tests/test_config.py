@@ -106,6 +106,24 @@ def test_math_fingerprint_ignores_bookkeeping():
     assert config.diff_keys(config.math_fingerprint(a), config.math_fingerprint(c)) == ["train.lr"]
 
 
+def test_checkpoint_predating_a_setting_resumes_at_its_default():
+    _, d = config.load(overrides=["algorithm.name=fedntd", "algorithm.tau=3"])
+    stored = config.math_fingerprint(d)
+    del stored["data"]["max_length"], stored["algorithm"]["beta"]
+    assert config.checkpoint_changes(stored, d) == ([], ["algorithm.beta", "data.max_length"])
+    _, longer = config.load(overrides=["algorithm.name=fedntd", "algorithm.tau=3", "data.max_length=64"])
+    assert config.checkpoint_changes(stored, longer) == (["data.max_length"], ["algorithm.beta", "data.max_length"])
+    _, other = config.load(overrides=["algorithm.name=fedntd", "algorithm.tau=1"])
+    assert config.checkpoint_changes(stored, other)[0] == ["algorithm.tau"]
+
+
+def test_checkpoint_with_a_setting_this_version_lacks_is_a_difference():
+    _, d = config.load()
+    stored = config.math_fingerprint(d)
+    stored["train"]["retired_knob"] = 1
+    assert config.checkpoint_changes(stored, d) == (["train.retired_knob"], [])
+
+
 def test_reference_lists_every_section():
     ref = config.reference()
     for key in ("run.seed", "data.partition", "train.lr_decay", "algorithm", "comm.timeout_s"):

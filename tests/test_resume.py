@@ -82,6 +82,16 @@ def test_resume_refuses_changes_to_the_math(tmp_path):
     assert "data.partition.beta" in p.stderr and "train.lr" in p.stderr and "change the results" in p.stderr
 
 
+def test_checkpoint_of_an_older_version_resumes_with_the_new_settings_at_their_defaults(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=2"))
+    folder = tmp_path / "runs" / "run" / "checkpoints"
+    state = checkpoint.load(checkpoint.latest(folder))
+    del state["config_math"]["data"]["max_length"]
+    checkpoint.save(folder, state["rounds_done"], state, keep=1)
+    p = run_debug(["--resume", str(tmp_path / "runs" / "run"), "--set", "train.rounds=3"])
+    assert "predates the settings data.max_length=128" in p.stdout and len(metrics(tmp_path / "runs" / "run")) == 3
+
+
 def test_corrupt_checkpoint_is_reported_not_loaded(tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=2"))
     latest = checkpoint.latest(tmp_path / "runs" / "run" / "checkpoints")
