@@ -91,6 +91,14 @@ def csd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets
     return (keep * per_sample).mean()
 
 
+def class_sums(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class sums of the rows of ``values`` (or of its entries, when 1-D) and per-class
+    counts, in ``values``' dtype. A matrix product with the one-hot labels, so deterministic on
+    GPUs (an index_add would not be)."""
+    one_hot = F.one_hot(labels, num_classes).to(values.dtype)
+    return one_hot.T @ values, one_hot.sum(dim=0)
+
+
 def cad_class_weights(teacher_probs: torch.Tensor, labels: torch.Tensor, beta: float, gamma: float,
                       num_classes: int) -> torch.Tensor:
     """FedCAD Eq. 6: alpha_y = (gamma-beta)/2 * E_{x|y}[p_y(x) - sum_{k!=y} p_k(x)] + (gamma+beta)/2.
@@ -101,9 +109,7 @@ def cad_class_weights(teacher_probs: torch.Tensor, labels: torch.Tensor, beta: f
     """
     p_true = teacher_probs.gather(1, labels.view(-1, 1)).squeeze(1)
     margin = 2 * p_true - teacher_probs.sum(dim=1)           # p_y - sum_{k != y} p_k
-    one_hot = F.one_hot(labels, num_classes).to(teacher_probs.dtype)
-    sums = one_hot.T @ margin
-    counts = one_hot.sum(dim=0)
+    sums, counts = class_sums(margin, labels, num_classes)
     mean = sums / counts.clamp(min=1)
     alpha = (gamma - beta) / 2 * mean + (gamma + beta) / 2
     return torch.where(counts > 0, alpha, torch.full_like(alpha, beta))

@@ -5,12 +5,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, Server
 from mpifed.algorithms.teacher import Teacher
 from mpifed.config import opt
-from mpifed.losses import csd_loss
+from mpifed.losses import class_sums, csd_loss
 from mpifed.registry import ALGORITHMS
 
 
@@ -54,9 +53,7 @@ class FedCSDClient(Client):
         which classes it holds."""
         c = self.setup.num_classes
         logits = self.teacher.client_logits(data, transform).double()   # reused by the loss when cached
-        one_hot = F.one_hot(data.labels, c).double()
-        sums = one_hot.T @ logits            # per-class sums (a matrix product: deterministic on GPUs)
-        counts = one_hot.sum(dim=0)
+        sums, counts = class_sums(logits, data.labels, c)
         held = counts > 0
         return torch.where(held[:, None], sums / counts.clamp(min=1)[:, None], torch.zeros_like(sums)), held.double()
 

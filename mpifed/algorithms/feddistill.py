@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, Server, per_client
 from mpifed.config import opt
+from mpifed.losses import class_sums
 from mpifed.registry import ALGORITHMS
 
 
@@ -49,9 +50,9 @@ class FedDistillClient(Client):
 
     def loss(self, ctx, batch, out):
         with torch.no_grad():
-            one_hot = F.one_hot(batch.y, self.setup.num_classes).float()
-            self.sums += one_hot.T @ out.logits.detach().float()     # a matrix product: deterministic on GPUs
-            self.counts += one_hot.sum(dim=0)
+            sums, counts = class_sums(out.logits.detach().float(), batch.y, self.setup.num_classes)
+            self.sums += sums
+            self.counts += counts
         ce = F.cross_entropy(out.logits, batch.y)
         if not self.active:
             return ce

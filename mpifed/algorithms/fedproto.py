@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, Server, summed
 from mpifed.config import opt
+from mpifed.losses import class_sums
 from mpifed.registry import ALGORITHMS
 
 
@@ -46,9 +47,9 @@ class FedProtoClient(Client):
 
     def loss(self, ctx, batch, out):
         if ctx.epoch == self.setup.train.local_epochs - 1:
-            one_hot = F.one_hot(batch.y, self.setup.num_classes).double()
-            self.feature_sums += one_hot.T @ out.features.detach().double()   # a matrix product: deterministic on GPUs
-            self.counts += one_hot.sum(dim=0)
+            sums, counts = class_sums(out.features.detach().double(), batch.y, self.setup.num_classes)
+            self.feature_sums += sums
+            self.counts += counts
         ce = F.cross_entropy(out.logits, batch.y)
         if not self.active:
             return ce
