@@ -58,6 +58,14 @@ def test_cifar_missing_says_where(tmp_path):
         load("cifar10", root=str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["femnist", "cinic10", "tiny_imagenet", "office_caltech"])
+def test_folder_data_sets_missing_say_where(tmp_path, name):
+    (tmp_path / "train").mkdir()
+    assert DATASETS.get(name).raw_missing(DATASETS.get(name).Options(root=str(tmp_path))) == tmp_path
+    with pytest.raises(DataMissing, match="data.dataset.root"):
+        load(name, root=str(tmp_path))
+
+
 def test_mnist_idx_files(tmp_path):
     for prefix, n in (("train", 12), ("t10k", 4)):
         write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", RNG.integers(0, 255, (n, 28, 28), dtype=np.uint8))

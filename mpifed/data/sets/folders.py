@@ -62,6 +62,8 @@ class Cinic10:
     @staticmethod
     def load(options) -> RawData:
         root = Path(options.root)
+        if Cinic10.raw_missing(options) is not None:
+            raise DataMissing(f"CINIC-10: {root} must hold the train/ and test/ class folders; set data.dataset.root")
         classes = class_names(root / "train")
         trx, try_ = read_class_folders(root / "train", classes, 32)
         if options.include_valid:
@@ -94,7 +96,7 @@ class TinyImageNet:
     @staticmethod
     def load(options) -> RawData:
         root = Path(options.root)
-        if not (root / "wnids.txt").is_file():
+        if TinyImageNet.raw_missing(options) is not None:
             raise DataMissing(f"Tiny-ImageNet: {root}/wnids.txt not found; set data.dataset.root")
         wnids = (root / "wnids.txt").read_text().split()
         xs, ys = [], []

@@ -59,7 +59,7 @@ class Femnist:
     @staticmethod
     def load(options) -> RawData:
         root = Path(options.root)
-        if not (root / "train").is_dir() or not (root / "test").is_dir():
+        if Femnist.raw_missing(options) is not None:
             raise DataMissing(f"FEMNIST: {root} must hold LEAF's train/ and test/ folders of JSON files "
                               f"(made by LEAF's preprocess.sh); set data.dataset.root")
         writers: dict[str, int] = {}
