@@ -269,16 +269,26 @@ def listing(table: Table, extra: list[str]) -> str:
     from mpifed.data.prepared import raw_data_missing
     missing: dict[str, Path | None] = {}
     lines = []
+    tokenizers: set[str] = set()
     for r in table.runs:
         key = f"{r.setting}/{r.method}/{r.seed}"
-        missing[key] = raw_data_missing(config.build(r.resolved))
-        mark = f"  [raw data missing: expects {missing[key]}]" if missing[key] is not None else ""
+        cfg = config.build(r.resolved)
+        missing[key] = raw_data_missing(cfg)
+        what = "raw data"
+        if missing[key] is not None and cfg.data.tokenizer is not None and missing[key] == Path(cfg.data.tokenizer):
+            what = "tokenizer"
+            tokenizers.add(str(missing[key]))
+        mark = f"  [{what} missing: expects {missing[key]}]" if missing[key] is not None else ""
         lines.append(f"{status(r):>9}  {shlex.join(r.args(extra))}{mark}")
-    folders = sorted({str(p) for p in missing.values() if p is not None})
+    folders = sorted({str(p) for p in missing.values() if p is not None} - tokenizers)
+    count = sum(p is not None for p in missing.values())
     if folders:
-        count = sum(p is not None for p in missing.values())
-        lines.append(f"{count} of {len(table.runs)} runs lack their raw data; put it in (or point data.dataset.root at): "
-                     + ", ".join(folders))
+        lines.append("runs lack their raw data; put it in (or point data.dataset.root at): " + ", ".join(folders))
+    if tokenizers:
+        lines.append("runs lack their tokenizer folder; save the tokenizer there (docs/text.md), or point data.tokenizer "
+                     "at one: " + ", ".join(sorted(tokenizers)))
+    if count:
+        lines.append(f"{count} of {len(table.runs)} runs cannot start until then")
     return "\n".join(lines)
 
 

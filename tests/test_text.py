@@ -2,14 +2,17 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from conftest import REPO, env, run_debug, tiny
 from textdata import text_run, write_fortunes
 from mpifed import config
+from mpifed.data.fingerprint import first_change
 from mpifed.data.prepared import prepare, raw_data_missing
 from mpifed.data.raw import DataMissing
 from mpifed.data.shards import read_shard
@@ -105,12 +108,48 @@ def test_tokenized_shards_hold_the_tokenizers_ids(tmp_path):
     assert got == sorted(map(tuple, reference(raw.train_texts)[0].tolist()))
 
 
+def test_text_manifest_fingerprints_the_raw_files(tmp_path):
+    cfg, _ = config.load(overrides=text_run(tmp_path)[1:])
+    m = prepare(cfg, log=lambda s: None)
+    assert sorted(Path(e["path"]).name for e in m.raw_inputs["files"]) == ["computers", "politics", "science"]
+    assert first_change(m.raw_inputs) is None
+    with open(tmp_path / "fortunes" / "politics", "a") as f:
+        f.write("An added fortune.\n%\n")
+    assert "politics" in first_change(m.raw_inputs)
+
+
+@pytest.mark.parametrize("name, present", [("ag_news", ["train.csv", "test.csv"]), ("sst5", ["train.jsonl", "test.jsonl"]),
+                                           ("fortunes", ["computers", "men-women", "politics", "science"])])
+def test_text_data_sets_say_when_their_files_are_missing(tmp_path, name, present):
+    entry = DATASETS.get(name)
+    options = entry.Options(root=str(tmp_path))
+    for f in present[:-1]:
+        (tmp_path / f).write_text("")
+    assert entry.raw_missing(options) == tmp_path
+    (tmp_path / present[-1]).write_text("")
+    assert entry.raw_missing(options) is None
+
+
 def test_missing_tokenizer_says_how_to_get_one(tmp_path):
     args = text_run(tmp_path)[1:] + [f"data.tokenizer={tmp_path / 'nowhere'}"]
     cfg, _ = config.load(overrides=args)
     with pytest.raises(TokenizerMissing, match="does not exist.*save_pretrained"):
         prepare(cfg, log=lambda s: None)
     assert raw_data_missing(cfg) == tmp_path / "nowhere"  # table --list names the tokenizer folder, not a traceback
+
+
+def test_table_list_names_a_missing_tokenizer_as_such(tmp_path, capsys):
+    from mpifed.table import main as table_main
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"data": {
+        "dataset": {"name": "fortunes", "root": str(write_fortunes(tmp_path / "fortunes")),
+                    "categories": ["computers", "politics", "science"]},
+        "tokenizer": str(tmp_path / "nowhere")}, "model": {"name": "distilbert", "vocab_size": 64}}))
+    (tmp_path / "a.yaml").write_text("algorithm: fedavg\n")
+    (tmp_path / "t.table.yaml").write_text("title: T\nmetric: {kind: final}\nsettings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\n")
+    assert table_main([str(tmp_path / "t.table.yaml"), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert f"[tokenizer missing: expects {tmp_path / 'nowhere'}]" in out and "raw data" not in out
+    assert f"save the tokenizer there (docs/text.md), or point data.tokenizer at one: {tmp_path / 'nowhere'}" in out
 
 
 def test_config_rejects_a_model_of_the_other_modality_and_text_without_tokenizer(tmp_path):

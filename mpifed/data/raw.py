@@ -41,7 +41,8 @@ def select(x: Arrays, idx: np.ndarray | slice) -> Arrays:
 
 @dataclass
 class RawText:
-    """Texts and int64 labels of a train and a test split (tokenized later, by the prepare step)."""
+    """Texts and int64 labels of a train and a test split (tokenized later, by the prepare step),
+    and the raw files read (for the manifest's fingerprint)."""
 
     train_texts: list[str]
     train_y: np.ndarray
@@ -49,6 +50,7 @@ class RawText:
     test_y: np.ndarray
     num_classes: int
     source: str
+    files: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("train", "test"):

@@ -88,5 +88,5 @@ def tokenize(raw: RawText, folder: str | Path, max_length: int,
     log(f"[prepare] tokenizing {len(raw.train_texts) + len(raw.test_texts)} texts with {tokenizer_file(folder)} "
         f"(length {max_length}) ...")
     data = RawData(encode(raw.train_texts, tok), raw.train_y, encode(raw.test_texts, tok), raw.test_y,
-                   raw.num_classes, raw.source)
+                   raw.num_classes, raw.source, files=raw.files)
     return data, tok.get_vocab_size()

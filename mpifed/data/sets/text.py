@@ -60,6 +60,11 @@ class AgNews:
         fraction_seed: int = opt(0, "seed of the kept fraction", min=0)
 
     @staticmethod
+    def raw_missing(options: "AgNews.Options") -> Path | None:
+        root = Path(options.root)
+        return None if all((root / n).is_file() for n in ("train.csv", "test.csv")) else root
+
+    @staticmethod
     def load(options: "AgNews.Options") -> RawText:
         root = Path(options.root)
         missing = [n for n in ("train.csv", "test.csv") if not (root / n).is_file()]
@@ -69,7 +74,7 @@ class AgNews:
         train, ytr = read_ag_news_csv(root / "train.csv")
         test, yte = read_ag_news_csv(root / "test.csv")
         train, ytr = _keep_fraction(train, ytr, options.train_fraction, options.fraction_seed)
-        return RawText(train, ytr, test, yte, 4, f"AG News CSV in {root}")
+        return RawText(train, ytr, test, yte, 4, f"AG News CSV in {root}", files=[root / "train.csv", root / "test.csv"])
 
 
 # ------------------------------------------------------------------------------ SST-5
@@ -157,23 +162,34 @@ class SST5:
         format: Literal["auto", "ptb", "jsonl", "tsv"] = opt("auto", "file format; auto: the first of .txt, .jsonl, .tsv present")
 
     @staticmethod
-    def load(options: "SST5.Options") -> RawText:
+    def _format(options: "SST5.Options") -> str | None:
+        """The first requested format whose train and test files are both in the folder."""
         root = Path(options.root)
         formats = list(_SST_READERS) if options.format == "auto" else [options.format]
-        for fmt in formats:
-            suffix, reader = _SST_READERS[fmt]
-            if (root / f"train{suffix}").is_file() and (root / f"test{suffix}").is_file():
-                break
-        else:
+        return next((f for f in formats if all((root / f"{s}{_SST_READERS[f][0]}").is_file() for s in ("train", "test"))),
+                    None)
+
+    @staticmethod
+    def raw_missing(options: "SST5.Options") -> Path | None:
+        return None if SST5._format(options) is not None else Path(options.root)
+
+    @staticmethod
+    def load(options: "SST5.Options") -> RawText:
+        root = Path(options.root)
+        fmt = SST5._format(options)
+        if fmt is None:
+            formats = list(_SST_READERS) if options.format == "auto" else [options.format]
             names = " or ".join(f"train{_SST_READERS[f][0]} + test{_SST_READERS[f][0]}" for f in formats)
             raise DataMissing(f"SST-5: {names} not found in {root}. Get the treebank's trainDevTestTrees_PTB "
                               f"(train.txt, dev.txt, test.txt) or an SST-5 JSONL/TSV export and point data.dataset.root at it")
-        train, ytr = reader(root / f"train{suffix}")
-        test, yte = reader(root / f"test{suffix}")
+        suffix, reader = _SST_READERS[fmt]
+        files = [root / f"train{suffix}", root / f"test{suffix}"]
+        train, ytr = reader(files[0])
+        test, yte = reader(files[1])
         bad = sorted({v for v in ytr + yte if not 0 <= v <= 4})
         if bad:
             raise ValueError(f"SST-5 in {root}: labels must be 0-4, found {bad[:5]}")
-        return RawText(train, _labels(ytr), test, _labels(yte), 5, f"SST-5 ({fmt}) in {root}")
+        return RawText(train, _labels(ytr), test, _labels(yte), 5, f"SST-5 ({fmt}) in {root}", files=files)
 
 
 # ------------------------------------------------------------------------------ fortunes
@@ -204,6 +220,11 @@ class Fortunes:
         split_seed: int = opt(0, "seed of the train/test split", min=0)
 
     @staticmethod
+    def raw_missing(options: "Fortunes.Options") -> Path | None:
+        root = Path(options.root)
+        return None if all((root / c).is_file() for c in options.categories) else root
+
+    @staticmethod
     def load(options: "Fortunes.Options") -> RawText:
         root = Path(options.root)
         if len(options.categories) < 2:
@@ -221,4 +242,4 @@ class Fortunes:
         y = _labels(labels)
         tr, te = stratified_split(y, options.test_fraction, options.split_seed)
         return RawText([texts[i] for i in tr], y[tr], [texts[i] for i in te], y[te], len(options.categories),
-                       f"fortunes {', '.join(options.categories)} in {root}")
+                       f"fortunes {', '.join(options.categories)} in {root}", files=[root / c for c in options.categories])
