@@ -227,3 +227,21 @@ def test_fingerprint_of_an_image_folder_notices_a_renamed_image(tmp_path):
     (folder / "a.jpg").rename(folder / "b.jpg")
     os.utime(folder, ns=(mtime, mtime))          # even with the folder's time put back
     assert "changed" in first_change(recorded)
+
+
+def test_fingerprint_accepts_the_same_bytes_written_again(tmp_path, monkeypatch):
+    from mpifed.data import fingerprint as fp
+    f = tmp_path / "train.csv"
+    f.write_bytes(b"1,a\n")
+    recorded = fp.fingerprint([f])
+    f.write_bytes(b"1,a\n")
+    os.utime(f, ns=(1, 10**18))
+    assert fp.first_change(recorded) is None            # copied again: same bytes, newer time
+    f.write_bytes(b"2,a\n")
+    assert "content of the raw files" in fp.first_change(recorded) and "train.csv" in fp.first_change(recorded)
+    monkeypatch.setattr(fp, "HASH_LIMIT", 1)            # too large to hash: the time is all there is
+    f.write_bytes(b"1,a\n")
+    unhashed = fp.fingerprint([f])
+    assert unhashed["sha256"] is None
+    os.utime(f, ns=(1, 10**18))
+    assert "was modified after the data was prepared" in fp.first_change(unhashed)

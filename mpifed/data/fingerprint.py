@@ -3,7 +3,8 @@
 The manifest records each raw file's absolute path, size and modification time, and a
 SHA-256 over all their contents when they are small enough to hash at every start-up
 (``HASH_LIMIT`` bytes in all). A run compares the files on disk with it before using the
-shards: a file whose size, time or content changed stops the run. A recorded file that no
+shards: a file whose size or content changed stops the run (with no content hash, a newer
+modification time counts as a change). A recorded file that no
 longer exists is not an error (the raw data may be deleted once prepared).
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def fingerprint(files: list[Path]) -> dict[str, Any]:
 
 def first_change(recorded: dict[str, Any]) -> str | None:
     """How the raw files differ from ``recorded`` (the first difference, naming the file), or None."""
-    present = []
+    present, touched = [], []
     for e in recorded.get("files", []):
         path = Path(e["path"])
         try:
@@ -41,10 +42,15 @@ def first_change(recorded: dict[str, Any]) -> str | None:
         if st.st_size != e["size"]:
             return f"{path} changed size ({e['size']} bytes when prepared, {st.st_size} now)"
         if st.st_mtime_ns != e["mtime_ns"]:
-            return f"{path} was modified after the data was prepared"
+            touched.append(path)
         present.append(path)
-    if recorded.get("sha256") and len(present) == len(recorded["files"]) and _digest(present) != recorded["sha256"]:
-        return f"the content of the raw files ({', '.join(str(p) for p in present)}) changed"
+    if recorded.get("sha256") and len(present) == len(recorded["files"]):
+        if _digest(present) == recorded["sha256"]:
+            return None   # rewritten or copied again with the same bytes
+        changed = touched or present
+        return f"the content of the raw files ({', '.join(str(p) for p in changed)}) changed"
+    if touched:
+        return f"{touched[0]} was modified after the data was prepared"
     return None
 
 
