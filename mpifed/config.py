@@ -538,20 +538,22 @@ def _per_algorithm(layer: dict[str, Any], source: str) -> dict[str, Any]:
 
 def load(paths: list[str] | None = None, overrides: list[str] | None = None,
          base: dict[str, Any] | None = None) -> tuple[Config, dict[str, Any]]:
-    """Defaults (or ``base``, e.g. a run's saved config), then each YAML file, then the files'
-    ``per_algorithm`` values for the chosen algorithm, then each ``key=value`` override;
+    """Defaults (or ``base``, e.g. a run's saved config), then each YAML file (with its
+    ``per_algorithm`` values for the chosen algorithm), then each ``key=value`` override;
     returns the config and its plain dict.
 
     ``per_algorithm`` lets a setting file hold the values a paper uses for a method on that
-    setting (FedProx's mu per data set, say): they are merged after every file, method files
-    included, and before the command line's ``--set``.
+    setting (FedProx's mu per data set, say). They count as written in that file, once the
+    algorithm is known: over the files before it, under the files after it (a method file
+    that sets mu itself, for a sweep, wins), and under the command line's ``--set``.
     """
     data = merge(to_dict(Config()), base) if base else to_dict(Config())
-    per_algorithm: dict[str, Any] = {}
+    layers: list[dict[str, Any]] = []
+    per_algorithm: list[dict[str, Any]] = []
     for p in paths or []:
-        layer = read_yaml(find_config(p))
-        per_algorithm = merge(per_algorithm, _per_algorithm(layer, str(p)))
-        data = merge(data, layer)
+        layers.append(read_yaml(find_config(p)))
+        per_algorithm.append(_per_algorithm(layers[-1], str(p)))
+        data = merge(data, layers[-1])
 
     # a choice's name first, so that `--set x.opt=1 x.name=y` keeps x.opt
     def picks_choice(o: str) -> bool:
@@ -565,8 +567,13 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
         chosen = merge(chosen, ordered[-1])
     algorithm = chosen.get("algorithm", {})
     name = algorithm.get("name") if isinstance(algorithm, dict) else algorithm
-    if name in per_algorithm:
-        data = merge(data, per_algorithm[name])
+    for o in ordered:   # the algorithm chosen by --set first: its section would replace the per_algorithm values
+        data = merge(data, o)
+    for i, section in enumerate(per_algorithm):
+        if name in section:
+            data = merge(data, section[name])
+            for later in layers[i + 1:]:    # a later file still wins over an earlier file's per_algorithm
+                data = merge(data, later)
     for o in ordered:
         data = merge(data, o)
     cfg = build(data)

@@ -124,6 +124,18 @@ def test_checkpoint_with_a_setting_this_version_lacks_is_a_difference():
     assert config.checkpoint_changes(stored, d) == (["train.retired_knob"], [])
 
 
+def test_per_algorithm_values_count_as_written_in_their_file(tmp_path):
+    (tmp_path / "setting.yaml").write_text("per_algorithm:\n  moon: {algorithm: {mu: 5.0}}\n  fedprox: {algorithm: {mu: 0.1}}\n")
+    (tmp_path / "moon.yaml").write_text("algorithm: {name: moon, tau: 0.5}\n")
+    (tmp_path / "moon-mu1.yaml").write_text("base: moon.yaml\nalgorithm: {mu: 1.0}\n")
+    setting, moon, sweep = (str(tmp_path / f) for f in ("setting.yaml", "moon.yaml", "moon-mu1.yaml"))
+    assert config.load([setting, moon])[0].algorithm.options.mu == 5.0          # the setting's value for this method
+    assert config.load([setting, sweep])[0].algorithm.options.mu == 1.0         # a later file wins
+    assert config.load([sweep, setting])[0].algorithm.options.mu == 5.0         # ... and so does a later setting
+    assert config.load([setting, sweep], ["algorithm.mu=2"])[0].algorithm.options.mu == 2.0
+    assert config.load([setting], ["algorithm.name=moon"])[0].algorithm.options.mu == 5.0
+
+
 def test_reference_lists_every_section():
     ref = config.reference()
     for key in ("run.seed", "data.partition", "train.lr_decay", "algorithm", "comm.timeout_s"):
