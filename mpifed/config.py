@@ -567,8 +567,7 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
         chosen = merge(chosen, ordered[-1])
     algorithm = chosen.get("algorithm", {})
     name = algorithm.get("name") if isinstance(algorithm, dict) else algorithm
-    for o in ordered:   # the algorithm chosen by --set first: its section would replace the per_algorithm values
-        data = merge(data, o)
+    data = chosen   # the algorithm chosen by --set first: its section would replace the per_algorithm values
     for i, section in enumerate(per_algorithm):
         if name in section:
             data = merge(data, section[name])

@@ -267,23 +267,22 @@ def listing(table: Table, extra: list[str]) -> str:
     """Each run's status, directory and mpifed arguments; runs whose raw data is missing are
     marked with the folder they expect."""
     from mpifed.data.prepared import raw_data_missing
-    missing: dict[str, Path | None] = {}
     lines = []
+    folders: set[str] = set()
     tokenizers: set[str] = set()
+    count = 0
     for r in table.runs:
-        key = f"{r.setting}/{r.method}/{r.seed}"
         cfg = config.build(r.resolved)
-        missing[key] = raw_data_missing(cfg)
-        what = "raw data"
-        if missing[key] is not None and cfg.data.tokenizer is not None and missing[key] == Path(cfg.data.tokenizer):
-            what = "tokenizer"
-            tokenizers.add(str(missing[key]))
-        mark = f"  [{what} missing: expects {missing[key]}]" if missing[key] is not None else ""
+        missing = raw_data_missing(cfg)
+        mark = ""
+        if missing is not None:
+            count += 1
+            tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
+            (tokenizers if tokenizer else folders).add(str(missing))
+            mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
         lines.append(f"{status(r):>9}  {shlex.join(r.args(extra))}{mark}")
-    folders = sorted({str(p) for p in missing.values() if p is not None} - tokenizers)
-    count = sum(p is not None for p in missing.values())
     if folders:
-        lines.append("runs lack their raw data; put it in (or point data.dataset.root at): " + ", ".join(folders))
+        lines.append("runs lack their raw data; put it in (or point data.dataset.root at): " + ", ".join(sorted(folders)))
     if tokenizers:
         lines.append("runs lack their tokenizer folder; save the tokenizer there (docs/text.md), or point data.tokenizer "
                      "at one: " + ", ".join(sorted(tokenizers)))

@@ -162,11 +162,14 @@ class SST5:
         format: Literal["auto", "ptb", "jsonl", "tsv"] = opt("auto", "file format; auto: the first of .txt, .jsonl, .tsv present")
 
     @staticmethod
+    def _formats(options: "SST5.Options") -> list[str]:
+        return list(_SST_READERS) if options.format == "auto" else [options.format]
+
+    @staticmethod
     def _format(options: "SST5.Options") -> str | None:
         """The first requested format whose train and test files are both in the folder."""
         root = Path(options.root)
-        formats = list(_SST_READERS) if options.format == "auto" else [options.format]
-        return next((f for f in formats if all((root / f"{s}{_SST_READERS[f][0]}").is_file() for s in ("train", "test"))),
+        return next((f for f in SST5._formats(options) if all((root / f"{s}{_SST_READERS[f][0]}").is_file() for s in ("train", "test"))),
                     None)
 
     @staticmethod
@@ -178,8 +181,7 @@ class SST5:
         root = Path(options.root)
         fmt = SST5._format(options)
         if fmt is None:
-            formats = list(_SST_READERS) if options.format == "auto" else [options.format]
-            names = " or ".join(f"train{_SST_READERS[f][0]} + test{_SST_READERS[f][0]}" for f in formats)
+            names = " or ".join(f"train{_SST_READERS[f][0]} + test{_SST_READERS[f][0]}" for f in SST5._formats(options))
             raise DataMissing(f"SST-5: {names} not found in {root}. Get the treebank's trainDevTestTrees_PTB "
                               f"(train.txt, dev.txt, test.txt) or an SST-5 JSONL/TSV export and point data.dataset.root at it")
         suffix, reader = _SST_READERS[fmt]
