@@ -30,13 +30,17 @@ class RunFigures:
         return sum(self.summary["peak_rss_mb_per_rank"])
 
 
-def run_mpifed(ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600) -> RunFigures:
-    """Run mpifed with ``args`` (plus run.root/run.name) and collect its per-round figures."""
-    sets = ["--set", f"run.root={run_root}", f"run.name={name}"]
+def run_mpifed(ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600,
+               resume: bool = False) -> RunFigures:
+    """Run mpifed with ``args`` (plus run.root/run.name) and collect its per-round figures.
+
+    ``resume``: continue the run already in ``run_root/name`` (a finished one is left as it is)
+    instead of overwriting it; the wall and start-up times then describe this call only."""
+    sets = ["--set", f"run.root={run_root}", f"run.name={name}", "--resume" if resume else "--overwrite"]
     if ranks == 0:
-        cmd = [sys.executable, "-m", "mpifed.main", *args, *sets, "--overwrite"]
+        cmd = [sys.executable, "-m", "mpifed.main", *args, *sets]
     else:
-        cmd = [str(REPO / "launch" / "local.sh"), str(ranks), *args, *sets, "--overwrite"]
+        cmd = [str(REPO / "launch" / "local.sh"), str(ranks), *args, *sets]
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPO))
     start = time.time()
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
