@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from mpifed import __version__
+from mpifed.pipes import quiet_when_pipe_closes
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -34,6 +35,7 @@ def shipped() -> list[str]:
     return sorted(f"configs/{p.relative_to(CONFIGS).as_posix()}" for p in CONFIGS.rglob("*.yaml"))
 
 
+@quiet_when_pipe_closes
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mpifed config", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

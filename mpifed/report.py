@@ -31,6 +31,7 @@ import numpy as np
 import yaml
 
 from mpifed import config, results
+from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.rundir import RunDir
 from mpifed.table import Summary, finished_runs, load_table, resolve, stored_identity, tabulate
 
@@ -193,6 +194,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "runs"
 
 
+@quiet_when_pipe_closes
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpifed.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -30,6 +30,7 @@ import yaml
 
 from mpifed import __version__, config, results
 from mpifed.packaged import find_config
+from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.rundir import RunDir
 
 
@@ -291,6 +292,7 @@ def listing(table: Table, extra: list[str]) -> str:
     return "\n".join(lines)
 
 
+@quiet_when_pipe_closes
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,5 +1,9 @@
 """The command-line tools: the `mpifed` dispatcher, --version and help text on every flag, shipped configs."""
 import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +85,18 @@ def test_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch, cap
     assert packaged.main(["copy", "mine"]) == 0
     assert (tmp_path / "mine" / "papers" / "fedntd" / "table1.table.yaml").is_file()
     assert packaged.main(["copy", "mine"]) == 2 and "--force" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["table", "configs/papers/fedntd/table1.table.yaml", "--list"], ["config", "list"]])
+def test_a_listing_into_a_closed_pipe_ends_without_a_traceback(command, tmp_path):
+    """`mpifed table X --list | head -1`: the reader leaves early; the command stops quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "mpifed.cli", *command], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
