@@ -363,14 +363,14 @@ def _place(cfg: config.Config, comm: Any, rank: int, size: int) -> tuple["torch.
     """This rank's device and torch threads (set here), and its host name."""
     import torch
 
-    from mpifed.placement import choose_device, choose_threads, node_slot
+    from mpifed.placement import choose_device, choose_threads, node_slot, set_deterministic
     is_server = rank == 0 and size > 1
     slot = node_slot(comm if size > 1 else None, is_server)
     threads = choose_threads(cfg.resources.threads, slot.ranks_on_node)
     torch.set_num_threads(threads)
     if cfg.resources.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(cfg.resources.deterministic)
+    set_deterministic(cfg.resources.deterministic)
     torch.backends.cudnn.benchmark = False
     gpus = torch.cuda.device_count()
     device = choose_device(is_server, slot.worker_index, cfg.resources.device, cfg.resources.server_device, gpus)

@@ -1,6 +1,8 @@
 """Flat model state, SGD, round planning, placement, IDX files, checkpoints."""
 import copy
 import gzip
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -144,3 +146,21 @@ def test_checkpoint_round_trip_keep_and_corruption(tmp_path):
     path.write_bytes(b"garbage")
     with pytest.raises(checkpoint.CheckpointError, match="bad header"):
         checkpoint.load(path)
+
+
+def test_default_placement_leaves_the_compiler_stack_unloaded():
+    """torch.use_deterministic_algorithms imports torch._inductor (about 1.5 s and 170 MB a rank);
+    a rank placed with the default (deterministic off) must not call it, and a switch in the
+    same process (the re-entrant main) must still take effect."""
+    code = ("import sys, torch\n"
+            "from mpifed import config\n"
+            "from mpifed.main import _place\n"
+            "from mpifed.placement import set_deterministic\n"
+            "_place(config.load()[0], None, 0, 1)\n"
+            "print('torch._inductor' in sys.modules)\n"
+            "set_deterministic(True)\n"
+            "print(torch.are_deterministic_algorithms_enabled())\n"
+            "set_deterministic(False)\n"
+            "print(torch.are_deterministic_algorithms_enabled())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "False"]
