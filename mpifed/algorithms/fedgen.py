@@ -243,9 +243,10 @@ class FedGen(Algorithm):
     {0.1, 1, 10} and never picks 10; its reimplementation drops the beta term (``beta: 0``) and
     sets alpha per data set (0.1 CIFAR-10, 1 CIFAR-100, 0.1 Tiny-ImageNet, whose generator is
     2048 wide with 2048 noise dimensions; see configs/papers/fedgkd). With plain SGD
-    (``train.momentum: 0``), FedGen's own values are ``alpha: 10, beta: 10``. FedGen's ``early_stop`` (no regulariser after 20 local epochs) is
-    not implemented (no table runs more than 20). The server's draws come from its own
-    generator seeded by ``run.seed``, so MPI and debug runs agree.
+    (``train.momentum: 0``), FedGen's own values are ``alpha: 10, beta: 10``. FedGen's
+    ``early_stop`` (no regulariser after 20 local epochs) is not implemented (no table runs
+    more than 20). The server's draws come from its own generator seeded by ``run.seed``, so MPI
+    and debug runs agree.
     """
 
     @dataclass
