@@ -110,7 +110,7 @@ class RunConfig:
 class ResourcesConfig:
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "workers' device: cuda:(local worker index % GPUs on the node) when GPUs are visible (auto), or forced", math=False)
     server_device: Literal["cpu", "cuda"] = opt("cpu", "the server's device (cuda means the node's first visible GPU)", math=False)
-    threads: int = opt(0, "torch threads per rank; 0: the node's cores divided by its ranks (at least 1)", min=0, math=False)
+    threads: int = opt(1, "torch threads per rank, the same in every mode (debug, any rank count). On the CPU the count changes a run's numbers (how sums are split), so it is part of a run's identity; 0: the node's cores divided by its ranks (then the numbers depend on the machine and the rank count)", min=0)
     cache_mb: int = opt(2048, "per-worker memory budget for decoded client data (least recently used evicted)", min=1, math=False)
     deterministic: bool = opt(False, "bit-reproducible GPU runs: deterministic torch algorithms (slower); CPU runs are always reproducible", math=False)
     client_state_mb: int = opt(1024, "per-worker memory for per-client state (MOON's previous models, SCAFFOLD's controls); what does not fit is kept on disk in the run directory", min=0, math=False)
@@ -598,13 +598,15 @@ def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def checkpoint_changes(stored: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+def checkpoint_changes(stored: dict[str, Any], current: dict[str, Any],
+                       saved: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
     """Compare a checkpoint's math fingerprint with a resolved config dict.
 
     Returns the dotted keys whose values differ, and the keys the checkpoint predates (added to
-    mpifed after it was written): those count as this version's defaults, so an upgrade that
-    adds a setting does not make older runs unresumable. A checkpoint holding a key this version
-    no longer knows is compared as stored, and that key is reported as differing.
+    mpifed, or made part of the math, after it was written): those count as what the run's saved
+    config.yaml (``saved``) holds, else as this version's defaults, so an upgrade does not make
+    older runs unresumable. A checkpoint holding a key this version no longer knows is compared
+    as stored, and that key is reported as differing.
     """
     want = math_fingerprint(current)
     try:
@@ -612,7 +614,17 @@ def checkpoint_changes(stored: dict[str, Any], current: dict[str, Any]) -> tuple
     except ConfigError:
         return diff_keys(stored, want), []
     predates = [k for k in diff_keys(stored, filled) if not _holds(stored, k)]
+    for key in predates:
+        if saved is not None and _holds(saved, key):
+            _put(filled, key, lookup(saved, key))
     return diff_keys(filled, want), predates
+
+
+def _put(d: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        d = d.setdefault(part, {})
+    d[last] = value
 
 
 def _holds(d: Any, dotted: str) -> bool:

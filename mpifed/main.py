@@ -127,7 +127,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             if state["rounds_done"] > cfg.train.rounds:
                 raise RunError(f"cannot resume {run_path} with train.rounds={cfg.train.rounds}: it has already "
                                f"completed {state['rounds_done']} rounds. Set train.rounds to at least that")
-            changed, predates = config.checkpoint_changes(state["config_math"], d)
+            changed, predates = config.checkpoint_changes(state["config_math"], d, base)
             if changed:
                 raise RunError(f"cannot resume {run_path}: these settings differ from the checkpoint and change the "
                                f"results: {', '.join(changed)}. Undo them, or start a new run (another run.name)")

@@ -100,7 +100,7 @@ def test_algorithm_needing_server_data_says_how():
 
 def test_math_fingerprint_ignores_bookkeeping():
     _, a = config.load()
-    _, b = config.load(overrides=["train.rounds=99", "run.eval_every=5", "resources.threads=3"])
+    _, b = config.load(overrides=["train.rounds=99", "run.eval_every=5", "run.checkpoint_every=3"])
     _, c = config.load(overrides=["train.lr=0.3"])
     assert config.diff_keys(config.math_fingerprint(a), config.math_fingerprint(b)) == []
     assert config.diff_keys(config.math_fingerprint(a), config.math_fingerprint(c)) == ["train.lr"]
@@ -115,6 +115,18 @@ def test_checkpoint_predating_a_setting_resumes_at_its_default():
     assert config.checkpoint_changes(stored, longer) == (["data.max_length"], ["algorithm.beta", "data.max_length"])
     _, other = config.load(overrides=["algorithm.name=fedntd", "algorithm.tau=1"])
     assert config.checkpoint_changes(stored, other)[0] == ["algorithm.tau"]
+
+
+def test_checkpoint_predating_a_key_compares_it_with_the_runs_saved_config():
+    """resources.threads became part of the math after runs were made with threads 0 (then the
+    default): their config.yaml says 0, their checkpoint's math fingerprint nothing."""
+    _, d = config.load(overrides=["resources.threads=0"])
+    stored = config.math_fingerprint(d)
+    del stored["resources"]["threads"]
+    assert config.checkpoint_changes(stored, d, saved=d) == ([], ["resources.threads"])
+    assert config.checkpoint_changes(stored, d)[0] == ["resources.threads"]          # without it: the default, 1
+    _, two = config.load(overrides=["resources.threads=2"])
+    assert config.checkpoint_changes(stored, two, saved=d)[0] == ["resources.threads"]
 
 
 def test_checkpoint_with_a_setting_this_version_lacks_is_a_difference():

@@ -102,7 +102,7 @@ def test_overrides_that_do_not_change_results_keep_the_plain_run(tmp_path):
     table = write_table(tmp_path / "t", tmp_path / "data")
     t = load_table(table, str(tmp_path / "runs"))
     fake_run(t.runs[0].root / "s-a-s0", resolved_config(table), [0.5, 0.6])
-    resolve(t, ["resources.threads=2", "run.checkpoint_every=5"])
+    resolve(t, ["run.checkpoint_every=5", "run.keep_checkpoints=3"])
     assert t.runs[0].name == "s-a-s0"
     s = summarize(t)
     assert s.cells[("s", "a", s.columns[0])].values == [60.0] and not s.left_out
