@@ -1,18 +1,36 @@
-"""Expand a paper table into its runs (settings x methods x seeds), run them, collect the results.
+"""Expand a table into its runs (settings x methods x seeds), tune, run them, compare the methods.
 
     python -m mpifed.table configs/papers/fedntd/table1.table.yaml --list
-    python -m mpifed.table TABLE --run 3 [--set train.rounds=20 ...]   # here, one run after another, 3 ranks each
-    python -m mpifed.table TABLE --write-runs runs.txt                  # for slurm/array.sbatch (one run per task)
-    python -m mpifed.table TABLE --summary [--set ...]                  # the paper's metric, mean +- sample std over seeds
+    python -m mpifed.table TABLE --tune 3                              # the search only (if the table declares one)
+    python -m mpifed.table TABLE --run 3 [--set train.rounds=20 ...]   # search, then the runs; 3 ranks each (0: debug mode)
+    python -m mpifed.table TABLE --write-runs runs.txt                 # for slurm/array.sbatch (one run per task)
+    python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
+    ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2   # any command, on part of the table
 
-A table file lists ``settings`` and ``methods`` (config files relative to it, each run is
-``--config <setting> --config <method>``), ``seeds`` and the ``metric`` its paper reports
-(see :mod:`mpifed.results`). Runs go to ``runs/<paper>-<table>/<setting>-<method>-s<seed>``
-when they use the table's own configuration; a run with ``--set`` overrides that change its
-results goes beside it, in ``<setting>-<method>-s<seed>-<hash of its configuration>``. A run
-counts as done only when its directory holds a finished run of the same configuration;
-stopped ones are resumed, so ``--run`` and array jobs can be repeated safely, and
-``--summary`` reports only runs of the configuration asked for, naming those it left out.
+A table file::
+
+    title: "FedNTD Table 1, scaled"
+    metric: {kind: last_k, k: 5}          # the primary metric, declared before any run: the comparisons use it
+    paper_metric: {kind: final, forgetting: true}   # optional: the paper's metric, shown beside
+    reference: fedavg                     # optional: the row the others are compared with (default: FedAvg's)
+    settings: [fmnist-shard2.yaml]        # config files relative to the table
+    methods: [methods/fedavg.yaml, methods/fedntd.yaml]
+    seeds: [0, 1, 2, 3, 4]
+    tuning: {grid: {train.lr: [0.01, 0.03, 0.1]}, seeds: [0], rounds: 20}   # optional, see mpifed.tuning
+
+Each run is ``--config <setting> --config <method>`` (plus the tuned values). A setting's or
+method's label is its file name without ``.yaml`` (with its folder when two share a name).
+Runs go to ``runs/<folder>-<table>/<setting>-<method>-s<seed>`` when they use the table's own
+configuration; a run with ``--set`` overrides that change its results goes beside it, in
+``<setting>-<method>-s<seed>-<hash of its configuration>``; search runs go to ``tuning/``.
+A run counts as done only when its directory holds a finished run of the same configuration;
+stopped ones are resumed, so ``--run`` and array jobs can be repeated safely, and ``--summary``
+reports only runs of the configuration asked for, naming those it left out.
+
+``--summary`` gives each cell as mean ± sample std over seeds, and for each method its paired
+difference from the reference over the seeds both have (runs of one seed share partition,
+initial model and client sampling): the mean difference with its 95% confidence interval,
+the seeds it is ahead in, and the paired t-test's p-value (:mod:`mpifed.stats`).
 """
 from __future__ import annotations
 
@@ -20,6 +38,8 @@ import argparse
 import copy
 import re
 import shlex
+import signal
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -31,7 +51,12 @@ import yaml
 from mpifed import __version__, config, results
 from mpifed.packaged import find_config
 from mpifed.pipes import quiet_when_pipe_closes
-from mpifed.rundir import RunDir
+from mpifed.rundir import RunDir, check_run_name
+from mpifed.stats import Paired, paired
+from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
+
+EXIT_STOPPED = 75
+TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "tuning")
 
 
 @dataclass
@@ -42,12 +67,15 @@ class TableRun:
     configs: list[Path]
     root: Path
     name: str
+    overrides: list[str] = field(default_factory=list)      # the table's own: a candidate's values, or the choice
+    candidate: str | None = None                             # a search run: its candidate's label
     resolved: dict[str, Any] = field(default_factory=dict)   # its config with the overrides, as a dict
     identity: dict[str, Any] = field(default_factory=dict)   # config.result_fingerprint(resolved)
 
     @property
     def plain_name(self) -> str:
-        return f"{self.setting}-{self.method}-s{self.seed}"
+        middle = f"-{self.candidate}" if self.candidate is not None else ""
+        return f"{self.setting}-{self.method}{middle}-s{self.seed}"
 
     @property
     def path(self) -> Path:
@@ -57,7 +85,8 @@ class TableRun:
         out: list[str] = []
         for c in self.configs:
             out += ["--config", str(c)]
-        return out + ["--set", f"run.seed={self.seed}", f"run.root={self.root}", f"run.name={self.name}", *extra, "--resume"]
+        return out + ["--set", f"run.seed={self.seed}", f"run.root={self.root}", f"run.name={self.name}",
+                      *self.overrides, *extra, "--resume"]
 
 
 @dataclass
@@ -65,61 +94,250 @@ class Table:
     title: str
     metric: results.Metric
     runs: list[TableRun]
+    paper_metric: results.Metric | None = None
+    reference: str | None = None
+    seeds: list[int] = field(default_factory=list)
+    tuning: Tuning | None = None
+    root: Path = Path("runs")
+    search: list[TableRun] = field(default_factory=list)     # the search runs (with a tuning section)
+    choices: dict[tuple[str, str], Choice] = field(default_factory=dict)
+    pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
+    extra: list[str] = field(default_factory=list)
+    known: list[TableRun] = field(default_factory=list)       # every run, before select() kept a part
+
+    def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
+        """Keep only the runs of the given settings, methods and seeds (None: all); an unknown name is an error."""
+        for what, asked, known in (("setting", settings, [r.setting for r in self.runs]),
+                                   ("method", methods, [r.method for r in self.runs]),
+                                   ("seed", seeds, [r.seed for r in self.runs])):
+            unknown = [a for a in asked or [] if a not in known]
+            if unknown:
+                raise config.ConfigError(f"--{what}s {' '.join(map(str, unknown))}: not in this table (its {what}s: "
+                                         f"{' '.join(map(str, dict.fromkeys(known)))})")
+
+        def keep(r: TableRun, search: bool) -> bool:
+            return ((settings is None or r.setting in settings) and (methods is None or r.method in methods)
+                    and (search or seeds is None or r.seed in seeds))
+        self.known = self.known or self.search + self.runs
+        self.runs = [r for r in self.runs if keep(r, False)]
+        self.search = [r for r in self.search if keep(r, True)]
 
 
+# ------------------------------------------------------------------ reading a table file
 def load_table(path: str | Path, runs_root: str = "runs") -> Table:
+    """The table file's runs (not yet resolved: see :func:`resolve`); ConfigError names any problem."""
     path = find_config(path)
     try:
         spec = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise config.ConfigError(f"table {path}: {exc}") from None
-    missing = {"settings", "methods", "seeds", "metric"} - set(spec or {})
+    if not isinstance(spec, dict):
+        raise config.ConfigError(f"table {path} must be a mapping with {', '.join(TOP_KEYS[1:5])}")
+    missing = {"settings", "methods", "seeds", "metric"} - set(spec)
     if missing:
         raise config.ConfigError(f"table {path} lacks {', '.join(sorted(missing))}")
-    unknown = set(spec) - {"title", "settings", "methods", "seeds", "metric"}
+    unknown = set(spec) - set(TOP_KEYS)
     if unknown:
-        raise config.ConfigError(f"table {path}: unknown keys {', '.join(sorted(unknown))}")
+        raise config.ConfigError(f"table {path}: unknown keys {', '.join(sorted(map(str, unknown)))}; allowed: "
+                                 f"{', '.join(TOP_KEYS)}")
     try:
         metric = results.Metric.parse(spec["metric"])
+        paper = results.Metric.parse(spec["paper_metric"]) if spec.get("paper_metric") is not None else None
     except results.MetricError as exc:
         raise config.ConfigError(f"table {path}: {exc}") from None
+    seeds = _seeds(spec["seeds"], path)
+    settings = _labels(spec["settings"], "settings", path)
+    methods = _labels(spec["methods"], "methods", path)
+    tuning = Tuning.parse(spec["tuning"], seeds, metric, f"table {path}") if spec.get("tuning") is not None else None
+    reference = spec.get("reference")
+    if reference is not None and reference not in methods.values():
+        raise config.ConfigError(f"table {path}: reference {reference!r} is not one of its methods "
+                                 f"({', '.join(methods.values())})")
     table = path.name.removesuffix(".table.yaml")
     root = Path(runs_root) / f"{path.parent.name}-{table}"
-    runs = []
-    for setting in spec["settings"]:
-        for method in spec["methods"]:
-            for seed in spec["seeds"]:
-                s, m = Path(setting).stem, Path(method).stem
-                runs.append(TableRun(s, m, int(seed), [path.parent / setting, path.parent / method], root, f"{s}-{m}-s{seed}"))
-    return Table(spec.get("title", table), metric, runs)
+    runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}")
+            for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
+    return Table(str(spec.get("title", table)), metric, runs, paper, reference, seeds, tuning, root)
 
 
-def resolve(table: Table, extra: list[str]) -> None:
+def _seeds(spec: Any, path: Path) -> list[int]:
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        raise config.ConfigError(f"table {path}: seeds must be a list, e.g. seeds: {list(range(max(spec, 1)))}")
+    if not isinstance(spec, list) or not spec or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in spec):
+        raise config.ConfigError(f"table {path}: seeds must be a non-empty list of whole numbers >= 0, e.g. "
+                                 f"[0, 1, 2, 3, 4], got {spec!r}")
+    twice = sorted({s for s in spec if spec.count(s) > 1})
+    if twice:
+        raise config.ConfigError(f"table {path}: seeds lists {', '.join(map(str, twice))} more than once; "
+                                 f"each seed is one run")
+    return list(spec)
+
+
+def _labels(spec: Any, what: str, path: Path) -> dict[str, str]:
+    """Each listed file -> its label: the file name without .yaml, with its folders where two share a name."""
+    if not isinstance(spec, list) or not spec or not all(isinstance(f, str) for f in spec):
+        raise config.ConfigError(f"table {path}: {what} must be a non-empty list of config files, e.g. "
+                                 f"{what}: [a.yaml, b.yaml], got {spec!r}")
+    resolved = [(path.parent / f).resolve() for f in spec]
+    twice = sorted({f for f, r in zip(spec, resolved) if resolved.count(r) > 1})
+    if twice:
+        raise config.ConfigError(f"table {path}: {what} lists {', '.join(twice)} more than once")
+    stems = [re.sub(r"\.ya?ml$", "", Path(f).name) for f in spec]
+    labels = []
+    for f, stem in zip(spec, stems):
+        if stems.count(stem) == 1:
+            labels.append(stem)
+        else:
+            parts = [p for p in Path(re.sub(r"\.ya?ml$", "", f)).parts if p not in ("..", ".")]
+            labels.append(".".join(parts))
+    for f, name in zip(spec, labels):
+        if labels.count(name) > 1:
+            raise config.ConfigError(f"table {path}: {what} {f} and another file both get the label {name!r}; "
+                                     f"rename one of them")
+        try:
+            check_run_name(name)
+        except ValueError:
+            raise config.ConfigError(f"table {path}: {f}'s label {name!r} cannot be part of a run name (letters, "
+                                     f"digits and ._+@=- only); rename the file") from None
+    return dict(zip(spec, labels))
+
+
+# ------------------------------------------------------------------ resolving runs and their directories
+def resolve(table: Table, extra: list[str], record: bool = False) -> None:
     """Load every run's config with the overrides ``extra`` (raises ConfigError naming the first
     bad one) and pick its directory: the plain name when its configuration is the table's own
-    (or the plain directory already holds it), else the plain name plus a hash of the configuration."""
-    own_keys = [o.split("=", 1)[0].strip() for o in extra if o.split("=", 1)[0].strip() in ("run.seed", "run.name", "run.root")]
+    (or the plain directory already holds it), else the plain name plus a hash of the
+    configuration. With a search declared, a (setting, method) whose search has finished gets its
+    choice (recorded in choices.yaml when ``record``); until then its runs are ``pending``."""
+    own_keys = [k for k in _keys(extra) if k in ("run.seed", "run.name", "run.root")]
     if own_keys:
         raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name and run.root of its runs "
                                  "itself; change the table's seeds, or use --runs-root")
-    loaded: dict[tuple[Path, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
+    table.extra = list(extra)
+    loader = _Loader(extra)
+    if table.tuning is not None:
+        _resolve_search(table, extra, loader, record)
     for r in table.runs:
-        key = tuple(r.configs)
-        if key not in loaded:
+        choice = table.choices.get((r.setting, r.method))
+        r.overrides = [f"{k}={_text(v)}" for k, v in choice.chosen.items()] if choice else []
+        _place(r, loader)
+
+
+class _Loader:
+    """Loads configs once per (files, table overrides), with and without the user's overrides."""
+
+    def __init__(self, extra: list[str]) -> None:
+        self.extra = extra
+        self.cache: dict[tuple, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def __call__(self, r: TableRun) -> tuple[dict[str, Any], dict[str, Any]]:
+        key = (tuple(r.configs), tuple(r.overrides))
+        if key not in self.cache:
+            files = [str(c) for c in r.configs]
             try:
-                _, d = config.load([str(c) for c in r.configs], extra)
-                own = config.load([str(c) for c in r.configs], [])[1] if extra else d
+                with_extra = config.load(files, [*r.overrides, *self.extra])[1]
+                own = config.load(files, list(r.overrides))[1] if self.extra else with_extra
             except config.ConfigError as exc:
-                raise config.ConfigError(f"{r.setting} x {r.method}: {exc}") from None
-            loaded[key] = (d, own)
-        d, own = loaded[key]
-        d, own = _with_seed(d, r.seed), _with_seed(own, r.seed)
-        r.resolved = d
-        r.identity = config.result_fingerprint(d)
-        hashed = f"{r.plain_name}-{config.digest(r.identity)}"
-        home = r.plain_name if r.identity == config.result_fingerprint(own) else hashed
-        held = stored_identity(r.root / home)
-        r.name = home if held is None or held == r.identity else hashed
+                what = f" with {' '.join(r.overrides)}" if r.overrides else ""
+                raise config.ConfigError(f"{r.setting} x {r.method}{what}: {exc}") from None
+            self.cache[key] = (with_extra, own)
+        return self.cache[key]
+
+
+def _place(r: TableRun, loader: _Loader) -> None:
+    d, own = loader(r)
+    d, own = _with_seed(d, r.seed), _with_seed(own, r.seed)
+    r.resolved = d
+    r.identity = config.result_fingerprint(d)
+    hashed = f"{r.plain_name}-{config.digest(r.identity)}"
+    home = r.plain_name if r.identity == config.result_fingerprint(own) else hashed
+    held = stored_identity(r.root / home)
+    r.name = home if held is None or held == r.identity else hashed
+    if not (r.path / "config.yaml").exists():
+        # made under another hash (config keys added since change the digest, not the identity)
+        r.name = next((p.name for p in _siblings(r) if stored_identity(p) == r.identity), r.name)
+
+
+def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: bool) -> None:
+    tuning = table.tuning
+    searched = set(tuning.grid) | {k for g in tuning.per_method.values() for k in g}
+    clash = sorted(searched & set(_keys(extra)))
+    if clash:
+        raise config.ConfigError(f"--set {', '.join(clash)}: the table searches {'these keys' if len(clash) > 1 else 'this key'} "
+                                 f"itself (its tuning section); drop the override, or edit the grid")
+    pairs = list(dict.fromkeys((r.setting, r.method, tuple(r.configs)) for r in table.runs))
+    methods = {m for _, m, _ in pairs}
+    algorithms = {}
+    for setting, method, configs in pairs:
+        probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "")
+        algorithms[(setting, method)] = loader(probe)[0]["algorithm"]["name"]
+    named = set(tuning.per_method)
+    unknown = named - methods - set(algorithms.values())
+    if unknown:
+        raise config.ConfigError(f"tuning.per_method: {', '.join(sorted(unknown))} is neither a method of the table "
+                                 f"({', '.join(sorted(methods))}) nor the algorithm of one")
+    book = ChoiceBook(table.root)
+    changed = False
+    table.search, table.choices, table.pending = [], {}, set()
+    for setting, method, configs in pairs:
+        group: list[tuple[dict[str, Any], list[TableRun]]] = []
+        for values in tuning.candidates(method, algorithms[(setting, method)]):
+            runs = [TableRun(setting, method, seed, list(configs), table.root / "tuning", "",
+                             tuning.overrides(values), candidate_label(values)) for seed in tuning.seeds]
+            for r in runs:
+                _place(r, loader)
+            group.append((values, runs))
+            table.search += runs
+        digest = search_digest([r.identity for _, runs in group for r in runs], tuning.select)
+        choice = book.find(setting, method, digest)
+        if choice is None:
+            candidates = [_score(values, runs, tuning) for values, runs in group]
+            if all(c.failed or c.score is not None for c in candidates):
+                chosen = choose(candidates, tuning.select)
+                if chosen is None:
+                    raise config.ConfigError(f"{setting} x {method}: every candidate of the search failed ("
+                                             + "; ".join(f"{candidate_label(c.values)}: {', '.join(c.failed)}"
+                                                         for c in candidates)
+                                             + "); widen the grid or look at the runs' log.txt")
+                choice = book.add(setting, method, digest, chosen, tuning, candidates, table.root)
+                changed = True
+        if choice is None:
+            table.pending.add((setting, method))
+        else:
+            table.choices[(setting, method)] = choice
+    if changed and record:
+        book.save()
+
+
+def _score(values: dict[str, Any], runs: list[TableRun], tuning: Tuning) -> Candidate:
+    c = Candidate(values, [r.path for r in runs])
+    for r in runs:
+        state = status(r)
+        if state == "finished":
+            score = results.value(tuning.select, results.read_rows(r.path), {})
+            if score is None:
+                raise config.ConfigError(f"{r.path} has no {tuning.select.column} to choose by: the search selects on "
+                                         f"the validation set, so the setting needs one (data.val_size)")
+            c.scores.append(score)
+        elif state == "failed" and diverged(r.path):
+            c.failed.append(f"diverged in {r.name}")
+        else:
+            c.scores.append(None)
+    return c
+
+
+def diverged(path: Path) -> bool:
+    """Whether the run failed because its loss became NaN or infinite (a learning rate too high)."""
+    found = RunDir(path).status() or {}
+    return found.get("state") == "failed" and "NonFiniteLoss" in str(found.get("error", ""))
+
+
+def _keys(extra: list[str]) -> list[str]:
+    return [o.split("=", 1)[0].strip() for o in extra]
+
+
+def _text(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
 
 
 def validate(table: Table, extra: list[str]) -> None:
@@ -149,9 +367,16 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
 
 
 def status(run: TableRun) -> str:
-    """The run's state as :meth:`RunDir.status` reads it (a dead ``running`` run is ``failed``); ``new`` without one."""
-    found = RunDir(run.path).status()
-    return found["state"] if found else "new"
+    """The run's state as :meth:`RunDir.status` reads it (a dead ``running`` run is ``failed``);
+    ``running`` or ``failed`` for a run killed or still starting before it wrote a status; ``new``
+    without a run."""
+    rd = RunDir(run.path)
+    found = rd.status()
+    if found:
+        return found["state"]
+    if rd.in_progress():
+        return "running"
+    return "failed" if rd.holds_run() else "new"
 
 
 def _siblings(run: TableRun) -> list[Path]:
@@ -170,9 +395,11 @@ def _difference(held: dict[str, Any] | str, want: dict[str, Any]) -> str:
     return f"made with {shown}" + (f" and {len(keys) - 4} more differences" if len(keys) > 4 else "")
 
 
+# ------------------------------------------------------------------ the summary
 @dataclass
 class Summary:
-    """The cells of a table (setting, method, column) -> Stat, and the runs left out, with why."""
+    """The cells of a table (setting, method, column) -> Stat, the paired comparisons
+    (setting, method) -> Paired against the reference, and the runs left out, with why."""
 
     title: str
     metric: results.Metric
@@ -183,15 +410,34 @@ class Summary:
     left_out: list[str]
     not_run: int
     percent: bool
+    paired: dict[tuple[str, str], Paired | None] = field(default_factory=dict)
+    reference: str | None = None
+    declared_seeds: int | None = None
+    notes: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
         unit = " (%)" if self.percent else ""
-        lines = [f"{self.title}: {self.metric.label}{unit}, mean ± sample std over finished seeds (n)", ""]
+        seeds = f" of {self.declared_seeds} declared" if self.declared_seeds else ""
+        lines = [f"{self.title}: {self.metric.label}{unit}, mean ± sample std over finished seeds (n{seeds})", ""]
         heads = [s if len(self.columns) == 1 else f"{s}: {c}" for s in self.settings for c in self.columns]
         lines += ["| method | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
         for m in self.methods:
             row = [self.cell_text(s, m, c) for s in self.settings for c in self.columns]
             lines.append(f"| {m} | " + " | ".join(row) + " |")
+        if self.reference is not None:
+            points = " points" if self.percent else ""
+            lines += ["", f"Against {self.reference}, seed by seed ({self.metric.label}, difference in{points or ' its unit'}): "
+                          f"mean [95% CI], seeds ahead / seeds, p of the two-sided paired t-test; 'higher' or 'lower' "
+                          f"only where the interval excludes 0", ""]
+            lines += ["| method | " + " | ".join(self.settings) + " |", "| --- |" + " --- |" * len(self.settings)]
+            for m in self.methods:
+                if m == self.reference:
+                    continue
+                row = [(p.text() if (p := self.paired.get((s, m))) is not None else "fewer than 2 common seeds")
+                       for s in self.settings]
+                lines.append(f"| {m} | " + " | ".join(row) + " |")
+        if self.notes:
+            lines += [""] + self.notes
         if self.not_run:
             lines += ["", f"Not run yet: {self.not_run} of the table's runs."]
         if self.left_out:
@@ -201,8 +447,8 @@ class Summary:
     def cell_text(self, setting: str, method: str, column: str) -> str:
         stat = self.cells.get((setting, method, column), results.Stat([]))
         if column.startswith("T("):
-            return stat.text(1, "not reached")
-        return stat.text(2)
+            return stat.text(1, "not reached", self.declared_seeds)
+        return stat.text(2, declared=self.declared_seeds)
 
 
 def finished_runs(table: Table) -> tuple[dict[tuple[str, str], list[Path]], list[str], int]:
@@ -213,6 +459,9 @@ def finished_runs(table: Table) -> tuple[dict[tuple[str, str], list[Path]], list
     not_run = 0
     for r in table.runs:
         runs = groups.setdefault((r.setting, r.method), [])
+        if (r.setting, r.method) in table.pending:
+            not_run += 1
+            continue
         for other in _siblings(r):
             held = stored_identity(other)
             if held is not None and held != r.identity:
@@ -222,78 +471,271 @@ def finished_runs(table: Table) -> tuple[dict[tuple[str, str], list[Path]], list
             if state == "new":
                 not_run += 1
             else:
-                left_out.append(f"{r.path}: not finished ({state})")
+                why = "diverged (its loss became NaN or infinite)" if diverged(r.path) else f"not finished ({state})"
+                left_out.append(f"{r.path}: {why}")
             continue
         runs.append(r.path)
     return groups, left_out, not_run
 
 
-def summarize(table: Table) -> Summary:
-    """The table in its metric from the finished runs of the resolved configuration (see :func:`resolve`)."""
+def summarize(table: Table, reference: str | None = None) -> Summary:
+    """The table in its metric from the finished runs of the resolved configuration (see
+    :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row)."""
     groups, left_out, not_run = finished_runs(table)
-    return tabulate(table.title, table.metric, groups, left_out, not_run)
+    title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
+    notes = _search_notes(table)
+    return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
+                    reference=reference or table.reference, declared_seeds=len(table.seeds), notes=notes)
+
+
+def _search_notes(table: Table) -> list[str]:
+    if table.tuning is None:
+        return []
+    percent = "acc" in table.tuning.select.column
+    lines = [f"Tuned on the validation set ({table.tuning.describe()}); each method's choice and every candidate's score:"]
+    for (setting, method), choice in table.choices.items():
+        lines.append(f"  {setting} x {method}: {choice.text(percent)}")
+    for setting, method in sorted(table.pending):
+        lines.append(f"  {setting} x {method}: search not finished (python -m mpifed.table ... --tune N)")
+    return lines
 
 
 def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
-             left_out: list[str] | None = None, not_run: int = 0) -> Summary:
-    """A table in ``metric`` of the run directories in ``groups`` ((setting, method) -> runs)."""
-    columns = [metric.label] + [f"T({100 * t:g}%)" for t in metric.rounds_to] + (["forgetting"] if metric.forgetting else [])
+             left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
+             reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None) -> Summary:
+    """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
+    ((setting, method) -> runs), with each method's paired comparison against ``reference``
+    (a method label; default: the row whose algorithm is FedAvg, if any)."""
     percent = metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
+    metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
+    runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
+    group_names = list(dict.fromkeys(name for m, _ in metrics if m.groups for rv in runs.values()
+                                     for name in results.group_values(m, rv.rows)))
+    columns = [f"{prefix}{c}" for m, prefix in metrics for c in _metric_columns(m, group_names)]
     cells: dict[tuple[str, str, str], results.Stat] = {}
+    primary: dict[tuple[str, str], dict[int, float]] = {}
     for (setting, method), paths in groups.items():
-        stats = [cells.setdefault((setting, method, c), results.Stat([])) for c in columns]
+        stats = {c: cells.setdefault((setting, method, c), results.Stat([])) for c in columns}
         for path in paths:
-            _add_run(metric, columns, percent, path, stats)
-    return Summary(title, metric, list(dict.fromkeys(s for s, _ in groups)), list(dict.fromkeys(m for _, m in groups)),
-                   columns, cells, list(left_out or []), not_run, percent)
+            rv = runs[path]
+            for m, prefix in metrics:
+                for column, v in zip(_metric_columns(m, group_names), rv.values(m, group_names)):
+                    stat = stats[f"{prefix}{column}"]
+                    if v is None:
+                        stat.missing += 1
+                    else:
+                        stat.values.append(float(v) if column.startswith("T(") or not percent else 100 * v)
+            first = rv.values(metric, group_names)[0]
+            if first is not None and rv.seed is not None:
+                primary.setdefault((setting, method), {})[rv.seed] = 100 * first if percent else first
+    settings = list(dict.fromkeys(s for s, _ in groups))
+    methods = list(dict.fromkeys(m for _, m in groups))
+    reference = reference if reference is not None else _fedavg_row(groups, runs)
+    compared = {}
+    if reference is not None:
+        for s in settings:
+            for m in methods:
+                if m != reference:
+                    compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
+    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs)
+    return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
+                   compared, reference if reference in methods else None, declared_seeds, notes)
 
 
-def _add_run(metric: results.Metric, columns: list[str], percent: bool, path: Path, stats: list[results.Stat]) -> None:
-    rows, summary = results.read_rows(path), results.read_json(path / "summary.json")
-    values = [results.value(metric, rows, summary)]
-    values += [results.rounds_to(rows, t) for t in metric.rounds_to]
-    values += [results.forgetting(rows)] if metric.forgetting else []
-    for i, (stat, v) in enumerate(zip(stats, values)):
-        if v is None:
-            stat.missing += 1
-        else:
-            stat.values.append(float(v) if columns[i].startswith("T(") or not percent else 100 * v)
+def _metric_columns(metric: results.Metric, group_names: list[str]) -> list[str]:
+    columns = metric.columns
+    return columns[:1] + (group_names if metric.groups else []) + columns[1:]
 
 
-def summary_table(table: Table) -> str:
-    return summarize(table).markdown()
+class _RunValues:
+    """What a run directory says, read once: its rows, summary, seed, algorithm and test set."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows = results.read_rows(path)
+        self.summary = results.read_json(path / "summary.json")
+        try:
+            cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            cfg = {}
+        run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {} for k in ("run", "data", "algorithm"))
+        self.seed = run.get("seed") if isinstance(run.get("seed"), int) else None
+        self.algorithm = algorithm.get("name")
+        self.test_subset = data.get("test_subset") or 0
+
+    def values(self, metric: results.Metric, group_names: list[str]) -> list[float | None]:
+        out: list[float | None] = [results.value(metric, self.rows, self.summary)]
+        if metric.groups:
+            found = results.group_values(metric, self.rows)
+            out += [found.get(name) for name in group_names]
+        out += [results.rounds_to(self.rows, t, metric.column) for t in metric.rounds_to]
+        out += [results.at_round(self.rows, r, metric.column) for r in metric.at_rounds]
+        out += [results.forgetting(self.rows)] if metric.forgetting else []
+        return out
 
 
+def _fedavg_row(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, _RunValues]) -> str | None:
+    for (_, method), paths in groups.items():
+        if method == "fedavg" or any(runs[p].algorithm == "fedavg" for p in paths):
+            return method
+    return None
+
+
+def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | None,
+                      runs: dict[Path, "_RunValues"]) -> list[str]:
+    notes = []
+    subsets = sorted({rv.test_subset for rv in runs.values() if rv.test_subset})
+    if subsets:
+        notes.append(f"Test set: a subset ({' / '.join(map(str, subsets))} samples) in "
+                     f"{sum(1 for rv in runs.values() if rv.test_subset)} of {len(runs)} runs: quick runs only, not "
+                     f"numbers to report (data.test_subset=0 evaluates the whole test set).")
+    for m in (metric, paper_metric):
+        if m is not None and m.chosen_on_test:
+            notes.append(f"'{m.label}' picks each run's best round by the test accuracy itself: optimistic, shown for "
+                         f"comparison with the paper; claims rest on a metric that does not choose on test.")
+    return notes
+
+
+def summary_table(table: Table, reference: str | None = None) -> str:
+    return summarize(table, reference).markdown()
+
+
+# ------------------------------------------------------------------ listing
 def listing(table: Table, extra: list[str]) -> str:
-    """Each run's status, directory and mpifed arguments; runs whose raw data is missing are
-    marked with the folder they expect."""
+    """Each run's status, directory and mpifed arguments (the search runs first); runs whose raw
+    data is missing are marked with the folder they expect; the estimated time left."""
     from mpifed.data.prepared import raw_data_missing
     lines = []
     folders: set[str] = set()
     tokenizers: set[str] = set()
     count = 0
-    for r in table.runs:
-        cfg = config.build(r.resolved)
-        missing = raw_data_missing(cfg)
-        mark = ""
-        if missing is not None:
-            count += 1
-            tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
-            (tokenizers if tokenizer else folders).add(str(missing))
-            mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
-        lines.append(f"{status(r):>9}  {shlex.join(r.args(extra))}{mark}")
+    for kind, runs in (("search", table.search), ("", table.runs)):
+        for r in runs:
+            if (r.setting, r.method) in table.pending and not kind:
+                continue
+            cfg = config.build(r.resolved)
+            missing = raw_data_missing(cfg)
+            mark = ""
+            if missing is not None:
+                count += 1
+                tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
+                (tokenizers if tokenizer else folders).add(str(missing))
+                mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
+            lines.append(f"{status(r):>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(extra))}{mark}")
+    waiting = [r for r in table.runs if (r.setting, r.method) in table.pending]
+    if waiting:
+        pairs = sorted({(r.setting, r.method) for r in waiting})
+        lines.append(f"{len(waiting)} runs of {len(pairs)} setting x method pairs wait for their search to finish "
+                     f"(--tune N, or --run N which searches first)")
     if folders:
         lines.append("runs lack their raw data; put it in (or point data.dataset.root at): " + ", ".join(sorted(folders)))
     if tokenizers:
         lines.append("runs lack their tokenizer folder; save the tokenizer there (docs/text.md), or point data.tokenizer "
                      "at one: " + ", ".join(sorted(tokenizers)))
     if count:
-        lines.append(f"{count} of {len(table.runs)} runs cannot start until then")
+        lines.append(f"{count} of {len(table.runs) + len(table.search)} runs cannot start until then")
+    eta = estimate(table)
+    if eta:
+        lines.append(eta)
     return "\n".join(lines)
+
+
+def estimate(table: Table) -> str:
+    """The time the unfinished runs will take, from the finished runs' wall times (same setting
+    and method first, else all); empty when nothing finished yet or nothing is left."""
+    def counts(r: TableRun) -> bool:
+        return r.candidate is not None or (r.setting, r.method) not in table.pending
+    walls: dict[tuple[str, str, bool], list[float]] = {}
+    for r in table.known or table.search + table.runs:
+        if counts(r) and status(r) == "finished":
+            wall = results.read_json(r.path / "summary.json").get("wall_time_s")
+            if isinstance(wall, (int, float)):
+                walls.setdefault((r.setting, r.method, r.candidate is not None), []).append(float(wall))
+    left = [r for r in table.search + table.runs if counts(r) and status(r) != "finished"]
+    if not left or not walls:
+        return ""
+    overall = statistics.fmean(w for ws in walls.values() for w in ws)
+    seconds = sum(statistics.fmean(walls.get((r.setting, r.method, r.candidate is not None), [overall])) for r in left)
+    waiting = sum(1 for r in table.runs if (r.setting, r.method) in table.pending)
+    note = f" (and {waiting} runs after the search)" if waiting else ""
+    done = sum(len(ws) for ws in walls.values())
+    return f"estimated time left: {_duration(seconds)} for {len(left)} runs{note}, from {done} finished runs' wall times"
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{max(minutes, 1)}m"
+
+
+# ------------------------------------------------------------------ running
+def _launch(command: list[str]) -> tuple[int, list[str]]:
+    """Run one mpifed command and wait for it, forwarding the stop signals: Ctrl-C reaches the run
+    once (it finishes its round, writes a checkpoint and exits 75) instead of killing it. Returns
+    the exit code and the signals received meanwhile."""
+    proc = subprocess.Popen(command, start_new_session=True)
+    received: list[str] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        proc.send_signal(signum)
+
+    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    before = {s: signal.signal(s, forward) for s in caught}
+    try:
+        return proc.wait(), received
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def run_all(table: Table, runs: list[TableRun], ranks: int, extra: list[str], again: str) -> tuple[int, int]:
+    """Run the unfinished ``runs`` one after another; returns (exit code, runs skipped because another
+    process is running them). A stop signal ends the table after the current run's clean stop."""
+    launcher = [sys.executable, "-m", "mpifed.main"] if ranks == 0 else [sys.executable, "-m", "mpifed.launch", "-n", str(ranks)]
+    skipped = 0
+    todo = [r for r in runs if status(r) != "finished" and not (status(r) == "failed" and diverged(r.path))]
+    for i, r in enumerate(todo):
+        rd = RunDir(r.path)
+        if rd.in_progress():
+            print(f"[mpifed.table] {r.name}: another process is running it ({rd.lock_holder()}); skipped", flush=True)
+            skipped += 1
+            continue
+        print(f"[mpifed.table] run {i + 1}/{len(todo)}: {r.path}", flush=True)
+        code, received = _launch(launcher + r.args(extra))
+        if received:
+            print(f"[mpifed.table] {', '.join(dict.fromkeys(received))} received: the table stops after {r.name} "
+                  f"(exit code {code}). Continue it with:\n  {again}", file=sys.stderr, flush=True)
+            return (code if code else EXIT_STOPPED), skipped
+        if code == 0:
+            continue
+        if diverged(r.path):
+            print(f"[mpifed.table] {r.name}: its loss became NaN or infinite; the table goes on without it", flush=True)
+            continue
+        if RunDir(r.path).in_progress():
+            print(f"[mpifed.table] {r.name}: another process started it meanwhile; skipped", flush=True)
+            skipped += 1
+            continue
+        print(f"[mpifed.table] {r.name} ended with exit code {code}; stopping. Continue the table with:\n  {again}",
+              file=sys.stderr)
+        return code, skipped
+    return 0, skipped
+
+
+def _write_runs(table: Table, extra: list[str], path: str) -> str:
+    if table.pending:
+        runs = [r for r in table.search if status(r) != "finished"]
+        Path(path).write_text("".join(shlex.join(r.args(extra)) + "\n" for r in runs))
+        return (f"{len(runs)} search runs written to {path}; submit them with:\n"
+                f"  sbatch --array=0-{len(runs) - 1} slurm/array.sbatch {path}\n"
+                f"when they have finished, run --write-runs again: it makes the choice and writes the table's runs")
+    Path(path).write_text("".join(shlex.join(r.args(extra)) + "\n" for r in table.runs))
+    return (f"{len(table.runs)} runs written to {path}; submit with:\n"
+            f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
 
 
 @quiet_when_pipe_closes
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with mpifed")
@@ -301,38 +743,73 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="added to every run; runs with other results go to their own directories")
+    p.add_argument("--settings", nargs="+", metavar="LABEL", help="only these settings (their labels, as --list shows them)")
+    p.add_argument("--methods", nargs="+", metavar="LABEL", help="only these methods")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds (the search keeps its own)")
+    p.add_argument("--reference", metavar="LABEL", help="--summary: compare every method with this one "
+                   "(default: the table's reference, else the FedAvg row)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--list", action="store_true", help="print each run's status and mpifed arguments; mark missing raw data")
-    g.add_argument("--write-runs", metavar="FILE", help="one line of mpifed arguments per run (for slurm/array.sbatch)")
-    g.add_argument("--run", type=int, metavar="N", help="run here, one after another, with N ranks each (0: debug mode)")
-    g.add_argument("--summary", action="store_true", help="the table of results in the table's metric")
+    g.add_argument("--write-runs", metavar="FILE", help="one line of mpifed arguments per run (for slurm/array.sbatch): "
+                   "the search runs while a search is unfinished, then the table's runs")
+    g.add_argument("--tune", type=int, metavar="N", help="run the search here (N ranks each, 0: debug mode) and record the choice")
+    g.add_argument("--run", type=int, metavar="N", help="run here, one after another, with N ranks each (0: debug mode); "
+                   "a declared search runs first")
+    g.add_argument("--summary", action="store_true", help="the table in its metric, and each method against the reference")
     a = p.parse_args(argv)
     extra = [o for group in a.set for o in group]
+    again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:
         table = load_table(a.table, a.runs_root)
-        resolve(table, extra)
+        if a.reference is not None and a.reference not in {r.method for r in table.runs}:
+            raise config.ConfigError(f"--reference {a.reference}: not a method of this table "
+                                     f"({', '.join(dict.fromkeys(r.method for r in table.runs))})")
+        if (a.tune is not None) and table.tuning is None:
+            raise config.ConfigError(f"--tune: {a.table} declares no search (a tuning section)")
+        record = a.tune is not None or a.run is not None or a.write_runs is not None
+        resolve(table, extra, record=record)
+        table.select(a.settings, a.methods, a.seeds)
     except config.ConfigError as exc:
         print(f"[mpifed.table] {exc}", file=sys.stderr)
         return 2
     if a.list:
         print(listing(table, extra))
-    elif a.write_runs:
-        Path(a.write_runs).write_text("".join(shlex.join(r.args(extra)) + "\n" for r in table.runs))
-        print(f"{len(table.runs)} runs written to {a.write_runs}; submit with:\n"
-              f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {a.write_runs}")
-    elif a.run is not None:
-        for i, r in enumerate(table.runs):
-            if status(r) == "finished":
-                continue
-            print(f"[mpifed.table] run {i + 1}/{len(table.runs)}: {r.name}", flush=True)
-            launcher = [sys.executable, "-m", "mpifed.main"] if a.run == 0 else [sys.executable, "-m", "mpifed.launch", "-n", str(a.run)]
-            code = subprocess.call(launcher + r.args(extra))
-            if code != 0:
-                print(f"[mpifed.table] {r.name} ended with exit code {code}; stopping", file=sys.stderr)
-                return code
-        print(summary_table(table))
-    else:
-        print(summary_table(table))
+        return 0
+    if a.write_runs:
+        print(_write_runs(table, extra, a.write_runs))
+        return 0
+    if a.summary:
+        print(summary_table(table, a.reference))
+        return 0
+    ranks = a.tune if a.tune is not None else a.run
+    skipped = 0
+    if table.tuning is not None and (table.pending or a.tune is not None):
+        code, skipped = run_all(table, table.search, ranks, extra, again)
+        if code != 0:
+            return code
+        try:
+            kept = (a.settings, a.methods, a.seeds)
+            table = load_table(a.table, a.runs_root)
+            resolve(table, extra, record=True)
+            table.select(*kept)
+        except config.ConfigError as exc:
+            print(f"[mpifed.table] {exc}", file=sys.stderr)
+            return 2
+        for line in _search_notes(table):
+            print(f"[mpifed.table] {line}", flush=True)
+        if a.tune is not None or table.pending:
+            if skipped:
+                print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they finish",
+                      flush=True)
+            return 0
+    code, more = run_all(table, table.runs, ranks, extra, again)
+    skipped += more
+    if code != 0:
+        return code
+    if skipped:
+        print(f"[mpifed.table] {skipped} runs were skipped because other processes are running them; --summary "
+              f"counts them once they finish", flush=True)
+    print(summary_table(table, a.reference))
     return 0
 
 

@@ -121,13 +121,13 @@ def test_summary_uses_only_finished_runs_of_the_configuration_and_says_why(tmp_p
     s = summarize(t)
     assert s.cells[("s", "a", s.columns[0])].values == [20.0]
     text = s.markdown()
-    assert "20.00 (n=1)" in text and "Not run yet: 2" in text
+    assert "20.00 (n=1 of 3)" in text and "Not run yet: 2" in text
     assert sum("data.partition.beta=0.5 (here 0.1)" in line for line in s.left_out) == 3
 
     resolve(t, [])
     s = summarize(t)
     assert s.cells[("s", "a", s.columns[0])].values == pytest.approx([70.0, 80.0])
-    assert "75.00 ± 7.07 (n=2)" in s.markdown()                  # sample std (n - 1)
+    assert "75.00 ± 7.07 (n=2 of 3)" in s.markdown()             # sample std (n - 1); a seed missing
     assert any(line.endswith("s-a-s2: not finished (stopped)") for line in s.left_out)
     assert any("beta=0.1 (here 0.5)" in line for line in s.left_out)
 

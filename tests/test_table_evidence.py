@@ -1,0 +1,297 @@
+"""Tables as evidence (issue 22): paired statistics against a hand computation, declared metrics,
+searches chosen on validation and recorded as part of the runs' identity; and the table's own
+reliability (issue 25): runs that collide, duplicate entries, Ctrl-C, runs held elsewhere, filters."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO, env
+from test_tables import fake_run, resolved_config, write_table
+
+from mpifed import config, results, stats
+from mpifed.rundir import RunDir
+from mpifed.table import load_table, main as table_main, resolve, summarize
+
+
+# ------------------------------------------------------------------ paired statistics, by hand
+METHOD = {0: 80.0, 1: 82.0, 2: 81.0, 3: 85.0, 4: 79.0}
+REFERENCE = {0: 78.0, 1: 80.0, 2: 82.0, 3: 81.0, 4: 78.0}
+
+
+def test_paired_interval_and_p_value_match_a_hand_computation():
+    # d = 2, 2, -1, 4, 1: mean 1.6; sample sd sqrt(13.2 / 4) = 1.8166; se = sd / sqrt(5) = 0.81240
+    # t(0.975, 4 df) = 2.7764 (printed t tables): half width 2.2556
+    p = stats.paired(METHOD, REFERENCE)
+    sd = math.sqrt(13.2 / 4)
+    se = sd / math.sqrt(5)
+    assert p.n == 5 and p.mean == pytest.approx(1.6) and (p.wins, p.losses) == (4, 1)
+    assert p.low == pytest.approx(1.6 - 2.7764 * se, abs=1e-3) and p.high == pytest.approx(1.6 + 2.7764 * se, abs=1e-3)
+    # the two-sided p-value: the t(4) density integrated beyond |t| = 1.6 / se, numerically
+    t = 1.6 / se
+    x = np.linspace(t, 400.0, 2_000_001)
+    density = math.gamma(2.5) / (math.sqrt(4 * math.pi) * math.gamma(2.0)) * (1 + x ** 2 / 4) ** -2.5
+    assert p.p == pytest.approx(2 * np.trapezoid(density, x), abs=2e-4)
+    assert p.verdict == "inconclusive"
+    assert p.text() == f"+1.60 [{p.low:+.2f}, {p.high:+.2f}], 4/5 seeds, p = {p.p:.3f}: inconclusive"
+
+
+def test_paired_verdicts_and_too_few_seeds():
+    assert stats.paired({0: 1.0, 1: 2.0, 2: 3.0}, {0: 0.0, 1: 1.2, 2: 2.1}).verdict == "higher"
+    assert stats.paired({0: 0.0, 1: 1.2, 2: 2.1}, {0: 1.0, 1: 2.0, 2: 3.0}).verdict == "lower"
+    assert stats.paired({0: 1.0, 3: 2.0}, {0: 0.5, 1: 2.0}) is None              # one common seed: no interval
+    same = stats.paired({0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.5})                     # the same difference every seed
+    assert (same.low, same.high, same.verdict) == (0.5, 0.5, "higher")
+
+
+def _table(tmp_path: Path, extra: str = "", seeds: str = "[0, 1, 2, 3, 4]", metric: str = "{kind: final}") -> Path:
+    table = write_table(tmp_path / "t", tmp_path / "data", methods="[a.yaml, b.yaml]", seeds=seeds, metric=metric)
+    if extra:
+        table.write_text(table.read_text() + extra)
+    return table
+
+
+def test_summary_compares_each_method_with_fedavg_seed_by_seed(tmp_path):
+    table = _table(tmp_path)
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in range(5):
+        fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
+        fake_run(t.root / f"s-b-s{seed}", resolved_config(table, seed, method="b.yaml"), [0.5, METHOD[seed] / 100])
+    resolve(t, [])
+    s = summarize(t)
+    assert s.reference == "a"                          # a.yaml runs FedAvg: the default reference
+    want = stats.paired(METHOD, REFERENCE)
+    got = s.paired[("s", "b")]
+    assert got.n == 5 and got.mean == pytest.approx(want.mean) and got.p == pytest.approx(want.p)
+    text = s.markdown()
+    assert "Against a, seed by seed (final test_acc, difference in points)" in text
+    assert f"| b | {want.text()} |" in text
+    assert "(n=5)" in text and "(n=5 of" not in text
+
+
+def test_a_cell_with_fewer_seeds_than_declared_is_marked(tmp_path):
+    table = _table(tmp_path)
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in range(3):
+        fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, 0.6 + seed / 100])
+    resolve(t, [])
+    assert "(n=3 of 5)" in summarize(t).markdown()
+
+
+def test_paper_metric_is_shown_beside_the_declared_one_and_best_on_test_is_flagged(tmp_path):
+    table = _table(tmp_path, "paper_metric: {kind: best}\n", seeds="[0]", metric="{kind: last_k, k: 2}")
+    t = load_table(table, str(tmp_path / "runs"))
+    fake_run(t.root / "s-a-s0", resolved_config(table, 0), [0.5, 0.9, 0.6])
+    resolve(t, [])
+    s = summarize(t)
+    assert s.columns == ["mean of last 2 test_acc", "paper: best test_acc"]
+    assert s.cells[("s", "a", "mean of last 2 test_acc")].values == pytest.approx([75.0])
+    assert s.cells[("s", "a", "paper: best test_acc")].values == pytest.approx([90.0])
+    assert "picks each run's best round by the test accuracy itself" in s.markdown()
+
+
+def test_at_best_reads_test_at_the_best_validation_round_and_groups_and_rounds_columns():
+    rows = [{"round": 1, "test_acc": 0.5, "val_acc": 0.4, "per_group_acc": {"A": 0.4, "C": 0.6}},
+            {"round": 2, "test_acc": 0.7, "val_acc": 0.6, "per_group_acc": {"A": 0.6, "C": 0.8}},
+            {"round": 3, "test_acc": 0.8, "val_acc": 0.5, "per_group_acc": {"A": 0.9, "C": 0.7}}]
+    m = results.Metric.parse({"kind": "at_best", "groups": True, "at_rounds": [1, 3]})
+    assert results.value(m, rows, {}) == 0.7 and results.at_best(rows) == (0.7, 2)
+    assert results.group_values(m, rows) == {"A": 0.6, "C": 0.8}
+    assert [results.at_round(rows, r) for r in (1, 2, 3, 9)] == [0.5, 0.7, 0.8, 0.8]
+    assert m.columns == ["test_acc at best val_acc", "round 1", "round 3"]
+    assert results.Metric.parse(m.to_spec()) == m
+
+
+# ------------------------------------------------------------------ table files: collisions and bad entries
+def test_settings_with_the_same_file_name_do_not_collide(tmp_path):
+    folder = tmp_path / "t"
+    for sub, beta in (("a", 0.5), ("b", 0.1)):
+        (folder / sub).mkdir(parents=True)
+        (folder / sub / "qs.yaml").write_text(f"base: ../s.yaml\ndata: {{partition: {{name: dirichlet, beta: {beta}, min_size: 2}}}}\n")
+    write_table(folder, tmp_path / "data")
+    table = folder / "t.table.yaml"
+    table.write_text("title: T\nmetric: final_test_acc\nsettings: [a/qs.yaml, b/qs.yaml]\nmethods: [a.yaml]\nseeds: [0]\n")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    assert [r.name for r in t.runs] == ["a.qs-a-s0", "b.qs-a-s0"]
+    for r in t.runs:
+        fake_run(r.path, r.resolved, [0.5, 0.6 if r.setting == "a.qs" else 0.7])
+    s = summarize(t)
+    assert s.settings == ["a.qs", "b.qs"] and not s.left_out
+    assert s.cells[("a.qs", "a", s.columns[0])].values == [60.0]
+    assert s.cells[("b.qs", "a", s.columns[0])].values == [70.0]
+
+
+@pytest.mark.parametrize("body, words", [
+    ("settings: [s.yaml, s.yaml]\nmethods: [a.yaml]\nseeds: [0]", "settings lists s.yaml more than once"),
+    ("settings: [s.yaml]\nmethods: [a.yaml, ./a.yaml]\nseeds: [0]", "methods lists ./a.yaml, a.yaml more than once"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0, 0]", "seeds lists 0 more than once"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: 5", "seeds must be a list, e.g. seeds: [0, 1, 2, 3, 4]"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [a]", "seeds must be a non-empty list of whole numbers"),
+    ("settings: s.yaml\nmethods: [a.yaml]\nseeds: [0]", "settings must be a non-empty list of config files"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\nreference: zz", "reference 'zz' is not one of its methods"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\ntuning: {grid: {train.lr: []}}", "must be a non-empty list"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\ntuning: {grid: {train.lr: [0.1]}, select: {kind: best}}",
+     "a choice made on the test set"),
+])
+def test_bad_table_entries_get_a_message_not_a_traceback(tmp_path, capsys, body, words):
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    table.write_text("title: T\nmetric: final_test_acc\n" + body + "\n")
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 2
+    assert words in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the search
+GRID = "tuning: {grid: {train.lr: [0.01, 0.1]}, per_method: {fedprox: {algorithm.mu: [0.01, 0.1]}}, rounds: 3}\n"
+
+
+def _search_runs(t):
+    return {(r.method, r.candidate): r for r in t.search}
+
+
+def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identity(tmp_path, capsys):
+    table = _table(tmp_path, GRID, seeds="[0, 1]", metric="{kind: last_k, k: 2}")
+    root = ["--runs-root", str(tmp_path / "runs")]
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    runs = _search_runs(t)
+    assert sorted(runs) == [("a", "lr=0.01"), ("a", "lr=0.1"), ("b", "lr=0.01+mu=0.01"), ("b", "lr=0.01+mu=0.1"),
+                            ("b", "lr=0.1+mu=0.01"), ("b", "lr=0.1+mu=0.1")]
+    assert all(r.seed == 0 and r.root == t.root / "tuning" for r in t.search)     # the first seed, its own folder
+    assert runs[("a", "lr=0.1")].resolved["train"]["rounds"] == 3 and t.pending == {("s", "a"), ("s", "b")}
+    assert table_main([str(table), *root, "--list"]) == 0
+    assert "4 runs of 2 setting x method pairs wait for their search" in capsys.readouterr().out
+
+    # validation says lr 0.01 for a (the test set would say 0.1), and for b lr 0.1 / mu 0.01
+    val = {("a", "lr=0.01"): 0.8, ("a", "lr=0.1"): 0.7, ("b", "lr=0.01+mu=0.01"): 0.6, ("b", "lr=0.01+mu=0.1"): 0.65,
+           ("b", "lr=0.1+mu=0.01"): 0.9}
+    for key, r in runs.items():
+        if key in val:
+            rows = [{"round": i + 1, "val_acc": val[key], "test_acc": 1.0 - val[key]} for i in range(3)]
+            _write(r.path, r.resolved, rows)
+    r = runs[("b", "lr=0.1+mu=0.1")]
+    _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
+
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [], record=True)
+    assert {k: c.chosen for k, c in t.choices.items()} == {("s", "a"): {"train.lr": 0.01},
+                                                          ("s", "b"): {"train.lr": 0.1, "algorithm.mu": 0.01}}
+    book = yaml.safe_load((t.root / "choices.yaml").read_text())
+    b = next(e for e in book if e["method"] == "b")
+    assert [c["score"] for c in b["candidates"]] == [0.6, 0.65, 0.9, None]
+    assert "diverged" in b["candidates"][3]["note"]
+    final = {r.method: r for r in t.runs if r.seed == 1}
+    assert final["a"].name == "s-a-s1" and final["a"].resolved["train"]["lr"] == 0.01
+    assert final["b"].resolved["train"]["lr"] == 0.1 and final["b"].resolved["algorithm"]["mu"] == 0.01
+    assert final["b"].resolved["train"]["rounds"] == 2                                    # the table's horizon, not the search's
+    assert "--set run.seed=1" in " ".join(final["b"].args([])) and "algorithm.mu=0.01" in final["b"].args([])
+
+    # a run made before the choice (the default lr) is another configuration: not counted, said why
+    fake_run(t.root / "s-a-s0", resolved_config(table, 0), [0.5, 0.6])
+    resolve(t, [])
+    s = summarize(t)
+    assert any("train.lr=0.05 (here 0.01)" in line for line in s.left_out)
+    text = s.markdown()
+    assert "Tuned on the validation set (mean of last 2 val_acc, mean over seeds [0], 3 rounds)" in text
+    assert "s x a: lr=0.01 (of lr=0.01: 80.00; lr=0.1: 70.00)" in text
+
+    # another grid is another search: the recorded choice is not reused
+    table.write_text(table.read_text().replace("[0.01, 0.1]}, per_method", "[0.01, 0.03]}, per_method"))
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    assert t.pending == {("s", "a"), ("s", "b")} and not t.choices
+
+
+def test_overrides_of_searched_keys_are_refused(tmp_path, capsys):
+    table = _table(tmp_path, GRID)
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--set", "train.lr=0.2"]) == 2
+    assert "the table searches this key itself" in capsys.readouterr().err
+
+
+def _write(path: Path, d: dict, rows: list[dict], status: dict | None = None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(d))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "status.json").write_text(json.dumps(status or {"state": "finished"}))
+    (path / "summary.json").write_text(json.dumps({"wall_time_s": 30.0}))
+
+
+# ------------------------------------------------------------------ filters, ETA, runs killed or held elsewhere
+def test_filters_select_part_of_the_table_and_list_estimates_the_time_left(tmp_path, capsys):
+    table = _table(tmp_path, seeds="[0, 1, 2]")
+    root = ["--runs-root", str(tmp_path / "runs")]
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    _write(t.root / "s-a-s0", t.runs[0].resolved, [{"round": 1, "test_acc": 0.5}])
+    assert table_main([str(table), *root, "--list", "--methods", "a", "--seeds", "1", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "run.name=s-a-s1" in out and "run.name=s-a-s2" in out and "s-b-" not in out and "s-a-s0" not in out
+    assert "estimated time left: 1m for 2 runs, from 1 finished runs' wall times" in out
+    assert table_main([str(table), *root, "--list", "--methods", "zz"]) == 2
+    assert "--methods zz: not in this table (its methods: a b)" in capsys.readouterr().err
+
+
+def test_a_run_killed_before_its_first_status_lists_as_failed_not_new(tmp_path, capsys):
+    table = _table(tmp_path, seeds="[0]")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    t.runs[0].path.mkdir(parents=True)
+    (t.runs[0].path / "config.yaml").write_text(yaml.safe_dump(t.runs[0].resolved))
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[0] == "failed" and lines[1].split()[0] == "new"
+
+
+@pytest.mark.e2e
+def test_a_run_held_by_another_process_is_skipped_not_the_end_of_the_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    table = _table(tmp_path, seeds="[0]")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    held = t.runs[0].path
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from mpifed.rundir import RunDir; RunDir(Path(sys.argv[1])).lock(); print('held', flush=True); "
+                               "time.sleep(120)", str(held)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--run", "0"]) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    out = capsys.readouterr().out
+    assert "s-a-s0: another process is running it" in out and "1 runs were skipped" in out
+    assert RunDir(t.runs[1].path).status()["state"] == "finished"
+
+
+@pytest.mark.e2e
+def test_ctrl_c_during_a_table_run_stops_the_run_cleanly_and_says_how_to_go_on(tmp_path):
+    table = _table(tmp_path, seeds="[0]")
+    table.parent.joinpath("s.yaml").write_text(table.parent.joinpath("s.yaml").read_text().replace(
+        "train: {rounds: 2, local_epochs: 1", "train: {rounds: 6, local_epochs: 20"))
+    cmd = [sys.executable, "-m", "mpifed.table", str(table), "--runs-root", str(tmp_path / "runs"), "--run", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    out, deadline = [], time.time() + 240
+    for line in proc.stdout:
+        out.append(line)
+        if "round 1/6" in line:
+            os.killpg(proc.pid, signal.SIGINT)          # what Ctrl-C in a terminal sends
+            break
+    rest, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
+    text = "".join(out) + rest
+    assert proc.returncode == 75, text
+    run = tmp_path / "runs" / "t-t" / "s-a-s0"
+    assert RunDir(run).status()["state"] == "stopped" and list((run / "checkpoints").glob("round_*.ckpt"))
+    assert "Traceback" not in text
+    assert "SIGINT received: the table stops after s-a-s0" in text and "mpifed.table" in text.split("Continue it with:")[1]
+    assert not (tmp_path / "runs" / "t-t" / "s-b-s0").exists()
