@@ -310,7 +310,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
     device, threads, host = _place(cfg, comm, rank, size)
     algo, setup = make_algorithm(cfg, manifest, device)
     layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
-                            cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names))
+                            cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names), manifest.val_size)
     transform = make_transform(cfg, manifest, device)
     ranks = w.gather_object({"rank": rank, "host": host, "pid": os.getpid(), "device": str(device), "threads": threads,
                              "role": "server" if size > 1 and is_server else ("worker" if size > 1 else "server and worker")})
@@ -460,6 +460,14 @@ def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int,
     for r in ranks:
         run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']} "
                 f"threads {r['threads']}")
+    if cfg.data.test_subset:
+        full = manifest.test_source_size
+        if full is None or manifest.test_size < full:
+            of = f" of {full}" if full is not None else ""
+            run.log(f"[mpifed] test set: first {manifest.test_size}{of} samples (a subset: for quick runs only)")
+    if manifest.val_size:
+        run.log(f"[mpifed] validation set: {manifest.val_size} training samples held out (data.val_size), "
+                f"evaluated with the test set")
 
 
 def _mark_failed(run: RunDir, error: str) -> None:
