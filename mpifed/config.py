@@ -96,6 +96,7 @@ class RunConfig:
     root: str = opt("runs", "folder that holds the run directories", math=False)
     seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0)
     eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every this many rounds (and after the last)", min=1, math=False)
+    eval_last: int = opt(0, "also evaluate every one of the last N rounds (a mean over the last evaluations at little cost); does not change training", min=0, math=False)
     checkpoint_every: int = opt(10, "write a checkpoint every this many rounds (0: only when stopped and at the end)", min=0, math=False)
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
@@ -592,10 +593,12 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
 
 def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     """What a finished run's reported numbers depend on: the math fingerprint, the number of
-    rounds and the evaluation cadence (best accuracy and rounds-to-target read the evaluations)."""
+    rounds and the evaluation cadence (best accuracy, rounds-to-target and the mean of the last
+    evaluations read the evaluations)."""
     out = math_fingerprint(d)
     out.setdefault("train", {})["rounds"] = d.get("train", {}).get("rounds")
-    out.setdefault("run", {})["eval_every"] = d.get("run", {}).get("eval_every")
+    run = d.get("run", {})
+    out.setdefault("run", {}).update(eval_every=run.get("eval_every"), eval_last=run.get("eval_last"))
     return out
 
 

@@ -81,8 +81,9 @@ class RoundServer:
         moves = state_moves(assignment, self.holders)
         self.holders.update({cid: w for w, a in enumerate(assignment) for cid in a})
         every = cfg.run.checkpoint_every
+        near_end = rnd + 1 > cfg.train.rounds - max(cfg.run.eval_last, 1)   # the last round, or one of run.eval_last
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
-                         evaluate=(rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.train.rounds,
+                         evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
                          keep_states_from=self._oldest_resume_round(rnd), moves=moves)
 
