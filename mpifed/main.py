@@ -21,7 +21,7 @@ import yaml
 
 # Only light modules at import time: signals.listening() must block the stop signals before
 # numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
-from mpifed import __version__, config, signals
+from mpifed import __version__, config, provenance, signals
 from mpifed.registry import RegistryError
 from mpifed.rundir import MARKER, RunDir, RunLocked, check_run_name, release_locks
 
@@ -313,7 +313,8 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
                             cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names), manifest.val_size)
     transform = make_transform(cfg, manifest, device)
     ranks = w.gather_object({"rank": rank, "host": host, "pid": os.getpid(), "device": str(device), "threads": threads,
-                             "role": "server" if size > 1 and is_server else ("worker" if size > 1 else "server and worker")})
+                             "role": "server" if size > 1 and is_server else ("worker" if size > 1 else "server and worker"),
+                             **provenance.rank_details(device)})
     peers: Comm = Comm()
     if size > 1:
         from mpi4py import MPI
@@ -334,6 +335,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         return 0
 
     server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers)
+    provenance.record(run.path, ranks, server.rnd)
     _log_start(run, cfg, manifest, size, ranks)
     w.context = server.describe_checkpoint
 
@@ -458,7 +460,8 @@ def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int,
     run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {manifest.num_clients} clients, "
             f"{cfg.train.rounds} rounds; {mode}; run directory {run.path}")
     for r in ranks:
-        run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']} "
+        gpu = f" ({r['gpu']})" if r["gpu"] else ""
+        run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']}{gpu} "
                 f"threads {r['threads']}")
     if cfg.data.test_subset:
         full = manifest.test_source_size
