@@ -338,7 +338,7 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         shutil.rmtree(tmp, ignore_errors=True)
         log(f"[prepare] {root} was prepared by another process meanwhile; using it")
         return
-    log(f"[prepare] wrote {len(parts)} client shards, test set{', validation set' if val else ''} and manifest to {root}")
+    log(f"[prepare] wrote {len(parts)} client shards, test set{', validation set' if val is not None else ''} and manifest to {root}")
 
 
 def _subset(raw: RawData, train: int, test: int) -> RawData:
