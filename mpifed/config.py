@@ -95,7 +95,8 @@ class RunConfig:
     name: str | None = opt(None, "run directory name under run.root; default: <config stem>-<date>-<time>", math=False)
     root: str = opt("runs", "folder that holds the run directories", math=False)
     seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0)
-    eval_every: int = opt(1, "evaluate the global model on the test set every this many rounds (and after the last)", min=1, math=False)
+    eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every this many rounds (and after the last)", min=1, math=False)
+    eval_last: int = opt(0, "also evaluate every one of the last N rounds (a mean over the last evaluations at little cost); does not change training", min=0, math=False)
     checkpoint_every: int = opt(10, "write a checkpoint every this many rounds (0: only when stopped and at the end)", min=0, math=False)
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
@@ -137,7 +138,8 @@ class DataConfig:
     partition: Choice = choice(_partitions, "dirichlet", "how training samples are split over clients", beta=0.5)
     partition_seed: int | None = opt(None, "seed of the partition and the server hold-out (null: run.seed)", min=0)
     train_subset: int = opt(0, "use only the first N training samples (0: all)", min=0)
-    test_subset: int = opt(0, "use only the first N test samples (0: all)", min=0)
+    test_subset: int = opt(0, "use only the first N test samples (0: all); for quick runs only: summary.json and the log say so", min=0)
+    val_size: int = opt(0, "hold out N training samples as a validation set (stratified by class, seeded like the partition; before train_subset, the server hold-out and the partition), given to no client and to no method, and evaluated with the test set as val_acc/val_loss (0: none)", min=0)
     server_holdout_per_class: int = opt(0, "training samples per class held out for the server (FedCAD's auxiliary set, FedGKD-VOTE's validation set) and given to no client", min=0)
     prepared_root: str = opt("data/prepared", "where prepared shards are written (one folder per data/partition setting)", math=False)
     prepared_dir: str | None = opt(None, "use exactly this prepared folder instead of one under prepared_root", math=False)
@@ -591,10 +593,12 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
 
 def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     """What a finished run's reported numbers depend on: the math fingerprint, the number of
-    rounds and the evaluation cadence (best accuracy and rounds-to-target read the evaluations)."""
+    rounds and the evaluation cadence (best accuracy, rounds-to-target and the mean of the last
+    evaluations read the evaluations)."""
     out = math_fingerprint(d)
     out.setdefault("train", {})["rounds"] = d.get("train", {}).get("rounds")
-    out.setdefault("run", {})["eval_every"] = d.get("run", {}).get("eval_every")
+    run = d.get("run", {})
+    out.setdefault("run", {}).update(eval_every=run.get("eval_every"), eval_last=run.get("eval_last"))
     return out
 
 

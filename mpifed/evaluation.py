@@ -1,9 +1,10 @@
-"""Test-set evaluation split over workers, with a result that does not depend on the split.
+"""Test- and validation-set evaluation split over workers, with a result that does not depend on the split.
 
-The test set is cut into fixed batches; batch b is evaluated by worker b % W. Each
-worker fills its batches' slots of a float64 vector (loss sum per batch, correct
-predictions per class and per group) and leaves the others at zero, so the MPI sum
-reproduces exactly the numbers one process would compute.
+The test set and the validation set are cut into fixed batches; the b-th batch of the two
+(the test set's first) is evaluated by worker b % W, all in one pass and one buffer. Each
+worker fills its batches' slots of a float64 vector (loss sum per batch; correct predictions
+per class and per group of the test set, and in all of the validation set) and leaves the
+others at zero, so the MPI sum reproduces exactly the numbers one process would compute.
 """
 from __future__ import annotations
 
@@ -21,13 +22,19 @@ from mpifed.data.transforms import BatchTransform
 def evaluate_share(model: Callable[[Any], torch.Tensor], transform: BatchTransform, batches: list[EvalBatch],
                    layout: Any) -> np.ndarray:
     """This rank's contribution to the evaluation sums (``model`` in eval mode, e.g. an InferenceCopy),
-    in the protocol's evaluation layout (per-batch ``loss``, per-class ``correct``, ``group_correct``)."""
+    in the protocol's evaluation layout (test set: per-batch ``loss``, per-class ``correct``,
+    ``group_correct``; validation set: per-batch ``val_loss``, ``val_correct``)."""
     buf = layout.empty()
     out = layout.views(buf)
     for b in batches:
         logits = model(transform.eval(b.inputs))
-        out["loss"][b.index] = float(F.cross_entropy(logits.float(), b.labels, reduction="sum"))
+        loss = float(F.cross_entropy(logits.float(), b.labels, reduction="sum"))
         hit = (logits.argmax(1) == b.labels).cpu()
+        if b.val:
+            out["val_loss"][b.index] = loss
+            out["val_correct"] += float(hit.sum())
+            continue
+        out["loss"][b.index] = loss
         labels = b.labels.cpu()
         out["correct"] += torch.bincount(labels[hit], minlength=out["correct"].numel()).double()
         if b.groups is not None and out["group_correct"].numel():
@@ -51,6 +58,12 @@ def summarize(totals: dict[str, torch.Tensor], class_counts: np.ndarray, group_c
         result["per_group_acc"] = {name: round(float(a), 6) for name, a in zip(group_names, accs)}
         result["group_mean_acc"] = float(np.mean(accs))
     return result
+
+
+def validation(totals: dict[str, torch.Tensor], val_size: int) -> dict[str, float]:
+    """Accuracy and mean loss on the validation set from the summed evaluation."""
+    return {"val_acc": float(totals["val_correct"].numpy().sum() / val_size),
+            "val_loss": float(np.sum(totals["val_loss"].numpy()) / val_size)}
 
 
 def forgetting(history: list[list[float | None]]) -> float | None:

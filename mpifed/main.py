@@ -21,7 +21,7 @@ import yaml
 
 # Only light modules at import time: signals.listening() must block the stop signals before
 # numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
-from mpifed import __version__, config, signals
+from mpifed import __version__, config, provenance, signals
 from mpifed.registry import RegistryError
 from mpifed.rundir import MARKER, RunDir, RunLocked, check_run_name, release_locks
 
@@ -310,10 +310,11 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
     device, threads, host = _place(cfg, comm, rank, size)
     algo, setup = make_algorithm(cfg, manifest, device)
     layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
-                            cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names))
+                            cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names), manifest.val_size)
     transform = make_transform(cfg, manifest, device)
     ranks = w.gather_object({"rank": rank, "host": host, "pid": os.getpid(), "device": str(device), "threads": threads,
-                             "role": "server" if size > 1 and is_server else ("worker" if size > 1 else "server and worker")})
+                             "role": "server" if size > 1 and is_server else ("worker" if size > 1 else "server and worker"),
+                             **provenance.rank_details(device)})
     peers: Comm = Comm()
     if size > 1:
         from mpi4py import MPI
@@ -334,6 +335,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         return 0
 
     server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers)
+    provenance.record(run.path, ranks, server.rnd)
     _log_start(run, cfg, manifest, size, ranks)
     w.context = server.describe_checkpoint
 
@@ -458,8 +460,17 @@ def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int,
     run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {manifest.num_clients} clients, "
             f"{cfg.train.rounds} rounds; {mode}; run directory {run.path}")
     for r in ranks:
-        run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']} "
+        gpu = f" ({r['gpu']})" if r["gpu"] else ""
+        run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']}{gpu} "
                 f"threads {r['threads']}")
+    if cfg.data.test_subset:
+        full = manifest.test_source_size
+        if full is None or manifest.test_size < full:
+            of = f" of {full}" if full is not None else ""
+            run.log(f"[mpifed] test set: first {manifest.test_size}{of} samples (a subset: for quick runs only)")
+    if manifest.val_size:
+        run.log(f"[mpifed] validation set: {manifest.val_size} training samples held out (data.val_size), "
+                f"evaluated with the test set")
 
 
 def _mark_failed(run: RunDir, error: str) -> None:

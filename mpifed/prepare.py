@@ -39,7 +39,8 @@ def class_table(m: Manifest) -> str:
     total = counts.sum(axis=0)
     lines.append(f"{'all':>7} {int(total.sum()):>8} {int((total > 0).sum()):>7} | " + " ".join(f"{int(v):>5}" for v in total[:shown]))
     stats = ", ".join(f"{k} {v}" for k, v in m.stats.items())
-    lines.append(f"test set {m.test_size} samples; server-held {m.server_size}; {stats}")
+    val = f"validation set {m.val_size}; " if m.val_size else ""
+    lines.append(f"test set {m.test_size} samples; {val}server-held {m.server_size}; {stats}")
     return "\n".join(lines)
 
 

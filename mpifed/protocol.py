@@ -15,7 +15,7 @@ laid out once, in :class:`Layouts`, from the method's ``Messages``::
     uplink       all -> server       sums over the round's clients (Reduce)
     per-client   all -> server       one row per client (Gatherv into one buffer; optional)
     reports      all -> server       small per-client figures (gather of objects)
-    evaluation   server -> all -> server   the test set split over workers (optional)
+    evaluation   server -> all -> server   the test and validation sets split over workers (optional)
     stop         all -> server       flush client state; resource usage
 
 The server and worker sides are the callbacks of :class:`ServerSide` and :class:`WorkerSide`
@@ -103,12 +103,13 @@ class Layouts:
     sums: Layout          # Messages.up "sum" entries + the integer-buffer sums (float64)
     rows: Layout          # Messages.up "per_client" entries: one row (float32)
     state: Layout         # the global model alone (for evaluation)
-    evaluation: Layout    # per-batch loss sums, per-class and per-group correct counts
+    evaluation: Layout    # per-batch loss sums, per-class and per-group correct counts (test set); per-batch
+                          # loss sums and the correct count (validation set)
     client_state: Layout  # Messages.client_state (float32)
 
 
 def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size: int, eval_batch_size: int,
-                  num_classes: int, num_groups: int) -> Layouts:
+                  num_classes: int, num_groups: int, val_size: int = 0) -> Layouts:
     model = {"global": ((num_floats,), np.float32), "global_ints": ((num_ints,), np.int64)}
     sums = {k: (u.shape, np.float64) for k, u in messages.up.items() if u.travel == "sum"}
     return Layouts(
@@ -120,7 +121,9 @@ def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size:
         state=Layout("global model", model),
         evaluation=Layout("evaluation sums", {"loss": ((-(-test_size // eval_batch_size),), np.float64),
                                               "correct": ((num_classes,), np.float64),
-                                              "group_correct": ((num_groups,), np.float64)}),
+                                              "group_correct": ((num_groups,), np.float64),
+                                              "val_loss": ((-(-val_size // eval_batch_size),), np.float64),
+                                              "val_correct": ((1 if val_size else 0,), np.float64)}),
         client_state=Layout("client state", {k: (s, np.float32) for k, s in messages.client_state.items()}),
     )
 

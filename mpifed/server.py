@@ -20,7 +20,7 @@ from mpifed import checkpoint, results
 from mpifed.algorithms.base import Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
-from mpifed.evaluation import summarize
+from mpifed.evaluation import summarize, validation
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
 from mpifed.progress import Progress
@@ -81,8 +81,9 @@ class RoundServer:
         moves = state_moves(assignment, self.holders)
         self.holders.update({cid: w for w, a in enumerate(assignment) for cid in a})
         every = cfg.run.checkpoint_every
+        near_end = rnd + 1 > cfg.train.rounds - max(cfg.run.eval_last, 1)   # the last round, or one of run.eval_last
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
-                         evaluate=(rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.train.rounds,
+                         evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
                          keep_states_from=self._oldest_resume_round(rnd), moves=moves)
 
@@ -104,6 +105,8 @@ class RoundServer:
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None:
         m = self.manifest
         self.result = summarize(totals, m.test_class_counts, m.test_group_counts, m.group_names)
+        if m.val_size:
+            self.result.update(validation(totals, m.val_size))
 
     def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None:
         self._record(plan, times)
@@ -160,6 +163,8 @@ class RoundServer:
             self.tensorboard.add_row(row)
         self.run_dir.append_row("clients.jsonl", {"round": plan.round + 1, "clients": [asdict(r) for r in reports]})
         acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
+        if "val_acc" in row:
+            acc += f"  val_acc {row['val_acc']:.4f}"
         self.run_dir.log(
             f"round {plan.round + 1}/{self.cfg.train.rounds}{acc}  train_loss {row['train_loss']:.4f}  "
             f"{t['round']:.2f} s (down {t['downlink']:.3f}, train {t['local_training']:.2f}, "
@@ -239,10 +244,20 @@ class RoundServer:
         }
         if self.cfg.run.rounds_to:
             summary["rounds_to"] = {results.target_key(t): results.rounds_to(rows, t) for t in self.cfg.run.rounds_to}
+        if self.manifest.val_size:
+            best_val, best_val_round = results.best(rows, "val_acc")
+            summary["best_val_acc"] = best_val
+            summary["best_val_round"] = best_val_round
+            summary["test_acc_at_best_val"] = next((r["test_acc"] for r in rows if r["round"] == best_val_round), None)
+        if self.cfg.data.test_subset:
+            summary["test_subset"] = self.manifest.test_size
         self.run_dir.write_json("summary.json", summary)
         self.run_dir.write_json("status.json", {"state": status, "rounds_done": rounds_done,
                                                 "checkpoint": summary["checkpoint"]})
         if summary["final_test_acc"] is not None:
+            chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
+                      f"test accuracy there {summary['test_acc_at_best_val']:.4f}" if summary.get("best_val_acc") is not None
+                      else "")
             self.run_dir.log(f"[mpifed] {status}: {rounds_done} rounds, final test accuracy {summary['final_test_acc']:.4f} "
-                             f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}), "
+                             f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, "
                              f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")

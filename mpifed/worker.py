@@ -24,7 +24,7 @@ from mpifed.protocol import Layouts, ProtocolError, Trained
 
 
 class Worker:
-    """Trains the clients it is given and evaluates its share of the test set."""
+    """Trains the clients it is given and evaluates its share of the test and validation sets."""
 
     def __init__(self, index: int, count: int, client: Client, setup: Setup, layouts: Layouts, manifest: Manifest,
                  transform: BatchTransform, seed: int, cache_mb: int, eval_batch_size: int,
@@ -104,7 +104,7 @@ class Worker:
         return ctx
 
     def evaluate(self, weights: torch.Tensor, ints: torch.Tensor) -> np.ndarray:
-        """This worker's share of the test-set evaluation sums for the given global model."""
+        """This worker's share of the test- and validation-set evaluation sums for the given global model."""
         self.flat.load(weights.to(self.device), ints.to(self.device))
         self.eval_net.load_from(self.flat)
         return evaluate_share(self.eval_net, self.transform, self.eval_batches, self.layouts.evaluation)

@@ -9,7 +9,7 @@ from mpifed.algorithms.base import ClientContext, Replies
 from mpifed.config import NoOptions, TrainConfig
 from mpifed.data.store import ClientData, EvalBatch, eval_batch_ids
 from mpifed.data.transforms import BatchTransform
-from mpifed.evaluation import evaluate_share, forgetting, summarize
+from mpifed.evaluation import evaluate_share, forgetting, summarize, validation
 from mpifed.protocol import build_layouts
 from mpifed.registry import ALGORITHMS
 
@@ -54,8 +54,8 @@ def test_evaluation_sums_do_not_depend_on_the_split():
     for workers in (2, 3, 7):
         total = np.zeros(packer.nbytes // 8)
         for w in range(workers):
-            ids = eval_batch_ids(230, 50, w, workers)
-            total += evaluate_share(model, tf, [batches[i] for i in ids], packer).view(np.float64)
+            ids = eval_batch_ids([230], 50, w, workers)
+            total += evaluate_share(model, tf, [batches[b] for _, b in ids], packer).view(np.float64)
         assert np.array_equal(total, single.view(np.float64))
     views = packer.views(single)
     result = summarize(views, np.bincount(y.numpy(), minlength=4), np.zeros(0), [])
@@ -64,6 +64,38 @@ def test_evaluation_sums_do_not_depend_on_the_split():
     assert abs(result["test_acc"] - (logits.argmax(1) == y).double().mean().item()) < 1e-12
     assert abs(result["test_loss"] - torch.nn.functional.cross_entropy(logits, y).item()) < 1e-6
     assert len(result["per_class_acc"]) == 4
+
+
+def test_validation_batches_share_the_pass_and_do_not_depend_on_the_split():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4)).eval()
+    tf = BatchTransform([0.5], [0.25], 0, False, 0, "cpu")
+    test, y = make_batches()
+    val, vy = make_batches(n=120, seed=1)
+    for b in val:
+        b.val = True
+    messages = ALGORITHMS.get("fedavg")(NoOptions(), small_setup()).messages()
+    packer = build_layouts(messages, 1, 0, 230, 50, 4, 0, val_size=120).evaluation
+    sets = [test, val]
+    single = evaluate_share(model, tf, test + val, packer)
+    for workers in (2, 3, 7):
+        total = np.zeros(packer.nbytes // 8)
+        for w in range(workers):
+            mine = [sets[s][b] for s, b in eval_batch_ids([230, 120], 50, w, workers)]
+            total += evaluate_share(model, tf, mine, packer).view(np.float64)
+        assert np.array_equal(total, single.view(np.float64))
+    views = packer.views(single)
+    counts = np.bincount(y.numpy(), minlength=4)
+    plain = build_layouts(messages, 1, 0, 230, 50, 4, 0).evaluation   # without a validation set
+    assert plain.nbytes < packer.nbytes
+    alone = summarize(plain.views(evaluate_share(model, tf, test, plain)), counts, np.zeros(0), [])
+    assert summarize(views, counts, np.zeros(0), []) == alone
+    result = validation(views, 120)
+    with torch.no_grad():
+        logits = model(tf.eval(torch.cat([b.inputs for b in val])))
+    assert abs(result["val_acc"] - (logits.argmax(1) == vy).double().mean().item()) < 1e-12
+    assert abs(result["val_loss"] - torch.nn.functional.cross_entropy(logits, vy).item()) < 1e-6
+    assert eval_batch_ids([230, 120], 50, 1, 3) == [(0, 1), (0, 4), (1, 2)]   # batches 1, 4, 7 of 0..7
 
 
 def test_forgetting_is_fedntd_eq5():

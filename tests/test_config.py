@@ -1,4 +1,7 @@
+import copy
+
 import pytest
+import yaml
 
 from mpifed import config
 from mpifed.config import ConfigError
@@ -127,6 +130,21 @@ def test_checkpoint_predating_a_key_compares_it_with_the_runs_saved_config():
     assert config.checkpoint_changes(stored, d)[0] == ["resources.threads"]          # without it: the default, 1
     _, two = config.load(overrides=["resources.threads=2"])
     assert config.checkpoint_changes(stored, two, saved=d)[0] == ["resources.threads"]
+
+
+def test_eval_last_is_part_of_a_results_identity_and_older_runs_compare_equal_at_the_defaults(tmp_path):
+    from mpifed.table import stored_identity
+    _, d = config.load()
+    _, last = config.load(overrides=["run.eval_last=5"])
+    assert config.diff_keys(config.result_fingerprint(d), config.result_fingerprint(last)) == ["run.eval_last"]
+    assert config.math_fingerprint(d) == config.math_fingerprint(last)   # a resume may change it
+    older = copy.deepcopy(d)   # a run directory written before run.eval_last and data.val_size existed
+    del older["run"]["eval_last"], older["data"]["val_size"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(older))
+    assert stored_identity(tmp_path) == config.result_fingerprint(d)
+    assert config.checkpoint_changes(config.math_fingerprint(older), d) == ([], ["data.val_size"])
+    _, val = config.load(overrides=["data.val_size=100"])
+    assert config.checkpoint_changes(config.math_fingerprint(older), val)[0] == ["data.val_size"]
 
 
 def test_checkpoint_with_a_setting_this_version_lacks_is_a_difference():

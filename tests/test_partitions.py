@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from mpifed.data.partitions import PartitionError, hold_out_per_class, split_summary
+from mpifed.data.partitions import PartitionError, hold_out_per_class, hold_out_stratified, split_summary
 from mpifed.registry import PARTITIONS
 
 
@@ -82,6 +82,20 @@ def test_hold_out_per_class():
     assert len(np.intersect1d(held, rest)) == 0 and len(held) + len(rest) == 1000
     with pytest.raises(PartitionError, match="server_holdout_per_class"):
         hold_out_per_class(y, 500, np.random.default_rng(0))
+
+
+def test_hold_out_stratified_keeps_the_class_proportions():
+    y = np.repeat([0, 1, 2], [50, 30, 20])
+    held, rest = hold_out_stratified(y, 10, np.random.default_rng(0))
+    assert np.bincount(y[held]).tolist() == [5, 3, 2]
+    # shares 3.5, 2.1, 1.4: rounded down to 3, 2, 1, the one left over to the largest remainder (class 0)
+    held, rest = hold_out_stratified(y, 7, np.random.default_rng(0))
+    assert np.bincount(y[held]).tolist() == [4, 2, 1]
+    assert np.array_equal(np.sort(np.concatenate([held, rest])), np.arange(100)) and list(rest) == sorted(rest)
+    again, _ = hold_out_stratified(y, 7, np.random.default_rng(0))
+    assert np.array_equal(held, again)
+    with pytest.raises(PartitionError, match="data.val_size=100 leaves no training samples"):
+        hold_out_stratified(y, 100, np.random.default_rng(0))
 
 
 def test_label_k_gives_each_client_k_classes():

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from mpifed import config
-from mpifed.data.prepared import Manifest, PreparedDataError, ensure_prepared, prepare, prepared_dir, verify_files
+from mpifed.data.prepared import (Manifest, PreparedDataError, ensure_prepared, prepare, prepare_spec, prepared_dir,
+                                  verify_files)
+from mpifed.registry import DATASETS
 from mpifed.data.shards import ShardError, read_rows, read_shard, write_shard
 
 
@@ -76,6 +78,47 @@ def test_prepare_writes_shards_and_manifest(tmp_path):
     raw = json.loads((m.root / "manifest.json").read_text())
     assert raw["stats"]["clients"] == 4 and "label_skew_tv_mean" in raw["stats"]
     verify_files(m)
+
+
+def test_without_a_validation_set_the_spec_and_folder_are_as_before(tmp_path):
+    cfg = cfg_for(tmp_path)
+    assert prepare_spec(cfg) == {
+        "dataset": {"name": "synthetic", "train_samples": 300, "test_samples": 50, "num_classes": 10, "channels": 1,
+                    "size": 8, "noise": 40.0, "data_seed": 0},
+        "num_clients": 4, "partition": {"name": "dirichlet", "beta": 0.5, "min_size": 5, "balance": True, "max_tries": 10000},
+        "seed": 0, "train_subset": 0, "test_subset": 0, "server_holdout_per_class": 0}
+    assert prepared_dir(cfg).name == "synthetic-dirichlet-k4-2901ec34e6"
+    m = prepare(cfg, log=lambda s: None)
+    assert m.val_size == 0 and not m.val_path.exists()
+    assert "val" not in json.loads((m.root / "manifest.json").read_text())
+
+
+def test_validation_set_is_stratified_disjoint_and_deterministic(tmp_path):
+    extra = ("data.val_size=40", "data.server_holdout_per_class=3", "data.train_subset=200")
+    cfg = cfg_for(tmp_path / "a", *extra)
+    m = prepare(cfg, log=lambda s: None)
+    raw = DATASETS.get("synthetic").load(cfg.data.dataset.options)
+    index = {x.tobytes(): i for i, x in enumerate(raw.train_x)}
+    assert len(index) == 300
+    val = read_shard(m.val_path, verify=True)
+    held = sorted(index[x.tobytes()] for x in val.images)
+    assert len(set(held)) == 40 and np.array_equal(raw.train_y[held], val.labels)
+    counts = np.bincount(val.labels, minlength=10)
+    share = 40 * np.bincount(raw.train_y, minlength=10) / 300
+    assert counts.sum() == 40 and np.all(np.abs(counts - share) < 1)
+    assert counts.tolist() == m.val_class_counts.tolist() == val.attrs["class_counts"]
+    assert json.loads((m.root / "manifest.json").read_text())["val"] == {"num_samples": 40, "class_counts": counts.tolist()}
+    # data.train_subset takes the first 200 of the samples left; the clients and the server share them out
+    shards = [read_shard(m.client_path(k)) for k in range(m.num_clients)] + [read_shard(m.server_path)]
+    used = sorted(index[x.tobytes()] for s in shards for x in s.images)
+    assert used == [i for i in range(300) if i not in set(held)][:200]
+    test = {x.tobytes() for x in read_shard(m.test_path).images}
+    assert not test & {x.tobytes() for x in val.images}
+    verify_files(m)
+    again = prepare(cfg_for(tmp_path / "b", *extra), log=lambda s: None)
+    assert again.val_path.read_bytes() == m.val_path.read_bytes()
+    other = prepare(cfg_for(tmp_path / "c", *extra, "data.partition_seed=1"), log=lambda s: None)
+    assert other.val_path.read_bytes() != m.val_path.read_bytes()
 
 
 def tree_digest(root):

@@ -356,3 +356,19 @@ def hold_out_per_class(labels: np.ndarray, per_class: int, rng: np.random.Genera
     mask[held_idx] = False
     return held_idx, np.flatnonzero(mask)
 
+
+def hold_out_stratified(labels: np.ndarray, size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(held-out indices, remaining indices), both sorted: ``size`` random samples whose classes
+    are in proportion to ``labels`` (each class's share rounded down, the samples left over going
+    to the classes with the largest remainders, the lower class first on a tie)."""
+    if size >= len(labels):
+        raise PartitionError(f"data.val_size={size} leaves no training samples of the {len(labels)}; lower it")
+    classes, counts = np.unique(labels, return_counts=True)
+    take, remainder = np.divmod(size * counts, len(labels))
+    order = np.argsort(-remainder, kind="stable")
+    take[order[:size - int(take.sum())]] += 1
+    held = [rng.choice(np.flatnonzero(labels == c), size=k, replace=False) for c, k in zip(classes, take)]
+    held_idx = np.sort(np.concatenate(held))
+    mask = np.ones(len(labels), dtype=bool)
+    mask[held_idx] = False
+    return held_idx, np.flatnonzero(mask)

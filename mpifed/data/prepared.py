@@ -5,6 +5,7 @@ Layout of a prepared folder::
     manifest.json          spec, statistics, per-client class counts, normalisation
     clients/client_00000.h5 ...
     test.h5
+    val.h5                 the validation set (only with data.val_size)
     server.h5              data held by the server (only with data.server_holdout_per_class)
 
 A folder is reused when its manifest's spec equals the config's; any difference is an
@@ -25,7 +26,7 @@ import numpy as np
 
 from mpifed.config import Config, diff_keys, digest, to_dict
 from mpifed.registry import DATASETS, PARTITIONS
-from mpifed.data.partitions import PartitionError, hold_out_per_class, split_summary
+from mpifed.data.partitions import PartitionError, hold_out_per_class, hold_out_stratified, split_summary
 from mpifed.data.fingerprint import fingerprint, first_change
 from mpifed.data.raw import RawData, RawText, modality, select
 from mpifed.data.shards import ShardError, read_shard, write_shard
@@ -60,6 +61,9 @@ class Manifest:
     raw_inputs: dict[str, Any] | None = None  # the fingerprint of the raw files (see fingerprint.py)
     modality: str = "image"
     vocab_size: int = 0             # text: the tokenizer's vocabulary size
+    val_size: int = 0               # the validation set (data.val_size)
+    val_class_counts: np.ndarray | None = None
+    test_source_size: int | None = None  # the data set's test samples before data.test_subset (None: not recorded)
 
     @property
     def image_shape(self) -> tuple[int, ...]:
@@ -75,6 +79,10 @@ class Manifest:
     @property
     def test_path(self) -> Path:
         return self.root / "test.h5"
+
+    @property
+    def val_path(self) -> Path:
+        return self.root / "val.h5"
 
     @property
     def server_path(self) -> Path:
@@ -117,7 +125,9 @@ class Manifest:
             group_names=m["test"]["group_names"], test_group_counts=np.array(m["test"]["group_counts"], dtype=np.int64),
             server_size=m["server"]["num_samples"] if m["server"] else 0,
             stats=m["stats"], raw_inputs=m.get("raw_inputs"), modality=m.get("modality", "image"),
-            vocab_size=m.get("vocab_size", 0))
+            vocab_size=m.get("vocab_size", 0), val_size=m["val"]["num_samples"] if m.get("val") else 0,
+            val_class_counts=np.array(m["val"]["class_counts"], dtype=np.int64) if m.get("val") else None,
+            test_source_size=m["test"].get("source_samples"))
 
     def _check(self) -> None:
         """Raise ValueError naming the first field of the wrong type or shape."""
@@ -137,6 +147,8 @@ class Manifest:
             raise ValueError("'crop_padding' must be an integer and 'flip' true or false")
         if not (isinstance(self.test_size, int) and self.test_size > 0 and isinstance(self.server_size, int)):
             raise ValueError(f"'test.num_samples' must be a positive integer, got {self.test_size!r}")
+        if not (isinstance(self.val_size, int) and self.val_size >= 0):
+            raise ValueError(f"'val.num_samples' must be a non-negative integer, got {self.val_size!r}")
         if len(self.client_sizes) == 0 or (self.client_sizes <= 0).any():
             raise ValueError("'clients' must list at least one client, each with a positive 'num_samples'")
         if not isinstance(self.spec, dict) or not isinstance(self.stats, dict):
@@ -161,6 +173,7 @@ def prepare_spec(cfg: Config) -> dict[str, Any]:
         "seed": cfg.run.seed if d.partition_seed is None else d.partition_seed,
         "train_subset": d.train_subset,
         "test_subset": d.test_subset,
+        **({"val_size": d.val_size} if d.val_size else {}),   # absent at 0: earlier folders keep their names
         "server_holdout_per_class": d.server_holdout_per_class,
         **text,
     }
@@ -245,6 +258,13 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
     if isinstance(raw, RawText):
         from mpifed.data.tokenize import tokenize
         raw, vocab_size = tokenize(raw, cfg.data.tokenizer, cfg.data.max_length, log)
+    test_source = len(raw.test_y)
+    val = None    # inputs, labels, groups of the validation set
+    if cfg.data.val_size:
+        val_idx, rest = hold_out_stratified(raw.train_y, cfg.data.val_size, np.random.default_rng([spec["seed"], 0x7A1]))
+        val = (select(raw.train_x, val_idx), raw.train_y[val_idx],
+               raw.train_groups[val_idx] if raw.train_groups is not None else None)
+        raw = _rows(raw, rest, slice(None))
     raw = _subset(raw, cfg.data.train_subset, cfg.data.test_subset)
     rng = np.random.default_rng([spec["seed"], 0x5EED])
 
@@ -278,6 +298,11 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         test_counts = np.bincount(raw.test_y, minlength=raw.num_classes)
         write_shard(tmp / "test.h5", raw.test_x, raw.test_y, {**common, "client_id": -1, "class_counts": test_counts.tolist()},
                     raw.test_groups)
+        val_section = None
+        if val is not None:
+            vc = np.bincount(val[1], minlength=raw.num_classes)
+            write_shard(tmp / "val.h5", val[0], val[1], {**common, "client_id": -3, "class_counts": vc.tolist()}, val[2])
+            val_section = {"num_samples": int(len(val[1])), "class_counts": vc.tolist()}
         server = None
         if len(server_idx):
             sc = np.bincount(labels[server_idx], minlength=raw.num_classes)
@@ -292,7 +317,9 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
             "clients": clients,
             "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(), "group_names": raw.group_names,
                      "group_counts": np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
-                     if raw.test_groups is not None else []},
+                     if raw.test_groups is not None else [],
+                     **({"source_samples": test_source} if cfg.data.test_subset else {})},
+            **({"val": val_section} if val_section else {}),
             "server": server,
             "stats": partition_stats(counts),
             "raw_inputs": fingerprint(raw.files),
@@ -311,14 +338,17 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         shutil.rmtree(tmp, ignore_errors=True)
         log(f"[prepare] {root} was prepared by another process meanwhile; using it")
         return
-    log(f"[prepare] wrote {len(parts)} client shards, test set and manifest to {root}")
+    log(f"[prepare] wrote {len(parts)} client shards, test set{', validation set' if val is not None else ''} and manifest to {root}")
 
 
 def _subset(raw: RawData, train: int, test: int) -> RawData:
     if not train and not test:
         return raw
-    tr = slice(None, train or None)
-    te = slice(None, test or None)
+    return _rows(raw, slice(None, train or None), slice(None, test or None))
+
+
+def _rows(raw: RawData, tr: np.ndarray | slice, te: np.ndarray | slice) -> RawData:
+    """The training rows ``tr`` and test rows ``te`` of ``raw``."""
     return RawData(select(raw.train_x, tr), raw.train_y[tr], select(raw.test_x, te), raw.test_y[te], raw.num_classes, raw.source,
                    raw.train_groups[tr] if raw.train_groups is not None else None,
                    raw.test_groups[te] if raw.test_groups is not None else None, raw.group_names, raw.files)
@@ -364,11 +394,13 @@ def verify_client_shards(manifest: Manifest, index: int, count: int) -> None:
 
 
 def verify_files(manifest: Manifest) -> None:
-    """Every shard is present and the test set matches its checksum (checked before training)."""
+    """Every shard is present and the test and validation sets match their checksums (checked before training)."""
     missing = [str(manifest.client_path(k)) for k in range(manifest.num_clients) if not manifest.client_path(k).is_file()]
     if missing:
         raise ShardError(f"{len(missing)} client shard(s) are missing, e.g. {missing[0]}; "
                          f"re-prepare with python -m mpifed.prepare --config <config> --force")
     read_shard(manifest.test_path, verify=True)
+    if manifest.val_size:
+        read_shard(manifest.val_path, verify=True)
     if manifest.server_size:
         read_shard(manifest.server_path, verify=True)

@@ -1,4 +1,4 @@
-"""Decoded data held by a rank: its clients' shards (cached), its share of the test set.
+"""Decoded data held by a rank: its clients' shards (cached), its share of the test and validation sets.
 
 A worker opens only the shards of the clients it trains, keeps them decoded (as stored:
 uint8 images, integer token ids, on its device) within a memory budget, and evicts the
@@ -83,24 +83,31 @@ class ClientStore:
 
 @dataclass
 class EvalBatch:
-    index: int
+    index: int             # the batch's place in its set
     inputs: Any
     labels: torch.Tensor
     groups: torch.Tensor | None
+    val: bool = False      # a batch of the validation set (else of the test set)
 
 
-def eval_batch_ids(num_samples: int, batch_size: int, worker: int, workers: int) -> list[int]:
-    """The test batches worker ``worker`` of ``workers`` evaluates (batch b goes to worker b % workers)."""
-    batches = -(-num_samples // batch_size)
-    return list(range(worker, batches, workers))
+def eval_batch_ids(sizes: list[int], batch_size: int, worker: int, workers: int) -> list[tuple[int, int]]:
+    """The evaluation batches worker ``worker`` of ``workers`` evaluates, as (set, batch within the
+    set), for sets of ``sizes`` samples: the batches of all sets in order, the b-th going to worker
+    b % workers."""
+    every = [(s, b) for s, n in enumerate(sizes) for b in range(-(-n // batch_size))]
+    return every[worker::workers]
 
 
 def load_eval_batches(manifest: Manifest, batch_size: int, worker: int, workers: int,
                       device: torch.device | str) -> list[EvalBatch]:
-    """This worker's share of the test set, read row range by row range and kept on the device."""
+    """This worker's share of the test set and of the validation set (when there is one), read
+    row range by row range and kept on the device."""
+    sets = [(manifest.test_path, manifest.test_size)] + ([(manifest.val_path, manifest.val_size)] if manifest.val_size else [])
     out = []
-    for b in eval_batch_ids(manifest.test_size, batch_size, worker, workers):
-        x, y, g = read_rows(manifest.test_path, b * batch_size, min((b + 1) * batch_size, manifest.test_size))
+    for s, b in eval_batch_ids([size for _, size in sets], batch_size, worker, workers):
+        path, size = sets[s]
+        x, y, g = read_rows(path, b * batch_size, min((b + 1) * batch_size, size))
         inputs, labels = to_device(x, y, device)
-        out.append(EvalBatch(b, inputs, labels, torch.from_numpy(g).to(device) if g is not None else None))
+        groups = torch.from_numpy(g).to(device) if g is not None and s == 0 else None
+        out.append(EvalBatch(b, inputs, labels, groups, val=s == 1))
     return out
