@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from mpifed import __version__, config, results
+from mpifed import __version__, config, provenance, results
 from mpifed.packaged import find_config
 from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.rundir import RunDir, check_run_name
@@ -276,6 +276,13 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
     if unknown:
         raise config.ConfigError(f"tuning.per_method: {', '.join(sorted(unknown))} is neither a method of the table "
                                  f"({', '.join(sorted(methods))}) nor the algorithm of one")
+    if tuning.select.column.startswith("val"):
+        for setting, method, configs in pairs:
+            probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "")
+            if not loader(probe)[0]["data"].get("val_size"):
+                raise config.ConfigError(f"{setting} x {method}: the search chooses on the validation set "
+                                         f"({tuning.select.column}) but the setting holds none; set data.val_size "
+                                         f"(e.g. 2000) in {configs[0]}")
     book = ChoiceBook(table.root)
     changed = False
     table.search, table.choices, table.pending = [], {}, set()
@@ -562,6 +569,8 @@ class _RunValues:
         self.seed = run.get("seed") if isinstance(run.get("seed"), int) else None
         self.algorithm = algorithm.get("name")
         self.test_subset = data.get("test_subset") or 0
+        found = provenance.read(path)
+        self.machine = provenance.machine(found) if found else None
 
     def values(self, metric: results.Metric, group_names: list[str]) -> list[float | None]:
         out: list[float | None] = [results.value(metric, self.rows, self.summary)]
@@ -589,6 +598,16 @@ def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | Non
         notes.append(f"Test set: a subset ({' / '.join(map(str, subsets))} samples) in "
                      f"{sum(1 for rv in runs.values() if rv.test_subset)} of {len(runs)} runs: quick runs only, not "
                      f"numbers to report (data.test_subset=0 evaluates the whole test set).")
+    machines = sorted({rv.machine for rv in runs.values() if rv.machine})
+    unknown = sum(1 for rv in runs.values() if not rv.machine)
+    if len(machines) > 1:
+        notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than rounding "
+                     f"across machines: compare methods on runs of one machine ({'; '.join(machines)}).")
+    elif machines:
+        notes.append(f"Machine: {machines[0]}.")
+    if unknown and runs:
+        notes.append(f"{unknown} of {len(runs)} runs have no provenance.json (made before mpifed recorded it): "
+                     f"their machine is unknown.")
     for m in (metric, paper_metric):
         if m is not None and m.chosen_on_test:
             notes.append(f"'{m.label}' picks each run's best round by the test accuracy itself: optimistic, shown for "

@@ -54,8 +54,12 @@ def test_paired_verdicts_and_too_few_seeds():
     assert (same.low, same.high, same.verdict) == (0.5, 0.5, "higher")
 
 
-def _table(tmp_path: Path, extra: str = "", seeds: str = "[0, 1, 2, 3, 4]", metric: str = "{kind: final}") -> Path:
-    table = write_table(tmp_path / "t", tmp_path / "data", methods="[a.yaml, b.yaml]", seeds=seeds, metric=metric)
+def _table(tmp_path: Path, extra: str = "", seeds: str = "[0, 1, 2, 3, 4]", metric: str = "{kind: final}",
+           methods: str = "[a.yaml, b.yaml]") -> Path:
+    table = write_table(tmp_path / "t", tmp_path / "data", methods=methods, seeds=seeds, metric=metric,
+                        dataset="{name: synthetic, train_samples: 140, test_samples: 40}")
+    setting = table.parent / "s.yaml"
+    setting.write_text(setting.read_text().replace("  num_clients: 2\n", "  num_clients: 2\n  val_size: 20\n"))
     if extra:
         table.write_text(table.read_text() + extra)
     return table
@@ -212,6 +216,39 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
     assert t.pending == {("s", "a"), ("s", "b")} and not t.choices
 
 
+def test_a_search_needs_a_validation_set(tmp_path, capsys):
+    table = _table(tmp_path, GRID)
+    setting = table.parent / "s.yaml"
+    setting.write_text(setting.read_text().replace("  val_size: 20\n", ""))
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 2
+    assert "the search chooses on the validation set (val_acc) but the setting holds none; set data.val_size" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_run_searches_first_then_runs_the_table_with_the_choice(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    table = _table(tmp_path, "tuning: {grid: {train.lr: [0.001, 0.5]}, rounds: 2}\n", seeds="[0, 1]",
+                   metric="{kind: at_best}", methods="[a.yaml]")
+    root = ["--runs-root", str(tmp_path / "runs")]
+    assert table_main([str(table), *root, "--run", "0"]) == 0
+    out = capsys.readouterr().out
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    (choice,) = t.choices.values()
+    book = yaml.safe_load((t.root / "choices.yaml").read_text())
+    scores = [c["score"] for c in book[0]["candidates"]]
+    assert choice.chosen == {"train.lr": [0.001, 0.5][scores.index(max(scores))]}
+    for r in t.runs:
+        assert RunDir(r.path).status()["state"] == "finished"
+        assert yaml.safe_load((r.path / "config.yaml").read_text())["train"]["lr"] == choice.chosen["train.lr"]
+    assert "Tuned on the validation set (best val_acc, mean over seeds [0], 2 rounds)" in out
+    assert "test_acc at best val_acc" in out and "Machine: " in out
+    capsys.readouterr()
+    assert table_main([str(table), *root, "--run", "0"]) == 0             # done: nothing runs again
+    assert "[mpifed.table] run " not in capsys.readouterr().out
+
+
 def test_overrides_of_searched_keys_are_refused(tmp_path, capsys):
     table = _table(tmp_path, GRID)
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--set", "train.lr=0.2"]) == 2
@@ -295,3 +332,15 @@ def test_ctrl_c_during_a_table_run_stops_the_run_cleanly_and_says_how_to_go_on(t
     assert "Traceback" not in text
     assert "SIGINT received: the table stops after s-a-s0" in text and "mpifed.table" in text.split("Continue it with:")[1]
     assert not (tmp_path / "runs" / "t-t" / "s-b-s0").exists()
+
+
+def test_summary_flags_runs_from_more_than_one_machine(tmp_path):
+    table = _table(tmp_path, seeds="[0, 1]", methods="[a.yaml]")
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed, cpu in ((0, "AMD EPYC 7763"), (1, "Intel Xeon 8380")):
+        run = fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, 0.6])
+        (run / "provenance.json").write_text(json.dumps({"segments": [
+            {"torch": "2.14.1", "ranks": [{"rank": 0, "host": "n1", "cpu": cpu, "gpu": None}]}]}))
+    resolve(t, [])
+    text = summarize(t).markdown()
+    assert "WARNING: these runs come from 2 machines" in text and "AMD EPYC 7763" in text and "Intel Xeon 8380" in text
