@@ -1,14 +1,21 @@
-"""The run directory and prepared data under abuse: names, locks, status, stale temporary files,
-changed raw data, damaged manifests, full disks and stop messages (debug mode, in-process)."""
+"""The run directory and prepared data under abuse: names, locks (also read by users who cannot
+write them), status, stale temporary files and folders, changed raw data, damaged manifests and
+partition files, lost checkpoints and config.yaml files, full disks and stop messages (debug mode,
+in-process)."""
+import contextlib
 import errno
+import io
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import REPO, env, metrics, run_debug, tiny
 from mpifed import rundir
@@ -204,7 +211,20 @@ def test_same_size_rewrite_of_raw_data_is_noticed(tmp_path):
     labels.write_bytes(bytes(data))
     os.utime(labels, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same time: only the hash tells
     p = run_debug(tiny_mnist(tmp_path, name="b"), check=False)
-    assert p.returncode == 2 and "content of the raw files" in p.stderr
+    assert p.returncode == 2 and f"the content of {labels.resolve()} changed" in p.stderr
+    assert not [f for f in raw.iterdir() if f != labels and f.name in p.stderr]   # only the changed file is named
+
+
+def test_manifests_with_one_hash_over_all_raw_files_are_still_checked(tmp_path):
+    from mpifed.data import fingerprint as fp
+    files = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    for f in files:
+        f.write_bytes(b"1,a\n")
+    old = {"files": [{k: v for k, v in e.items() if k != "sha256"} for e in fp.fingerprint(files)["files"]],
+           "sha256": fp._digest(files)}
+    assert fp.first_change(old) is None
+    files[1].write_bytes(b"2,a\n")
+    assert "content of the raw files" in fp.first_change(old) and "b.csv" in fp.first_change(old)
 
 
 def test_stop_before_round_one_says_nothing_was_trained(tmp_path, monkeypatch):
@@ -222,7 +242,7 @@ def test_fingerprint_of_an_image_folder_notices_a_renamed_image(tmp_path):
     folder.mkdir()
     (folder / "a.jpg").write_bytes(b"x")
     recorded = fingerprint([folder])
-    assert recorded["sha256"] and first_change(recorded) is None
+    assert recorded["files"][0]["sha256"] and first_change(recorded) is None
     mtime = folder.stat().st_mtime_ns
     (folder / "a.jpg").rename(folder / "b.jpg")
     os.utime(folder, ns=(mtime, mtime))          # even with the folder's time put back
@@ -238,10 +258,29 @@ def test_fingerprint_accepts_the_same_bytes_written_again(tmp_path, monkeypatch)
     os.utime(f, ns=(1, 10**18))
     assert fp.first_change(recorded) is None            # copied again: same bytes, newer time
     f.write_bytes(b"2,a\n")
-    assert "content of the raw files" in fp.first_change(recorded) and "train.csv" in fp.first_change(recorded)
+    assert fp.first_change(recorded) == f"the content of {f} changed"
     monkeypatch.setattr(fp, "HASH_LIMIT", 1)            # too large to hash: the time is all there is
     f.write_bytes(b"1,a\n")
     unhashed = fp.fingerprint([f])
-    assert unhashed["sha256"] is None
+    assert "sha256" not in unhashed["files"][0]
     os.utime(f, ns=(1, 10**18))
     assert "was modified after the data was prepared" in fp.first_change(unhashed)
+
+
+def test_prepare_removes_temporary_folders_of_dead_prepares_on_this_host(tmp_path):
+    from mpifed.prepare import main as prepare
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    data = tmp_path / "data"
+    stale = [data / f"synthetic-iid-k5-0123456789.tmp-{host}-{gone.pid}", data / f"other.tmp-{host}-{gone.pid}"]
+    kept = [data / f"live.tmp-{host}-{os.getpid()}", data / f"remote.tmp-elsewhere.example-{gone.pid}"]
+    for force in ([], ["--force"]):
+        for folder in stale + kept:
+            (folder / "clients").mkdir(parents=True, exist_ok=True)
+            (folder / "clients" / "client_00000.h5").write_bytes(b"partial")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert prepare(tiny(tmp_path, "data.partition=iid") + force) == 0
+        assert not any(f.exists() for f in stale) and all(f.exists() for f in kept)
+        assert "removed 2 temporary folder(s)" in out.getvalue() and "remote.tmp-elsewhere.example" in out.getvalue()
