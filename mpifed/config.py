@@ -692,3 +692,10 @@ def reference() -> str:
             body = head + "\n".join(sub) if sub else "(no options)"
             parts.append(f"### `{key}: {name}`\n\n{body}")
     return "\n\n".join(parts)
+
+
+if __name__ == "__main__":   # `python -m mpifed.config ...` is `mpifed config ...`
+    import sys
+
+    from mpifed.packaged import main
+    sys.exit(main())

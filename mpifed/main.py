@@ -78,8 +78,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from mpifed.data.prepared import PreparedDataError
     from mpifed.data.raw import DataMissing
     from mpifed.data.shards import ShardError
+    from mpifed.placement import PlacementError
     return (config.ConfigError, RunError, checkpoint.CheckpointError, ClientStateError, DataMissing, PartitionError,
-            PreparedDataError, ShardError, NonFiniteLoss)
+            PlacementError, PreparedDataError, ShardError, NonFiniteLoss)
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -260,12 +261,12 @@ def _agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> A
     return outcome[1]
 
 
-def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Exception], ...]) -> None:
-    """Every rank does its share of ``work()`` (``what``); if any fails, all stop with the first error
-    (printed by rank 0)."""
+def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Exception], ...]) -> Any:
+    """Every rank does its share of ``work()`` (``what``) and gets its own result; if any fails, all
+    stop with the first error (printed by rank 0)."""
+    result, mine = None, None
     try:
-        work()
-        mine = None
+        result = work()
     except errors as exc:
         mine = str(exc)
     w.sync(what)
@@ -275,6 +276,7 @@ def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Excepti
         if rank == 0:
             sys.stderr.write(f"[mpifed] {first}\n")
         raise _Exit(2)
+    return result
 
 
 def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
@@ -307,7 +309,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
     workers, worker_index = max(size - 1, 1), rank - 1 if size > 1 else 0
     _all_agree(w, rank, "check of the client shards",
                lambda: verify_client_shards(manifest, worker_index, workers) if has_worker else None, errors)
-    device, threads, host = _place(cfg, comm, rank, size)
+    device, threads, host = _all_agree(w, rank, "choice of the devices", lambda: _place(cfg, comm, rank, size), errors)
     algo, setup = make_algorithm(cfg, manifest, device)
     layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
                             cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names))

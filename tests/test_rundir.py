@@ -267,6 +267,37 @@ def test_fingerprint_accepts_the_same_bytes_written_again(tmp_path, monkeypatch)
     assert "was modified after the data was prepared" in fp.first_change(unhashed)
 
 
+def test_a_partition_file_that_is_not_an_index_file_is_one_message(tmp_path):
+    from mpifed.prepare import main as prepare
+    bad = {"zero-d.npy": None, "garbage.npy": b"\x93NUMPY\x01\x00garbage" * 4, "text.npy": b"[[1, 2], [3]]\n",
+           "folder.json": "dir", "none.json": b"[]"}
+    for name, content in bad.items():
+        path = tmp_path / name
+        if content is None:
+            np.save(path, np.array(5))
+        elif content == "dir":
+            path.mkdir()
+        else:
+            path.write_bytes(content)
+        split = [f"data.partition={{name: from_file, path: {path}}}", "data.num_clients=2"]
+        p = run_debug(tiny(tmp_path, *split, name=name), check=False)
+        assert p.returncode == 2 and "Traceback" not in p.stderr and str(path) in p.stderr, p.stderr
+        assert "num_clients=0" not in p.stderr
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            assert prepare(tiny(tmp_path, *split)) == 2
+        assert str(path) in err.getvalue(), err.getvalue()
+    assert "is a folder, not a file" in run_debug(tiny(tmp_path, "data.partition={name: from_file, path: "
+                                                            f"{tmp_path / 'folder.json'}}}"), check=False).stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_is_one_message(tmp_path):
+    p = run_debug(tiny(tmp_path, "resources.device=cuda"), check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "resources.device=cuda but no GPU is visible" in p.stderr and "resources.device=auto" in p.stderr
+
+
 def test_prepare_removes_temporary_folders_of_dead_prepares_on_this_host(tmp_path):
     from mpifed.prepare import main as prepare
     gone = subprocess.Popen(["true"])
