@@ -246,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / "table.tex").write_text(latex(summary))
         written = [out / "table.md", out / "table.csv", out / "table.tex", *figures(c, out, a.format)]
     except OSError as exc:
-        print(f"[mpifed.report] cannot write the report to --out {out} ({exc.strerror}"
-              f"{f': {exc.filename}' if exc.filename and str(exc.filename) != str(out) else ''}): give a folder "
-              f"you can write to (a new or existing folder, not a file, not under /proc)", file=sys.stderr)
+        where = f"{exc.filename}: " if exc.filename and str(exc.filename) != str(out) else ""
+        print(f"[mpifed.report] cannot write the report to --out {out} ({where}{exc.strerror}): give a folder you "
+              f"can write to (a new or existing folder, not a file, not under /proc)", file=sys.stderr)
         return 2
     print(summary.markdown())
     print("\nwrote " + ", ".join(str(w) for w in written))
