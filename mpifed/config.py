@@ -92,7 +92,7 @@ _models = _options_of("MODELS")
 # ------------------------------------------------------------------------ schema
 @dataclass
 class RunConfig:
-    name: str | None = opt(None, "run directory name under run.root; default: <config stem>-<date>-<time>", math=False)
+    name: str | None = opt(None, "run directory name under run.root; default: <config stem>-<date>-<time> (-2, -3, ... when taken)", math=False)
     root: str = opt("runs", "folder that holds the run directories", math=False)
     seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0)
     eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every this many rounds (and after the last)", min=1, math=False)
@@ -708,3 +708,10 @@ def reference() -> str:
             body = head + "\n".join(sub) if sub else "(no options)"
             parts.append(f"### `{key}: {name}`\n\n{body}")
     return "\n\n".join(parts)
+
+
+if __name__ == "__main__":   # `python -m mpifed.config ...` is `mpifed config ...`
+    import sys
+
+    from mpifed.packaged import main
+    sys.exit(main())

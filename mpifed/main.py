@@ -23,7 +23,7 @@ import yaml
 # numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
 from mpifed import __version__, config, provenance, signals
 from mpifed.registry import RegistryError
-from mpifed.rundir import MARKER, RunDir, RunLocked, check_run_name, release_locks
+from mpifed.rundir import MARKER, RunDir, RunLocked, check_run_name, claim_new, default_run_name, release_locks
 
 if TYPE_CHECKING:
     import torch
@@ -78,8 +78,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from mpifed.data.prepared import PreparedDataError
     from mpifed.data.raw import DataMissing
     from mpifed.data.shards import ShardError
+    from mpifed.placement import PlacementError
     return (config.ConfigError, RunError, checkpoint.CheckpointError, ClientStateError, DataMissing, PartitionError,
-            PreparedDataError, ShardError, NonFiniteLoss)
+            PlacementError, PreparedDataError, ShardError, NonFiniteLoss)
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,11 +93,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         run_path = Path(args.resume)
         if not RunDir(run_path).holds_run():
             raise RunError(f"--resume {run_path}: no run there (no config.yaml); give the run directory, e.g. runs/<name>")
-        try:
-            base = RunDir(run_path).read_config()
-        except yaml.YAMLError as exc:
-            raise RunError(f"--resume {run_path}: its config.yaml is not valid YAML ({exc}); repair it "
-                           "(every checkpoint holds a copy of the resolved config under the key 'config')") from None
+        base = _saved_config(RunDir(run_path))
     cfg, d = config.load(args.config, overrides, base=base)
     if args.resume == "" and cfg.run.name is None:
         raise RunError("--resume without a run directory continues run.root/run.name, but run.name is not set: "
@@ -107,10 +104,16 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                 check_run_name(cfg.run.name)
             except ValueError as exc:
                 raise RunError(str(exc)) from None
+            run_path = Path(cfg.run.root) / cfg.run.name
         else:
             stem = Path(args.config[-1]).stem if args.config else "quickstart"
-            d["run"]["name"] = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_path = Path(cfg.run.root) / d["run"]["name"]
+            run_path = Path(cfg.run.root) / default_run_name(stem)
+            if not args.show_config:
+                try:
+                    run_path = claim_new(run_path.parent, run_path.name)
+                except OSError as exc:
+                    raise RunError(_unwritable_root(run_path, exc)) from None
+        d["run"]["name"] = run_path.name
     else:
         d["run"]["name"], d["run"]["root"] = run_path.name, str(run_path.parent)
     cfg = config.build(d)
@@ -140,6 +143,16 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                         "nothing_to_do": f"[mpifed] {run_path} is finished ({cfg.train.rounds} rounds): nothing to "
                                          f"resume, nothing changed. To train it further, resume with "
                                          f"--set train.rounds=<more than {cfg.train.rounds}>"}
+            _check_same_data(run_path, state, cfg)
+        elif status is not None and status["state"] == "finished":
+            done = status.get("rounds_done")
+            if done != cfg.train.rounds:
+                raise RunError(f"cannot resume {run_path} with train.rounds={cfg.train.rounds}: it is finished "
+                               f"({done} rounds) and has no checkpoint left in {run.checkpoints}, so it cannot be "
+                               f"trained further; nothing was changed. Start a new run (another run.name) instead")
+            return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": True,
+                    "nothing_to_do": f"[mpifed] {run_path} is finished ({done} rounds; its checkpoints were "
+                                     f"deleted): nothing to resume, nothing changed"}
         if status is not None and status.get("error"):
             print(f"[mpifed] {run_path} had failed ({status['error']}); resuming it", flush=True)
         removed = run.remove_temporary()
@@ -157,6 +170,61 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             "resuming": args.resume is not None}
 
 
+def _saved_config(run: RunDir) -> dict[str, Any]:
+    """The config.yaml of a run to resume, or a RunError that says how to restore it."""
+    from mpifed import checkpoint
+    try:
+        saved = run.read_config()
+    except yaml.YAMLError as exc:
+        problem = f"is not valid YAML ({exc})"
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror})"
+    else:
+        if isinstance(saved, dict):
+            return saved
+        problem = "is empty" if saved is None else f"holds a {type(saved).__name__}, not a mapping of sections"
+    latest = checkpoint.latest(run.checkpoints)
+    if latest is None:
+        fix = "Restore it from a copy, or start the run again with --overwrite (it has no checkpoint)"
+    else:
+        fix = (f"Restore it from the run's checkpoint, which holds the resolved config under the key 'config': "
+               f"python -c \"import sys, yaml; from pathlib import Path; from mpifed.checkpoint import load; "
+               f"print(yaml.safe_dump(load(Path(sys.argv[1]))['config'], sort_keys=False), end='')\" "
+               f"{latest} > {run.path / 'config.yaml'}")
+    raise RunError(f"--resume {run.path}: its config.yaml {problem}, so the run's settings are unknown; nothing "
+                   f"was changed. {fix}")
+
+
+def _check_same_data(run_path: Path, state: dict[str, Any], cfg: config.Config) -> None:
+    """Refuse to resume when the prepared data the checkpoint was trained on would differ now (a
+    ``from_file`` partition edited since, another tokenizer). A checkpoint that predates this
+    record is not checked."""
+    from mpifed.data.partitions import PartitionError
+    from mpifed.data.prepared import prepare_spec
+    stored = state.get("data_spec")
+    if stored is None:
+        return
+    try:
+        now = prepare_spec(cfg)
+    except (PartitionError, FileNotFoundError):
+        return  # the file is gone: preparing the data reports it
+    changed = config.diff_keys(stored, now)
+    if any(k.startswith("partition.fingerprint") for k in changed):
+        raise RunError(f"cannot resume {run_path}: the partition file {cfg.data.partition.options.path} changed since "
+                       f"the run started (its content differs from the file the checkpoint was trained on), so the "
+                       f"clients would not hold the same samples. Put back the file the run started with, or start "
+                       f"a new run (another run.name)")
+    if changed:
+        raise RunError(f"cannot resume {run_path}: the data it was trained on changed since it started (differing: "
+                       f"{', '.join(changed)}). Put back what the run started with, or start a new run "
+                       f"(another run.name)")
+
+
+def _unwritable_root(run_path: Path, exc: OSError) -> str:
+    return (f"cannot create the run directory {run_path} ({exc.strerror}): run.root={run_path.parent} must be a "
+            f"folder you can write to (not a file, not under /proc or /sys); set run.root=<folder>")
+
+
 def _take_lock(run: RunDir) -> None:
     """Hold the run directory's lock (for this process's life), or say plainly why not."""
     try:
@@ -164,9 +232,7 @@ def _take_lock(run: RunDir) -> None:
     except RunLocked as exc:
         raise RunError(str(exc)) from None
     except OSError as exc:
-        raise RunError(f"cannot create the run directory {run.path} ({exc.strerror}): run.root={run.path.parent} "
-                       f"must be a folder you can write to (not a file, not under /proc or /sys); "
-                       f"set run.root=<folder>") from None
+        raise RunError(_unwritable_root(run.path, exc)) from None
     if warning:
         print(warning, file=sys.stderr, flush=True)
 
@@ -260,12 +326,12 @@ def _agree(w: "Comm", rank: int, work, errors: tuple[type[Exception], ...]) -> A
     return outcome[1]
 
 
-def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Exception], ...]) -> None:
-    """Every rank does its share of ``work()`` (``what``); if any fails, all stop with the first error
-    (printed by rank 0)."""
+def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Exception], ...]) -> Any:
+    """Every rank does its share of ``work()`` (``what``) and gets its own result; if any fails, all
+    stop with the first error (printed by rank 0)."""
+    result, mine = None, None
     try:
-        work()
-        mine = None
+        result = work()
     except errors as exc:
         mine = str(exc)
     w.sync(what)
@@ -275,6 +341,7 @@ def _all_agree(w: "Comm", rank: int, what: str, work, errors: tuple[type[Excepti
         if rank == 0:
             sys.stderr.write(f"[mpifed] {first}\n")
         raise _Exit(2)
+    return result
 
 
 def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
@@ -307,7 +374,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
     workers, worker_index = max(size - 1, 1), rank - 1 if size > 1 else 0
     _all_agree(w, rank, "check of the client shards",
                lambda: verify_client_shards(manifest, worker_index, workers) if has_worker else None, errors)
-    device, threads, host = _place(cfg, comm, rank, size)
+    device, threads, host = _all_agree(w, rank, "choice of the devices", lambda: _place(cfg, comm, rank, size), errors)
     algo, setup = make_algorithm(cfg, manifest, device)
     layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
                             cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names), manifest.val_size)

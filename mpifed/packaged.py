@@ -50,12 +50,21 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(shipped()))
         return 0
     dest = Path(args.dest)
+    if dest.exists() and not dest.is_dir():
+        print(f"[mpifed config] {dest} is a file, not a folder: give a folder to copy the configs into "
+              f"(e.g. mpifed config copy my-configs)", file=sys.stderr)
+        return 2
     clashes = [f for f in shipped() if (dest / Path(f).relative_to("configs")).exists()]
     if clashes and not args.force:
         print(f"[mpifed config] {len(clashes)} files already exist in {dest} (e.g. {clashes[0]}); "
               "use --force to overwrite them, or another folder", file=sys.stderr)
         return 2
-    shutil.copytree(CONFIGS, dest, dirs_exist_ok=True)
+    try:
+        shutil.copytree(CONFIGS, dest, dirs_exist_ok=True)
+    except OSError as exc:
+        print(f"[mpifed config] cannot copy the configs to {dest} ({exc}): give a folder you can write to",
+              file=sys.stderr)
+        return 2
     print(f"copied {len(shipped())} configs to {dest}/")
     return 0
 

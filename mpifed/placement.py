@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
+class PlacementError(ValueError):
+    """A device setting the node cannot satisfy (no GPU for ``cuda``)."""
+
+
 @dataclass(frozen=True)
 class NodeSlot:
     host: str
@@ -39,14 +43,16 @@ def choose_device(is_server: bool, worker_index: int, device: str, server_device
     if is_server:
         if server_device == "cuda":
             if gpu_count == 0:
-                raise RuntimeError("resources.server_device=cuda but no GPU is visible on the server's node; use cpu")
+                raise PlacementError("resources.server_device=cuda but no GPU is visible on the server's node "
+                                     "(check CUDA_VISIBLE_DEVICES and the job's GPU request), or set "
+                                     "resources.server_device=cpu")
             return "cuda:0"
         return "cpu"
     if device == "cpu" or (device == "auto" and gpu_count == 0):
         return "cpu"
     if gpu_count == 0:
-        raise RuntimeError("resources.device=cuda but no GPU is visible on this node "
-                           "(check CUDA_VISIBLE_DEVICES and the job's GPU request), or use device=auto")
+        raise PlacementError("resources.device=cuda but no GPU is visible on this node (check CUDA_VISIBLE_DEVICES "
+                             "and the job's GPU request), or set resources.device=auto (the CPU where there is no GPU)")
     return f"cuda:{max(worker_index, 0) % gpu_count}"
 
 

@@ -25,7 +25,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -106,6 +106,23 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
     for (setting, label, digest), runs in keyed.items():
         method = label if labels[(setting, label)] == 1 else f"{label} [{digest[:6]}]"
         out.groups.setdefault((setting, method), []).extend(runs)
+
+
+def check_metric(c: Collection, given: str) -> None:
+    """Refuse a ``--metric`` that none of the collected runs has a value for, listing those they have."""
+    runs = [r for group in c.groups.values() for r in group]
+    records = [(results.read_rows(r), results.read_json(r / "summary.json")) for r in runs]
+    if any(results.value(c.metric, rows, summary) is not None for rows, summary in records):
+        return
+    held = set().union(*(_numeric(row) for rows, summary in records for row in [summary, *rows]))
+    raise ReportError(f"--metric {given}: none of the runs has a value for it. Allowed: {', '.join(results.KINDS)} "
+                      f"(of test_acc, or of a column: {{kind: best, column: ...}}), or a summary.json key or metrics "
+                      f"column the runs hold: {', '.join(sorted(held))}")
+
+
+def _numeric(d: dict[str, Any]) -> set[str]:
+    """The keys of ``d`` that hold a number."""
+    return {k for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 # ------------------------------------------------------------------ tables
@@ -215,16 +232,24 @@ def main(argv: list[str] | None = None) -> int:
             spec = yaml.safe_load(a.metric)
             metric = results.Metric.parse({"kind": spec} if spec in results.KINDS else spec)
         c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric)
+        if metric is not None:
+            check_metric(c, a.metric)
     except (plots.PlotsUnavailable, ReportError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
         print(f"[mpifed.report] {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     summary = tabulate(c.title, c.metric, c.groups, c.left_out)
-    (out / "table.md").write_text(summary.markdown() + "\n")
-    (out / "table.csv").write_text(csv_text(summary))
-    (out / "table.tex").write_text(latex(summary))
-    written = [out / "table.md", out / "table.csv", out / "table.tex", *figures(c, out, a.format)]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table.md").write_text(summary.markdown() + "\n")
+        (out / "table.csv").write_text(csv_text(summary))
+        (out / "table.tex").write_text(latex(summary))
+        written = [out / "table.md", out / "table.csv", out / "table.tex", *figures(c, out, a.format)]
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename and str(exc.filename) != str(out) else ""
+        print(f"[mpifed.report] cannot write the report to --out {out} ({where}{exc.strerror}): give a folder you "
+              f"can write to (a new or existing folder, not a file, not under /proc)", file=sys.stderr)
+        return 2
     print(summary.markdown())
     print("\nwrote " + ", ".join(str(w) for w in written))
     return 0

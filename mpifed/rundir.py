@@ -18,16 +18,21 @@ dot), so a run never writes outside ``run.root``.
 The lock is a POSIX record lock (``fcntl``) on ``.lock``: the kernel releases it when the
 holder dies, however it dies, so a killed run leaves no stale lock. POSIX locks are
 coherent across the nodes of NFS (NLM for v3, built into v4) and of Lustre mounted with
-``-o flock``; where the file system refuses locks the run goes on with a warning.
+``-o flock``; where the file system refuses locks the run goes on with a warning. Readers
+test the lock without taking it (``F_GETLK`` on a read-only descriptor), so a teammate or a
+read-only mount sees a live run as running.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import re
 import socket
+import struct
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -57,6 +62,27 @@ def check_run_name(name: str) -> None:
         raise ValueError(f"run.name={name!r} is not allowed: a run name is one folder name of letters, digits and "
                          f"._+@=- (not starting with a dot, no '/'), e.g. run.name=cifar10-fedavg-s0; "
                          f"choose the parent folder with run.root")
+
+
+def default_run_name(stem: str) -> str:
+    """``<stem>-<date>-<time>`` for a run named after its config file, the stem made a valid run
+    name (characters outside letters, digits and ``._+@=-`` become ``_``)."""
+    safe = re.sub(r"[^A-Za-z0-9._+@=-]+", "_", stem).lstrip(".+@=-")[:150] or "run"
+    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def claim_new(root: Path, name: str) -> Path:
+    """Create a new run directory ``root/name``, or ``root/name-2``, ``-3``, ... when that one
+    exists (a run started in the same second, or any other folder); returns it. Creating the
+    folder is the claim, so two processes never get the same one."""
+    root.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = root / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
@@ -142,28 +168,36 @@ class RunDir:
 
     def in_progress(self) -> bool:
         """Whether a live process holds the run's lock (this one included)."""
+        return self._lock_state() == "held"
+
+    def _lock_state(self) -> str:
+        """``held`` by a live process, ``free``, or ``unknown`` (the lock file cannot be read). The
+        lock is tested with F_GETLK on a read-only descriptor: nothing is taken, and no write
+        permission is needed (teammates, read-only mounts)."""
         if self._key() in _held:
-            return True
+            return "held"
         try:
-            fd = os.open(self.path / LOCK, os.O_RDWR)
+            fd = os.open(self.path / LOCK, os.O_RDONLY)
+        except FileNotFoundError:
+            return "free"
         except OSError:
-            return False
+            return "unknown"
         try:
-            # only a test: this process holds no lock on this file, so closing fd releases nothing of its own
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return False
-        except OSError as exc:
-            return exc.errno in (errno.EACCES, errno.EAGAIN)
+            return "held" if _write_locked(fd) else "free"
+        except OSError:
+            return "unknown"
         finally:
             os.close(fd)
 
     def status(self) -> dict[str, Any] | None:
         """status.json as a reader should believe it: a ``running`` run whose lock holder is gone
-        (killed, node lost) is reported ``failed``, with the reason. None where there is no status."""
+        (killed, node lost) is reported ``failed``, with the reason. Where the lock cannot be
+        tested (its file unreadable to this user), status.json is reported as written. None where
+        there is no status."""
         status = self.read_json("status.json")
         if status is None or not isinstance(status.get("state"), str):
             return None
-        if status["state"] == "running" and not self.in_progress():
+        if status["state"] == "running" and self._lock_state() == "free":
             status = {**status, "state": "failed",
                       "error": "the run's processes ended without recording why (killed, or their node was lost)"}
         return status
@@ -232,6 +266,17 @@ class RunDir:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _write_locked(fd: int) -> bool:
+    """Whether some process holds a write lock on ``fd``'s file, asked with F_GETLK (which takes no
+    lock and needs only read access)."""
+    if sys.platform == "darwin":   # struct flock {off_t start, len; pid_t pid; short type, whence}
+        layout, query, kind = "=qqihh", (0, 0, 0, fcntl.F_RDLCK, os.SEEK_SET), 3
+    else:                          # 64-bit Linux: {short type, whence; off_t start, len; pid_t pid}
+        layout, query, kind = "=hh4xqqi4x", (fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0), 0
+    answer = struct.unpack(layout, fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(layout, *query)))
+    return answer[kind] != fcntl.F_UNLCK
 
 
 def _round_of(line: str) -> int | None:

@@ -186,6 +186,7 @@ class RoundServer:
             "metrics": self.metrics,
             "config": self.cfg_dict,
             "config_math": math_fingerprint(self.cfg_dict),
+            "data_spec": self.manifest.spec,    # the prepared data's identity: a changed partition file is refused on resume
             "elapsed_s": self.elapsed(),
         }
         self.last_checkpoint = checkpoint.save(self.run_dir.checkpoints, rounds_done, payload, self.cfg.run.keep_checkpoints)

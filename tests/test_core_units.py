@@ -14,7 +14,7 @@ from mpifed.data.sets.idx import read_idx, write_idx
 from mpifed.flat import FlatModel
 from mpifed.models import build_model
 from mpifed.optim import FlatSGD
-from mpifed.placement import choose_device, choose_threads
+from mpifed.placement import PlacementError, choose_device, choose_threads
 from mpifed.plan import assign_clients, client_seed, sample_clients, state_moves
 from mpifed.protocol import Layout, ProtocolError
 
@@ -105,9 +105,9 @@ def test_device_placement_with_faked_gpus():
     assert choose_device(False, 3, "cpu", "cpu", 4) == "cpu"
     assert choose_device(True, -1, "auto", "cpu", 4) == "cpu"
     assert choose_device(True, -1, "auto", "cuda", 4) == "cuda:0"
-    with pytest.raises(RuntimeError, match="no GPU"):
+    with pytest.raises(PlacementError, match="no GPU"):
         choose_device(False, 0, "cuda", "cpu", 0)
-    with pytest.raises(RuntimeError, match="no GPU"):
+    with pytest.raises(PlacementError, match="no GPU"):
         choose_device(True, -1, "auto", "cuda", 0)
 
 

@@ -1,6 +1,6 @@
 """Fault injection with real processes: kill -9 of the server and of a worker mid-round, a worker
 stopped beyond comm.timeout_s, a full disk, a corrupt checkpoint, a torn jsonl line, two runs
-racing for one name, changed raw data.
+racing for one name, changed raw data, a partition file changed before a resume.
 
 After each fault the run directory is checked on disk: no file mixes runs, status.json (as
 :meth:`RunDir.status` reads it) tells the truth, and ``--resume`` either continues exactly
@@ -219,3 +219,22 @@ def test_changed_raw_data_refuses_run_and_resume(tmp_path):
         assert p.returncode == 2 and "raw data changed" in p.stderr and "--force" in p.stderr, p.stderr
         assert str(Path(tmp_path / "mnist").resolve()) in p.stderr
     assert (run / "summary.json").read_bytes() == before and RunDir(run).status()["state"] == "finished"
+
+
+def test_changed_partition_file_refuses_resume_until_it_is_put_back(tmp_path):
+    split = tmp_path / "split.json"
+    clients = {str(k): list(range(60 * k, 60 * (k + 1))) for k in range(5)}
+    split.write_text(json.dumps(clients))
+    run_debug(args(tmp_path, f"data.partition={{name: from_file, path: {split}}}", "train.rounds=2"))
+    run = tmp_path / "runs" / "cut"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"}
+    swapped = {**clients, "0": clients["1"], "1": clients["0"]}
+    split.write_text(json.dumps(swapped))
+    resume = [sys.executable, "-m", "mpifed.main", "--resume", str(run), "--set", "train.rounds=3"]
+    p = subprocess.run(resume, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"the partition file {split} changed since the run started" in p.stderr and "Put back" in p.stderr
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
+    split.write_text(json.dumps(clients))
+    run_debug(["--resume", str(run), "--set", "train.rounds=3"])
+    assert len(metrics(run)) == 3 and RunDir(run).status()["state"] == "finished"

@@ -170,6 +170,41 @@ def test_from_file_is_validated(tmp_path, clients, message):
         split("from_file", labels(50), 3, path=write_split(tmp_path, clients))
 
 
+def write_bad(tmp_path, name, content):
+    path = tmp_path / name
+    if isinstance(content, np.ndarray):
+        np.save(path, content)
+    elif content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    return str(path)
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("zero-d.npy", np.array(5), "holds a single value, not one index array per client"),
+    ("garbage.npy", b"\x93NUMPY\x01\x00" + b"\xff" * 40, "is not a readable NumPy .npy file"),
+    ("text.npy", b"[[1, 2], [3]]\n", "is not a readable NumPy .npy file"),
+    ("binary.json", b"\xff\xfe\x00garbage", "is not valid JSON"),
+    ("ragged.json", b'{"0": [[1, 2], [3]], "1": [4], "2": [5]}', "client 0 is not a list of integer indices"),
+    ("empty.json", b"[]", "lists no clients"),
+    ("empty.npy", np.zeros((0, 3), dtype=np.int64), "lists no clients"),
+    ("folder.json", None, "is a folder, not a file"),
+])
+def test_from_file_names_the_file_and_the_problem(tmp_path, name, content, message):
+    path = write_bad(tmp_path, name, content)
+    with pytest.raises(PartitionError) as e:
+        split("from_file", labels(50), 3, path=path)
+    assert message in str(e.value) and path in str(e.value) and "num_clients=0" not in str(e.value)
+
+
+def test_from_file_without_a_path_says_to_set_it():
+    p = PARTITIONS.get("from_file")
+    for call in (lambda: p.fingerprint(p.Options()), lambda: split("from_file", labels(50), 3)):
+        with pytest.raises(PartitionError, match="data.partition.path is not set"):
+            call()
+
+
 def test_from_file_refuses_samples_the_server_holds(tmp_path):
     y = labels(50)
     pool = np.setdiff1d(np.arange(50), [7, 8])          # samples 7 and 8 held out for the server

@@ -91,3 +91,28 @@ def test_trainer_and_table_never_import_matplotlib():
     code = ("import sys, mpifed.main, mpifed.server, mpifed.worker, mpifed.table, mpifed.results, mpifed.prepare; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env()).returncode == 0
+
+
+def test_an_unwritable_out_is_one_message(tmp_path, capsys, read_only_view):
+    table = hand_written_table(tmp_path)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "shut").mkdir()
+    for out in (tmp_path / "file", "/proc/mpifed-report", lambda: read_only_view(tmp_path / "shut") / "report"):
+        out = out() if callable(out) else out
+        assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the report to --out {out}" in err and "a folder you can write to" in err, err
+        assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_metric_no_run_has_is_refused_with_the_allowed_ones(tmp_path, capsys):
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    root = tmp_path / "runs" / "mine"
+    fake_run(root / "x-s0", resolved_config(table, 0), [0.5, 0.6])
+    for metric in ("bogus", "{kind: best, column: bogus}"):
+        assert report_main([str(root), "--out", str(tmp_path / "r"), "--metric", metric]) == 2
+        err = capsys.readouterr().err
+        assert f"--metric {metric}: none of the runs has a value for it" in err
+        assert "final, best, last_k" in err and "final_test_acc" in err and "train_loss" in err
+    assert not (tmp_path / "r").exists()
+    assert report_main([str(root), "--out", str(tmp_path / "r"), "--metric", "train_loss"]) == 0

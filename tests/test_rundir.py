@@ -1,14 +1,21 @@
-"""The run directory and prepared data under abuse: names, locks, status, stale temporary files,
-changed raw data, damaged manifests, full disks and stop messages (debug mode, in-process)."""
+"""The run directory and prepared data under abuse: names, locks (also read by users who cannot
+write them), status, stale temporary files and folders, changed raw data, damaged manifests and
+partition files, lost checkpoints and config.yaml files, full disks and stop messages (debug mode,
+in-process)."""
+import contextlib
 import errno
+import io
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import REPO, env, metrics, run_debug, tiny
 from mpifed import rundir
@@ -204,7 +211,20 @@ def test_same_size_rewrite_of_raw_data_is_noticed(tmp_path):
     labels.write_bytes(bytes(data))
     os.utime(labels, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same time: only the hash tells
     p = run_debug(tiny_mnist(tmp_path, name="b"), check=False)
-    assert p.returncode == 2 and "content of the raw files" in p.stderr
+    assert p.returncode == 2 and f"the content of {labels.resolve()} changed" in p.stderr
+    assert not [f for f in raw.iterdir() if f != labels and f.name in p.stderr]   # only the changed file is named
+
+
+def test_manifests_with_one_hash_over_all_raw_files_are_still_checked(tmp_path):
+    from mpifed.data import fingerprint as fp
+    files = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    for f in files:
+        f.write_bytes(b"1,a\n")
+    old = {"files": [{k: v for k, v in e.items() if k != "sha256"} for e in fp.fingerprint(files)["files"]],
+           "sha256": fp._digest(files)}
+    assert fp.first_change(old) is None
+    files[1].write_bytes(b"2,a\n")
+    assert "content of the raw files" in fp.first_change(old) and "b.csv" in fp.first_change(old)
 
 
 def test_stop_before_round_one_says_nothing_was_trained(tmp_path, monkeypatch):
@@ -222,7 +242,7 @@ def test_fingerprint_of_an_image_folder_notices_a_renamed_image(tmp_path):
     folder.mkdir()
     (folder / "a.jpg").write_bytes(b"x")
     recorded = fingerprint([folder])
-    assert recorded["sha256"] and first_change(recorded) is None
+    assert recorded["files"][0]["sha256"] and first_change(recorded) is None
     mtime = folder.stat().st_mtime_ns
     (folder / "a.jpg").rename(folder / "b.jpg")
     os.utime(folder, ns=(mtime, mtime))          # even with the folder's time put back
@@ -238,10 +258,166 @@ def test_fingerprint_accepts_the_same_bytes_written_again(tmp_path, monkeypatch)
     os.utime(f, ns=(1, 10**18))
     assert fp.first_change(recorded) is None            # copied again: same bytes, newer time
     f.write_bytes(b"2,a\n")
-    assert "content of the raw files" in fp.first_change(recorded) and "train.csv" in fp.first_change(recorded)
+    assert fp.first_change(recorded) == f"the content of {f} changed"
     monkeypatch.setattr(fp, "HASH_LIMIT", 1)            # too large to hash: the time is all there is
     f.write_bytes(b"1,a\n")
     unhashed = fp.fingerprint([f])
-    assert unhashed["sha256"] is None
+    assert "sha256" not in unhashed["files"][0]
     os.utime(f, ns=(1, 10**18))
     assert "was modified after the data was prepared" in fp.first_change(unhashed)
+
+
+def refuse_writes(monkeypatch):
+    """From now on this process may open files for reading only (a teammate, a read-only mount)."""
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+    monkeypatch.setattr(rundir.os, "open", read_only)
+
+
+def test_a_live_run_reads_as_running_to_a_reader_who_cannot_write_its_lock(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.write_json("status.json", {"state": "running", "rounds_done": 2, "checkpoint": None})
+    holder = hold_lock(run.path)
+    refuse_writes(monkeypatch)
+    try:
+        assert run.in_progress() and run.status()["state"] == "running"
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert not run.in_progress() and run.status()["state"] == "failed"
+
+
+def test_a_live_run_reads_as_running_on_a_read_only_mount(tmp_path, read_only_view):
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.write_json("status.json", {"state": "running", "rounds_done": 2, "checkpoint": None})
+    holder = hold_lock(run.path)
+    try:
+        assert RunDir(read_only_view(run.path)).status()["state"] == "running"
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert RunDir(read_only_view(run.path)).status()["state"] == "failed"
+
+
+def test_a_lock_file_this_user_cannot_read_leaves_status_as_written(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    (run.path / ".lock").touch()
+    run.write_json("status.json", {"state": "running", "rounds_done": 2, "checkpoint": None})
+
+    def unreadable(path, flags, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    monkeypatch.setattr(rundir.os, "open", unreadable)
+    assert run.status()["state"] == "running"
+
+
+def snapshot(run):
+    return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+def test_a_finished_run_whose_checkpoints_were_deleted_stays_finished(tmp_path):
+    run_debug(tiny(tmp_path))
+    run = tmp_path / "runs" / "run"
+    shutil.rmtree(run / "checkpoints")
+    before = snapshot(run)
+    for resume in (["--resume", str(run)], tiny(tmp_path) + ["--resume"]):   # the second: as slurm/ scripts do
+        p = run_debug(resume)
+        assert "is finished (2 rounds; its checkpoints were deleted): nothing to resume, nothing changed" in p.stdout
+        assert "round 1/" not in p.stdout and snapshot(run) == before
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "has no checkpoint left" in p.stderr and "another run.name" in p.stderr
+    assert snapshot(run) == before and not (run / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("text,problem", [("", "is empty"), ("- 1\n- 2\n", "holds a list"),
+                                          ("just words\n", "holds a str")])
+def test_a_run_whose_config_yaml_is_not_a_mapping_is_refused_with_the_fix(tmp_path, text, problem):
+    run_debug(tiny(tmp_path, "train.rounds=3", "run.checkpoint_every=2"))
+    run = tmp_path / "runs" / "run"
+    (run / "checkpoints" / "round_000003.ckpt").unlink()
+    (run / "config.yaml").write_text(text)
+    before = snapshot(run)
+    p = run_debug(["--resume", str(run)], check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"its config.yaml {problem}" in p.stderr and "under the key 'config'" in p.stderr
+    assert "round_000002.ckpt" in p.stderr and snapshot(run) == before
+    fix = re.search(r"(python -c .*) > (\S+)$", p.stderr.strip()).group(1)   # the fix works as printed
+    restored = subprocess.run(fix, shell=True, cwd=REPO, env=env(), capture_output=True, text=True, check=True).stdout
+    (run / "config.yaml").write_text(restored)
+    run_debug(["--resume", str(run)])
+    assert len(metrics(run)) == 3
+
+
+def test_a_partition_file_that_is_not_an_index_file_is_one_message(tmp_path):
+    from mpifed.prepare import main as prepare
+    bad = {"zero-d.npy": None, "garbage.npy": b"\x93NUMPY\x01\x00garbage" * 4, "text.npy": b"[[1, 2], [3]]\n",
+           "folder.json": "dir", "none.json": b"[]"}
+    for name, content in bad.items():
+        path = tmp_path / name
+        if content is None:
+            np.save(path, np.array(5))
+        elif content == "dir":
+            path.mkdir()
+        else:
+            path.write_bytes(content)
+        split = [f"data.partition={{name: from_file, path: {path}}}", "data.num_clients=2"]
+        p = run_debug(tiny(tmp_path, *split, name=name), check=False)
+        assert p.returncode == 2 and "Traceback" not in p.stderr and str(path) in p.stderr, p.stderr
+        assert "num_clients=0" not in p.stderr
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            assert prepare(tiny(tmp_path, *split)) == 2
+        assert str(path) in err.getvalue(), err.getvalue()
+    assert "is a folder, not a file" in run_debug(tiny(tmp_path, "data.partition={name: from_file, path: "
+                                                            f"{tmp_path / 'folder.json'}}}"), check=False).stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_is_one_message(tmp_path):
+    p = run_debug(tiny(tmp_path, "resources.device=cuda"), check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "resources.device=cuda but no GPU is visible" in p.stderr and "resources.device=auto" in p.stderr
+
+
+def without_name(args):
+    return [a for a in args if not a.startswith("run.name=")]
+
+
+def test_default_run_names_are_valid_and_unique_within_a_second(tmp_path, monkeypatch):
+    real = rundir.time.strftime
+    monkeypatch.setattr(rundir.time, "strftime",
+                        lambda fmt, *t: "20260101-120000" if fmt == "%Y%m%d-%H%M%S" else real(fmt, *t))
+    config = tmp_path / "my setting é.yaml"
+    config.write_text("train: {rounds: 1}\n")
+    run_debug(["--config", str(config), *without_name(tiny(tmp_path, "train.rounds=1"))])
+    run_debug(["--config", str(config), *without_name(tiny(tmp_path, "train.rounds=1"))])
+    names = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert names == ["my_setting_-20260101-120000", "my_setting_-20260101-120000-2"]
+    for name in names:
+        rundir.check_run_name(name)
+        assert RunDir(tmp_path / "runs" / name).status()["state"] == "finished"
+
+
+def test_prepare_removes_temporary_folders_of_dead_prepares_on_this_host(tmp_path):
+    from mpifed.prepare import main as prepare
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    data = tmp_path / "data"
+    stale = [data / f"synthetic-iid-k5-0123456789.tmp-{host}-{gone.pid}", data / f"other.tmp-{host}-{gone.pid}"]
+    kept = [data / f"live.tmp-{host}-{os.getpid()}", data / f"remote.tmp-elsewhere.example-{gone.pid}"]
+    for force in ([], ["--force"]):
+        for folder in stale + kept:
+            (folder / "clients").mkdir(parents=True, exist_ok=True)
+            (folder / "clients" / "client_00000.h5").write_bytes(b"partial")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert prepare(tiny(tmp_path, "data.partition=iid") + force) == 0
+        assert not any(f.exists() for f in stale) and all(f.exists() for f in kept)
+        assert "removed 2 temporary folder(s)" in out.getvalue() and "remote.tmp-elsewhere.example" in out.getvalue()

@@ -1,11 +1,12 @@
 """A fingerprint of the raw files a prepared folder was made from, and the check against it.
 
-The manifest records each raw file's absolute path, size and modification time, and a
-SHA-256 over all their contents when they are small enough to hash at every start-up
-(``HASH_LIMIT`` bytes in all). A run compares the files on disk with it before using the
-shards: a file whose size or content changed stops the run (with no content hash, a newer
-modification time counts as a change). A recorded file that no
-longer exists is not an error (the raw data may be deleted once prepared).
+The manifest records each raw file's absolute path, size and modification time, and each
+file's SHA-256 when they are small enough to hash at every start-up (``HASH_LIMIT`` bytes in
+all). A run compares the files on disk with it before using the shards: a file whose size or
+content changed stops the run, naming that file (with no content hash, a newer modification
+time counts as a change). A recorded file that no longer exists is not an error (the raw data
+may be deleted once prepared). Manifests written before per-file hashes hold one SHA-256 over
+all the files; they are still checked, naming the files whose time changed.
 """
 from __future__ import annotations
 
@@ -25,14 +26,15 @@ def fingerprint(files: list[Path]) -> dict[str, Any]:
             continue
         st = os.stat(f)
         entries.append({"path": str(Path(f).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    total = sum(e["size"] for e in entries)
-    cheap = entries and total <= HASH_LIMIT
-    return {"files": entries, "sha256": _digest([Path(e["path"]) for e in entries]) if cheap else None}
+    if sum(e["size"] for e in entries) <= HASH_LIMIT:
+        for e in entries:
+            e["sha256"] = _digest([Path(e["path"])])
+    return {"files": entries}
 
 
 def first_change(recorded: dict[str, Any]) -> str | None:
-    """How the raw files differ from ``recorded`` (the first difference, naming the file), or None."""
-    present, touched = [], []
+    """How the raw files differ from ``recorded`` (naming the changed files), or None."""
+    present, touched, altered = [], [], []
     for e in recorded.get("files", []):
         path = Path(e["path"])
         try:
@@ -41,9 +43,15 @@ def first_change(recorded: dict[str, Any]) -> str | None:
             continue
         if st.st_size != e["size"]:
             return f"{path} changed size ({e['size']} bytes when prepared, {st.st_size} now)"
+        if e.get("sha256"):
+            if _digest([path]) != e["sha256"]:  # the same bytes copied again (a newer time) are no change
+                altered.append(path)
+            continue
         if st.st_mtime_ns != e["mtime_ns"]:
             touched.append(path)
         present.append(path)
+    if altered:
+        return f"the content of {', '.join(str(p) for p in altered)} changed"
     if recorded.get("sha256") and len(present) == len(recorded["files"]):
         if _digest(present) == recorded["sha256"]:
             return None   # rewritten or copied again with the same bytes

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -269,48 +269,82 @@ class FromFile:
     @staticmethod
     def fingerprint(options: "FromFile.Options") -> dict[str, str]:
         """The file's content hash, part of the prepared data's spec (a changed file re-prepares)."""
-        path = Path(options.path)
-        if not path.is_file():
-            raise PartitionError(f"partition file {path} does not exist; set data.partition.path")
-        return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        path = FromFile._existing(options.path)
+        try:
+            return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        except OSError as exc:
+            raise PartitionError(f"partition file {path} cannot be read ({exc.strerror})") from None
 
     @staticmethod
-    def read(path: Path) -> list[np.ndarray]:
+    def _existing(path: str | Path) -> Path:
+        """``path`` as a Path, or a PartitionError saying why it is not a file to read."""
+        if not str(path):
+            raise PartitionError("data.partition.path is not set: give the JSON or .npy file that maps each client "
+                                 "to its training-sample indices")
+        path = Path(path)
+        if path.is_dir():
+            raise PartitionError(f"partition file {path} is a folder, not a file; set data.partition.path to the "
+                                 f"JSON or .npy file")
         if not path.is_file():
             raise PartitionError(f"partition file {path} does not exist; set data.partition.path")
-        if path.suffix == ".npy":
-            data = np.load(path, allow_pickle=True)
-            clients = list(data)
-        else:
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise PartitionError(f"partition file {path} is not valid JSON ({exc})") from None
-            if isinstance(data, dict):
-                try:
-                    keys = sorted(data, key=int)
-                except ValueError:
-                    raise PartitionError(f"partition file {path}: keys must be client numbers 0..K-1") from None
-                if [int(k) for k in keys] != list(range(len(keys))):
-                    raise PartitionError(f"partition file {path}: clients must be numbered 0..{len(keys) - 1}")
-                clients = [data[k] for k in keys]
-            elif isinstance(data, list):
-                clients = data
-            else:
-                raise PartitionError(f"partition file {path} must hold a mapping or a list of index lists")
+        return path
+
+    @staticmethod
+    def read(path: str | Path) -> list[np.ndarray]:
+        path = FromFile._existing(path)
+        clients = FromFile._read_npy(path) if path.suffix == ".npy" else FromFile._read_json(path)
+        if not clients:
+            raise PartitionError(f"partition file {path} lists no clients; it must map each client 0..K-1 to its "
+                                 f"training-sample indices")
         out = []
         for k, c in enumerate(clients):
-            arr = np.asarray(c)
-            if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            try:
+                arr = np.asarray(c)
+                indices = arr.ndim == 1 and (not arr.size or np.issubdtype(arr.dtype, np.integer))
+            except ValueError:   # a ragged nested list
+                indices = False
+            if not indices:
                 raise PartitionError(f"partition file {path}: client {k} is not a list of integer indices")
             out.append(arr.astype(np.int64))
         return out
 
     @staticmethod
+    def _read_npy(path: Path) -> list[Any]:
+        try:
+            data = np.load(path, allow_pickle=True)
+        except Exception as exc:  # a damaged file fails inside numpy or pickle in many ways
+            raise PartitionError(f"partition file {path} is not a readable NumPy .npy file ({type(exc).__name__}: "
+                                 f"{exc}); write it with numpy.save, or use a JSON file") from None
+        if not isinstance(data, np.ndarray) or data.ndim == 0:
+            raise PartitionError(f"partition file {path} holds a single value, not one index array per client: save "
+                                 f"an object array of index arrays, or a 2-D array of equal-sized clients")
+        return list(data)
+
+    @staticmethod
+    def _read_json(path: Path) -> list[Any]:
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PartitionError(f"partition file {path} is not valid JSON ({exc}); a .npy file must end in .npy") from None
+        except OSError as exc:
+            raise PartitionError(f"partition file {path} cannot be read ({exc.strerror})") from None
+        if isinstance(data, dict):
+            try:
+                keys = sorted(data, key=int)
+            except ValueError:
+                raise PartitionError(f"partition file {path}: keys must be client numbers 0..K-1") from None
+            if [int(k) for k in keys] != list(range(len(keys))):
+                raise PartitionError(f"partition file {path}: clients must be numbered 0..{len(keys) - 1}")
+            return [data[k] for k in keys]
+        if isinstance(data, list):
+            return data
+        raise PartitionError(f"partition file {path} must hold a mapping or a list of index lists")
+
+    @staticmethod
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: "FromFile.Options",
               groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         path = Path(options.path)
-        clients = FromFile.read(path)
+        clients = FromFile.read(options.path)
         if len(clients) != num_clients:
             raise PartitionError(f"partition file {path} has {len(clients)} clients; set data.num_clients={len(clients)}")
         indices = np.arange(len(labels)) if indices is None else indices

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from mpifed.data.raw import RawData, RawText, modality, select
 from mpifed.data.shards import ShardError, read_shard, write_shard
 
 FORMAT = 1
+_TEMPORARY = re.compile(r"^.+\.tmp-(?P<host>.+)-(?P<pid>\d+)$")  # a folder being built by _build
 
 
 class PreparedDataError(RuntimeError):
@@ -251,6 +253,7 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         raise PreparedDataError(f"cannot create the folder {root.parent} for the prepared data ({exc.strerror}): "
                                 f"data.prepared_root (or data.prepared_dir) must be a folder you can write to "
                                 f"(not a file, not under /proc); set it to one") from None
+    remove_stale_temporary(root.parent, log)
     dataset = DATASETS.get(cfg.data.dataset.name)
     log(f"[prepare] reading {cfg.data.dataset.name} ...")
     raw = dataset.load(cfg.data.dataset.options)
@@ -339,6 +342,41 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         log(f"[prepare] {root} was prepared by another process meanwhile; using it")
         return
     log(f"[prepare] wrote {len(parts)} client shards, test set{', validation set' if val is not None else ''} and manifest to {root}")
+
+
+def remove_stale_temporary(folder: Path, log: Callable[[str], None]) -> list[Path]:
+    """Delete the temporary folders (``<name>.tmp-<host>-<pid>``) that killed prepares left in
+    ``folder``; returns them. Only those of this host whose process is gone are deleted: a live
+    process's folder is being written, and whether another host's process lives cannot be known
+    from here (those are named in the log, to be removed by hand once no prepare runs there)."""
+    host = socket.gethostname()
+    removed, elsewhere = [], []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        m = _TEMPORARY.match(path.name)
+        if m is None or not path.is_dir():
+            continue
+        if m["host"] != host:
+            elsewhere.append(path)
+        elif not _alive(int(m["pid"])):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        log(f"[prepare] removed {len(removed)} temporary folder(s) that killed prepares left: "
+            f"{', '.join(p.name for p in removed)}")
+    if elsewhere:
+        log(f"[prepare] left {len(elsewhere)} temporary folder(s) of prepares on other hosts "
+            f"({', '.join(p.name for p in elsewhere)}); remove them once no prepare runs there")
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        pass
+    return True
 
 
 def _subset(raw: RawData, train: int, test: int) -> RawData:
