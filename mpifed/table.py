@@ -261,7 +261,7 @@ def _place(r: TableRun, loader: _Loader) -> None:
 def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: bool) -> None:
     tuning = table.tuning
     searched = set(tuning.grid) | {k for g in tuning.per_method.values() for k in g}
-    clash = sorted(searched & set(_keys(extra)))
+    clash = sorted({k for k in _keys(extra) for s in searched if k == s or k.startswith(s + ".") or s.startswith(k + ".")})
     if clash:
         raise config.ConfigError(f"--set {', '.join(clash)}: the table searches {'these keys' if len(clash) > 1 else 'this key'} "
                                  f"itself (its tuning section); drop the override, or edit the grid")
@@ -287,6 +287,9 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
     changed = False
     table.search, table.choices, table.pending = [], {}, set()
     for setting, method, configs in pairs:
+        if not tuning.keys_for(method, algorithms[(setting, method)]):
+            table.choices[(setting, method)] = Choice(setting, method, "", {}, {"candidates": []})
+            continue
         group: list[tuple[dict[str, Any], list[TableRun]]] = []
         for values in tuning.candidates(method, algorithms[(setting, method)]):
             runs = [TableRun(setting, method, seed, list(configs), table.root / "tuning", "",
@@ -501,7 +504,7 @@ def _search_notes(table: Table) -> list[str]:
     percent = "acc" in table.tuning.select.column
     lines = [f"Tuned on the validation set ({table.tuning.describe()}); each method's choice and every candidate's score:"]
     for (setting, method), choice in table.choices.items():
-        lines.append(f"  {setting} x {method}: {choice.text(percent)}")
+        lines.append(f"  {setting} x {method}: {choice.text(percent) if choice.search else 'nothing to search (no grid)'}")
     for setting, method in sorted(table.pending):
         lines.append(f"  {setting} x {method}: search not finished (python -m mpifed.table ... --tune N)")
     return lines

@@ -4,7 +4,8 @@ A table may declare a search (see :mod:`mpifed.table`)::
 
     tuning:
       grid: {train.lr: [0.01, 0.03, 0.1]}                 # for every method
-      per_method: {fedprox: {algorithm.mu: [0.001, 0.01, 0.1]}}   # a method's label or algorithm
+      per_method: {fedprox: {algorithm.mu: [0.001, 0.01, 0.1]},   # a method's label or algorithm
+                   fedcad: {algorithm: [{beta: 0.0, gamma: 0.3}, {beta: 0.3, gamma: 0.7}]}}   # values that go together
       seeds: [0]                                          # default: the table's first seed
       rounds: 20                                          # the search horizon; default: the setting's
       select: {kind: last_k, k: 5, column: val_acc}       # default: the table's metric, on val_acc
@@ -113,8 +114,11 @@ def _grid(spec: Any, where: str) -> dict[str, list[Any]]:
         raise ConfigError(f"{where} must map config keys to lists of values, e.g. {{train.lr: [0.01, 0.03, 0.1]}}")
     out = {}
     for key, values in spec.items():
-        if not isinstance(key, str) or "." not in key:
-            raise ConfigError(f"{where}: {key!r} is not a dotted config key such as train.lr")
+        joint = isinstance(values, list) and bool(values) and all(isinstance(v, dict) and v for v in values)
+        if not isinstance(key, str) or ("." not in key and not joint):
+            raise ConfigError(f"{where}: {key!r} is not a dotted config key such as train.lr (a section such as "
+                              f"algorithm takes a list of mappings: values that go together, e.g. "
+                              f"algorithm: [{{beta: 0.0, gamma: 0.3}}, {{beta: 0.3, gamma: 0.7}}])")
         if key.split(".")[0] == "run":
             raise ConfigError(f"{where}: {key} cannot be searched (the table sets the run keys itself)")
         if not isinstance(values, list) or not values:
@@ -134,6 +138,9 @@ def label(candidate: dict[str, Any]) -> str:
     parts = []
     leaves = [k.split(".")[-1] for k in candidate]
     for key, value in candidate.items():
+        if isinstance(value, dict):
+            parts += [label({f"{key}.{k}": v for k, v in value.items()})]
+            continue
         name = key.split(".")[-1] if leaves.count(key.split(".")[-1]) == 1 else key
         text = f"{value:g}" if isinstance(value, float) else str(value)
         parts.append(re.sub(r"[^A-Za-z0-9._+@=-]", "_", f"{name}={text}"))

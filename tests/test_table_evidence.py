@@ -344,3 +344,16 @@ def test_summary_flags_runs_from_more_than_one_machine(tmp_path):
     resolve(t, [])
     text = summarize(t).markdown()
     assert "WARNING: these runs come from 2 machines" in text and "AMD EPYC 7763" in text and "Intel Xeon 8380" in text
+
+
+def test_values_that_go_together_are_one_grid_entry(tmp_path, capsys):
+    table = _table(tmp_path, "tuning: {per_method: {b: {algorithm: [{mu: 0.01}, {mu: 0.1}]}}}\n", seeds="[0]")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    runs = _search_runs(t)
+    assert sorted(runs) == [("b", "mu=0.01"), ("b", "mu=0.1")]             # a has no grid: nothing to search
+    assert t.pending == {("s", "b")} and t.choices[("s", "a")].chosen == {}
+    assert runs[("b", "mu=0.1")].resolved["algorithm"] == {**runs[("b", "mu=0.01")].resolved["algorithm"], "mu": 0.1}
+    assert runs[("b", "mu=0.1")].resolved["algorithm"]["name"] == "fedprox"
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--set", "algorithm.mu=0.2"]) == 2
+    assert "the table searches this key itself" in capsys.readouterr().err
