@@ -1,7 +1,15 @@
 import pytest
+import torch
 
-from conftest import assert_same_model, final_model, metrics, run_debug, tiny
+from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, small_setup, tiny
+from mpifed.algorithms.base import ClientContext, Replies, Setup
+from mpifed.algorithms.moon import own_initial_model
 from mpifed.algorithms.scaffold import effective_steps
+from mpifed.config import TrainConfig
+from mpifed.data.store import ClientData
+from mpifed.flat import FlatModel
+from mpifed.models.base import SplitNet
+from mpifed.registry import ALGORITHMS
 
 
 def test_effective_steps_match_momentum_displacement():
@@ -25,3 +33,88 @@ def test_feddyn_clients_mean_changes_what_is_evaluated_not_what_is_trained(tmp_p
     assert [r["test_loss"] for r in server] != [r["test_loss"] for r in mean]
     with pytest.raises(AssertionError):
         assert_same_model(final_model(tmp_path / "runs" / "server"), final_model(tmp_path / "runs" / "mean"), atol=1e-4)
+
+
+# ------------------------------------------------------------------- FedAvgM
+def bn_setup():
+    """A Setup whose network has float buffers: BatchNorm1d(4) (weight, bias; running mean, var) + Linear(4, 3)."""
+    def new_model():
+        return FlatModel(SplitNet(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(4)), torch.nn.Linear(4, 3)))
+    flat = new_model()
+    return Setup(3, 4, 4, flat.num_floats, flat.num_params, 4, TrainConfig(), torch.device("cpu"), new_model)
+
+
+def fedavgm_rounds(**options):
+    """Two rounds from w = 0 whose client averages are 1, then 2 everywhere (beta 0.9, server lr 1)."""
+    setup = bn_setup()
+    cls = ALGORITHMS.get("fedavgm")
+    server = cls(cls.Options(beta=0.9, **options), setup).server(None)
+    n = setup.num_floats
+
+    def replies(value):
+        return Replies({"model": torch.full((n,), float(value), dtype=torch.float64),
+                        "weight": torch.ones(1, dtype=torch.float64)}, {}, [])
+    w1 = server.aggregate(0, torch.zeros(n), replies(1))
+    w2 = server.aggregate(1, w1, replies(2))
+    return setup.num_params, w1, w2
+
+
+def test_fedavgm_momentum_by_hand():
+    # undampened: v1 = -1, w1 = 1; v2 = 0.9 (-1) + (1 - 2) = -1.9, w2 = 2.9
+    p, w1, w2 = fedavgm_rounds()
+    assert torch.allclose(w1, torch.ones_like(w1)) and torch.allclose(w2, torch.full_like(w2, 2.9))
+    # dampened (MOON's code): v1 = 0.1 (-1), w1 = 0.1; v2 = 0.9 (-0.1) + 0.1 (0.1 - 2) = -0.28, w2 = 0.38
+    p, w1, w2 = fedavgm_rounds(dampening=True)
+    assert torch.allclose(w1, torch.full_like(w1, 0.1)) and torch.allclose(w2, torch.full_like(w2, 0.38))
+    # buffers averaged: the running statistics take the clients' average, the parameters the momentum
+    p, w1, w2 = fedavgm_rounds(dampening=True, buffers="average")
+    assert torch.allclose(w2[:p], torch.full((p,), 0.38)) and torch.equal(w1[p:], torch.ones(len(w1) - p))
+    assert torch.equal(w2[p:], torch.full((len(w2) - p,), 2.0)) and len(w2) - p == 8
+
+
+# ------------------------------------------------------------------- MOON
+def moon_previous(first_negative, rnd, trained=False, cid=2):
+    """The MOON client's negative for a client in round ``rnd`` (None: no contrastive term)."""
+    setup = small_setup()
+    cls = ALGORITHMS.get("moon")
+    client = cls(cls.Options(projection_dim=0, first_negative=first_negative), setup).client()
+    flat = setup.new_model()
+    ctx = ClientContext(cid, rnd, 0.1, flat, flat.floats.clone(), ClientData(cid, torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long)),
+                        None, torch.Generator(), setup.train)
+    ctx.state = client.init_state(ctx)
+    if trained:
+        ctx.state = {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)}
+    client.train(ctx)
+    return client.previous.flat.floats.clone() if client.has_previous else None
+
+
+def test_moon_negative_of_a_client_that_has_not_trained_yet():
+    setup = small_setup()
+    for choice in ("none", "random", "initial"):
+        assert moon_previous(choice, 0) is None                                   # round 1: no term anywhere
+        assert torch.equal(moon_previous(choice, 4, trained=True), torch.full((setup.num_floats,), 3.0))
+    assert moon_previous("none", 4) is None
+    random = moon_previous("random", 4)
+    assert torch.equal(random, own_initial_model(setup, 2)) and torch.equal(moon_previous("random", 7), random)
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    own_initial_model(setup, 2)
+    assert torch.equal(torch.random.get_rng_state(), state)                      # the global draws are untouched
+    assert not torch.equal(own_initial_model(setup, 3), random)
+    assert torch.equal(moon_previous("initial", 4), setup.initial_model().floats)
+
+
+@pytest.mark.mpi
+@pytest.mark.e2e
+@pytest.mark.parametrize("choice", ["random", "initial"])
+def test_moon_first_negative_mpi_equals_debug_and_acts(has_mpirun, tmp_path, choice):
+    opts = ("algorithm.name=moon", "algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.4",
+            "train.rounds=3")
+    run_debug(tiny(tmp_path, *opts, f"algorithm.first_negative={choice}", name="debug"))
+    run_mpi(3, tiny(tmp_path, *opts, f"algorithm.first_negative={choice}", name="mpi"))
+    run_debug(tiny(tmp_path, *opts, name="none"))
+    debug, mpi, none = (tmp_path / "runs" / n for n in ("debug", "mpi", "none"))
+    assert_same_model(final_model(debug), final_model(mpi), atol=1e-6)
+    assert [r["test_acc"] for r in metrics(debug)] == [r["test_acc"] for r in metrics(mpi)]
+    with pytest.raises(AssertionError):
+        assert_same_model(final_model(debug), final_model(none), atol=1e-5)

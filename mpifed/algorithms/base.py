@@ -114,6 +114,12 @@ class Setup:
     new_model: Callable[[], FlatModel]   # a fresh network (with the method's extensions) on this rank's device
     seed: int = 0              # run.seed: for a method's own random draws (e.g. a server-side generator)
 
+    def initial_model(self) -> FlatModel:
+        """The run's initial global model, the same draw on every rank: a new network after
+        ``torch.manual_seed(seed)`` (which it leaves set, as the server's start does)."""
+        torch.manual_seed(self.seed)
+        return self.new_model()
+
 
 @dataclass
 class Downlink:
