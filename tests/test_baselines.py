@@ -118,3 +118,20 @@ def test_moon_first_negative_mpi_equals_debug_and_acts(has_mpirun, tmp_path, cho
     assert [r["test_acc"] for r in metrics(debug)] == [r["test_acc"] for r in metrics(mpi)]
     with pytest.raises(AssertionError):
         assert_same_model(final_model(debug), final_model(none), atol=1e-5)
+
+
+# ------------------------------------------------------------------- FedNova as FedNTD runs it
+@pytest.mark.mpi
+@pytest.mark.e2e
+def test_fednova_ccvr_departs_from_fedavg_with_equal_clients_and_mpi_equals_debug(has_mpirun, tmp_path):
+    equal = ("data.partition=iid", "train.participation=0.6", "train.rounds=3")
+    run_debug(tiny(tmp_path, "algorithm.name=fedavg", *equal, name="fedavg"))
+    run_debug(tiny(tmp_path, "algorithm.name=fednova", *equal, name="nova"))
+    run_debug(tiny(tmp_path, "algorithm.name=fednova", "algorithm.ccvr=true", *equal, name="debug"))
+    run_mpi(3, tiny(tmp_path, "algorithm.name=fednova", "algorithm.ccvr=true", *equal, name="mpi"))
+    runs = tmp_path / "runs"
+    assert_same_model(final_model(runs / "nova"), final_model(runs / "fedavg"), atol=1e-5)
+    with pytest.raises(AssertionError):
+        assert_same_model(final_model(runs / "debug"), final_model(runs / "fedavg"), atol=1e-4)
+    assert_same_model(final_model(runs / "debug"), final_model(runs / "mpi"), atol=1e-6)
+    assert [r["test_acc"] for r in metrics(runs / "debug")] == [r["test_acc"] for r in metrics(runs / "mpi")]

@@ -221,6 +221,33 @@ def test_feddyn_official_optimiser_needs_plain_sgd():
         config.load([], ["algorithm={name: feddyn, optimizer: official}", "train.momentum=0.9"])
 
 
+# ------------------------------------------------------------------- FedNova (FedNTD's ccvr)
+def test_fednova_ccvr_corrects_each_gradient_by_the_last_normalized_update():
+    # one plain-SGD step (a_k = 1, lr 0.1) from theta = 1 with the client's last update d_k = 2:
+    # theta' = theta - lr (grad CE - d_k); the new d_k = (theta - theta') / (lr a_k) = grad CE - d_k
+    setup = small_setup()
+    p = setup.num_params
+    net = setup.new_model()
+    net.load(torch.ones(p))
+    net.zero_grad()
+    batch = data(6)
+    F.cross_entropy(net.model(PLAIN.eval(batch.inputs)), batch.labels).backward()
+    _, client = roles("fednova", setup, ccvr=True)
+    ctx = context(setup, batch, torch.ones(p), torch.ones(p), {"update": torch.full((p,), 2.0)}, batch_size=6)
+    client.train(ctx)
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * (net.grad - 2.0), atol=1e-6)
+    up = client.uplink(ctx)
+    assert torch.allclose(ctx.state["update"], net.grad - 2.0, atol=1e-5)
+    assert torch.allclose(up["update"].float(), 6 * 0.1 * (net.grad - 2.0), atol=1e-5)        # p_k = n_k = 6, a_k = 1
+    fresh = client.init_state(ctx)
+    assert torch.equal(fresh["update"], torch.zeros(p))
+    _, plain = roles("fednova", setup)
+    assert plain.init_state(ctx) == {}
+    ctx = context(setup, batch, torch.ones(p), torch.ones(p), {}, batch_size=6)
+    plain.train(ctx)
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * net.grad, atol=1e-6)
+
+
 # ------------------------------------------------------------------- FedDistill+
 def test_feddistill_class_means_weighted_by_counts():
     # client A: 2 samples of class 0 with mean logits [1, 0, 0]; client B: 1 of class 0 ([4, 1, 0]) and 3 of
