@@ -1,8 +1,10 @@
+import math
+
 import pytest
 import torch
 
 from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, small_setup, tiny
-from mpifed.algorithms.base import ClientContext, Replies, Setup
+from mpifed.algorithms.base import Batch, ClientContext, Outputs, Replies, Setup
 from mpifed.algorithms.moon import own_initial_model
 from mpifed.algorithms.scaffold import effective_steps
 from mpifed.config import TrainConfig
@@ -135,3 +137,41 @@ def test_fednova_ccvr_departs_from_fedavg_with_equal_clients_and_mpi_equals_debu
         assert_same_model(final_model(runs / "debug"), final_model(runs / "fedavg"), atol=1e-4)
     assert_same_model(final_model(runs / "debug"), final_model(runs / "mpi"), atol=1e-6)
     assert [r["test_acc"] for r in metrics(runs / "debug")] == [r["test_acc"] for r in metrics(runs / "mpi")]
+
+
+# ------------------------------------------------------------------- FedNTD's KD -> NTD (App. H)
+@pytest.mark.parametrize("lam, expected", [(1.0, 0.869723), (0.3, 0.819415), (0.0, 0.797855)])
+def test_fedntd_moves_from_kd_to_ntd_by_hand(lam, expected):
+    # student logits (1, 2, 0), global model's (0, 1, 1), label 1, tau = beta = 1. With e = exp(1):
+    # CE = log(1 + e + e^2) - 2 = 0.407606;
+    # KD = KL(softmax(0, 1, 1) || softmax(1, 2, 0)) over all classes = 0.390249;
+    # NTD = KL(softmax(0, 1) || softmax(1, 0)) over classes 0 and 2 = (e - 1) / (e + 1) = 0.462117;
+    # loss = CE + (1 - lam) KD + lam NTD.
+    e = math.e
+    q, p = [1, e, e], [e, e * e, 1]
+    kd = sum(a / sum(q) * math.log((a / sum(q)) / (b / sum(p))) for a, b in zip(q, p))
+    assert abs(math.log(1 + e + e * e) - 2 + (1 - lam) * kd + lam * (e - 1) / (e + 1) - expected) < 1e-6
+    setup = small_setup()
+    cls = ALGORITHMS.get("fedntd")
+    client = cls(cls.Options(lam=lam), setup).client()
+    client.teacher.batch_logits = lambda ctx, batch: torch.tensor([[0.0, 1.0, 1.0]])
+    student = torch.tensor([[1.0, 2.0, 0.0]])
+    batch = Batch(None, torch.tensor([1]), torch.tensor([0]))
+    assert client.loss(None, batch, Outputs(torch.zeros(1, 4), student)).item() == pytest.approx(expected, abs=1e-6)
+
+
+# ------------------------------------------------------------------- FedGKD's MSE regulariser (Table 9)
+def test_fedgkd_mse_regulariser_by_hand():
+    # two samples, labels (1, 0): student logits (1, 2, 0) and (0, 0, 0), teacher's (0, 1, 1) and (2, 0, 0).
+    # CE = (log(1 + e + e^2) - 2 + log 3) / 2 = 0.753109; MSE over the 6 logits = (1 + 1 + 1 + 4) / 6;
+    # gamma = 0.4: CE + 0.2 * 7/6 = 0.986442.
+    setup = small_setup()
+    cls = ALGORITHMS.get("fedgkd")
+    client = cls(cls.Options(gamma=0.4, loss="mse"), setup).client()
+    client.active = True
+    client.teacher.batch_logits = lambda ctx, batch: torch.tensor([[0.0, 1.0, 1.0], [2.0, 0.0, 0.0]])
+    student = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    batch = Batch(None, torch.tensor([1, 0]), torch.tensor([0, 1]))
+    loss = client.loss(None, batch, Outputs(torch.zeros(2, 4), student))
+    assert loss.item() == pytest.approx((math.log(1 + math.e + math.e ** 2) - 2 + math.log(3)) / 2 + 0.2 * 7 / 6, abs=1e-6)
+    assert loss.item() == pytest.approx(0.986442, abs=1e-6)
