@@ -71,16 +71,16 @@ class FedNova(Algorithm):
     round's clients (``train.client_weights: uniform``: 1/m). With equal a_k this is FedAvg.
 
     ``ccvr: true`` is FedNova as FedNTD's code runs it (Lee-Gihun/FedNTD, ``config/fednova.json``:
-    ``"nova_ccvr": true``; ``algorithms/fednova/ClientTrainer.py`` and ``Server.py``), a
-    variance-reduced variant that is not in the FedNova paper: every local gradient becomes
-    g + c_k with c_k = D - d_k, where d_k = (w - w_k) / (lr a_k) is the normalized update of the
-    client's last round (its ``_update_control_variate`` divided by a_k in the server's
-    ``_clients_training``; lr the round's learning rate; 0 before the client first trains) and D
-    a server-side average of the d_k that the code initialises to 0 and never updates (its
-    ``_update_weighted_d`` is never called), so c_k = -d_k. The server is FedNova's, so with
-    equal client sizes (sharding) the aggregation is still FedAvg's, but the local steps are not:
-    this is why FedNTD's Table 1 has FedNova away from FedAvg under sharding. d_k lives in the
-    client state.
+    ``"nova_ccvr": true``; ``algorithms/fednova/ClientTrainer.py`` and ``Server.py`` at commit
+    fd7e20c), a variance-reduced variant that is not in the FedNova paper: every local gradient
+    becomes g + c_k (ClientTrainer.py, lines 70-71) with c_k = D - d_k (line 55), where
+    d_k = (w - w_k) / (lr a_k) is the normalized update of the client's last round (lines 80-87,
+    divided by a_k in the server's ``_clients_training``; lr the round's learning rate; 0 before
+    the client first trains) and D a server-side average of the d_k that the code initialises
+    to 0 and never updates (its ``_update_weighted_d`` is never called), so c_k = -d_k. The
+    server is FedNova's, so with equal client sizes (sharding) the aggregation is still FedAvg's,
+    but the local steps are not: this is why FedNTD's Table 1 has FedNova away from FedAvg under
+    sharding. d_k lives in the client state.
 
     Choices: the official code never averages BatchNorm statistics (they stay on each worker)
     and FedNTD's code extrapolates them with the parameters; here they are averaged with p_k.
