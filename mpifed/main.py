@@ -493,8 +493,6 @@ def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm",
                 transform: "BatchTransform", run: RunDir, workers: int) -> "RoundServer":
     """The server rank's side: the run directory, the global model (initial or resumed) and the
     method's server role with the server-held data."""
-    import torch
-
     from mpifed import checkpoint
     from mpifed.algorithms.base import ServerTools
     from mpifed.client_state import discard_from
@@ -508,8 +506,7 @@ def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm",
         shutil.rmtree(run.client_state, ignore_errors=True)
     else:
         discard_from(run.client_state, resume["rounds_done"])
-    torch.manual_seed(cfg.run.seed)
-    flat = setup.new_model()        # the initial global model: the same draw on every rank
+    flat = setup.initial_model()
     server_data = None
     if manifest.server_size:
         shard = read_shard(manifest.server_path)

@@ -100,7 +100,7 @@ class RoundServer:
         self.replies = mine
 
     def evaluation_state(self) -> dict[str, torch.Tensor]:
-        return {"global": self.global_floats, "global_ints": self.global_ints}
+        return {"global": self.method.reported(self.global_floats), "global_ints": self.global_ints}
 
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None:
         m = self.manifest
@@ -217,7 +217,7 @@ class RoundServer:
 
     def _save_model(self) -> None:
         flat = self.method.tools.flat
-        flat.load(self.global_floats, self.global_ints)
+        flat.load(self.method.reported(self.global_floats), self.global_ints)
         buf = io.BytesIO()
         torch.save(flat.model.state_dict(), buf)
         atomic_write(self.run_dir.path / "model.pt", buf.getvalue())

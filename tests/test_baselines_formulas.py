@@ -1,13 +1,16 @@
 """FedCurv, FedDyn and FedDistill+: their formulas against values computed by hand."""
+import dataclasses
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import small_setup
 from mpifed.algorithms.base import Batch, ClientContext, Downlink, Replies, forward
 from mpifed.algorithms.fedcurv import empirical_fisher
 from mpifed.algorithms.feddistill import class_logit_distillation, class_mean_logits
+from mpifed import config
 from mpifed.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
@@ -157,6 +160,92 @@ def test_feddyn_server_update_by_hand():
     restored, _ = roles("feddyn", setup, alpha=0.5)
     restored.load_state_dict(server.state_dict())
     assert torch.equal(restored.h, server.h)
+
+
+def test_feddyn_reports_the_clients_mean_and_sends_the_server_model():
+    # the rounds of test_feddyn_server_update_by_hand: the clients' means are 2 and 4, the server models 3 and 5.5
+    setup = small_setup(clients=4)
+    p = setup.num_params
+    server, _ = roles("feddyn", setup, alpha=0.5, evaluate="clients_mean")
+    plain, _ = roles("feddyn", setup, alpha=0.5)
+
+    def replies(*thetas):
+        return Replies({"model": sum(torch.full((p,), float(t), dtype=torch.float64) for t in thetas),
+                        "weight": torch.tensor([float(len(thetas))], dtype=torch.float64)}, {}, [])
+    w = server.aggregate(0, torch.zeros(p), replies(1, 3))
+    assert torch.equal(w, plain.aggregate(0, torch.zeros(p), replies(1, 3)))
+    assert torch.allclose(w, torch.full((p,), 3.0)) and torch.allclose(server.reported(w), torch.full((p,), 2.0))
+    assert plain.reported(w) is w
+    restored, _ = roles("feddyn", setup, alpha=0.5, evaluate="clients_mean")
+    restored.load_state_dict(server.state_dict())
+    w = server.aggregate(1, w, replies(3, 5))
+    assert torch.allclose(w, torch.full((p,), 5.5)) and torch.allclose(server.reported(w), torch.full((p,), 4.0))
+    assert torch.equal(restored.reported(w), torch.full((p,), 2.0))
+
+
+def feddyn_step(optimizer, grad_clip):
+    """One local step of FedDyn from theta = 1 with w = 0, g_k = 2, alpha = 0.1, weight decay 0.01, lr 0.1."""
+    setup = small_setup()
+    p = setup.num_params
+    _, client = roles("feddyn", setup, alpha=0.1, optimizer=optimizer)
+    ctx = context(setup, data(6), torch.ones(p), torch.zeros(p), {"grad": torch.full((p,), 2.0)}, batch_size=6)
+    setup.train = ctx.train_cfg = dataclasses.replace(ctx.train_cfg, weight_decay=0.01, grad_clip=grad_clip)
+    client.train(ctx)
+    return ctx.flat.floats[:p].clone()
+
+
+def test_feddyn_official_optimiser_puts_alpha_in_the_decay_outside_the_clipping():
+    setup = small_setup()
+    p = setup.num_params
+    net = setup.new_model()
+    net.load(torch.ones(p))
+    net.zero_grad()
+    batch = data(6)
+    F.cross_entropy(net.model(PLAIN.eval(batch.inputs)), batch.labels).backward()
+    # official: d = clip(grad CE - g - alpha w) + (alpha + wd) theta; theta <- theta - lr d
+    raw = net.grad - 2.0
+    clipped = raw * min(1.0, 0.5 / (raw.norm().item() + 1e-6))
+    assert clipped.norm() < raw.norm()
+    by_hand = 1.0 - 0.1 * (clipped + 0.11)
+    assert torch.allclose(feddyn_step("official", 0.5), by_hand, atol=1e-6)
+    # without clipping the official step is Algorithm 1's: grad CE - g + alpha (theta - w) + wd theta
+    assert torch.allclose(feddyn_step("official", 0.0), 1.0 - 0.1 * (raw + 0.11), atol=1e-6)
+    assert torch.allclose(feddyn_step("train", 0.0), feddyn_step("official", 0.0), atol=1e-6)
+    assert not torch.allclose(feddyn_step("train", 0.5), by_hand, atol=1e-4)
+
+
+def test_feddyn_official_optimiser_needs_plain_sgd():
+    cfg, _ = config.load([], ["algorithm={name: feddyn, optimizer: official}", "train.momentum=0"])
+    assert not ALGORITHMS.get("feddyn").check_config(cfg)
+    with pytest.raises(config.ConfigError, match="train.momentum=0"):
+        config.load([], ["algorithm={name: feddyn, optimizer: official}", "train.momentum=0.9"])
+
+
+# ------------------------------------------------------------------- FedNova (FedNTD's ccvr)
+def test_fednova_ccvr_corrects_each_gradient_by_the_last_normalized_update():
+    # one plain-SGD step (a_k = 1, lr 0.1) from theta = 1 with the client's last update d_k = 2:
+    # theta' = theta - lr (grad CE - d_k); the new d_k = (theta - theta') / (lr a_k) = grad CE - d_k
+    setup = small_setup()
+    p = setup.num_params
+    net = setup.new_model()
+    net.load(torch.ones(p))
+    net.zero_grad()
+    batch = data(6)
+    F.cross_entropy(net.model(PLAIN.eval(batch.inputs)), batch.labels).backward()
+    _, client = roles("fednova", setup, ccvr=True)
+    ctx = context(setup, batch, torch.ones(p), torch.ones(p), {"update": torch.full((p,), 2.0)}, batch_size=6)
+    client.train(ctx)
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * (net.grad - 2.0), atol=1e-6)
+    up = client.uplink(ctx)
+    assert torch.allclose(ctx.state["update"], net.grad - 2.0, atol=1e-5)
+    assert torch.allclose(up["update"].float(), 6 * 0.1 * (net.grad - 2.0), atol=1e-5)        # p_k = n_k = 6, a_k = 1
+    fresh = client.init_state(ctx)
+    assert torch.equal(fresh["update"], torch.zeros(p))
+    _, plain = roles("fednova", setup)
+    assert plain.init_state(ctx) == {}
+    ctx = context(setup, batch, torch.ones(p), torch.ones(p), {}, batch_size=6)
+    plain.train(ctx)
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * net.grad, atol=1e-6)
 
 
 # ------------------------------------------------------------------- FedDistill+

@@ -1,6 +1,7 @@
 """FedProto's and FedGen's formulas against values computed by hand."""
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -99,6 +100,25 @@ def test_ensemble_teacher_loss_by_hand():
     assert abs(ensemble_loss(logits, y, weights).item() - expected) < 1e-6
 
 
+def test_official_teacher_loss_is_the_product_of_the_means():
+    # y = (0, 1); client weights: class 0 (0.75, 0.25), class 1 (0.2, 0.8).
+    # client 0: CE = ln 2 for both samples; client 1: ln(4/3) for label 0, ln 4 for label 1.
+    ln2, ln3 = math.log(2), math.log(3)
+    logits = torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[ln3, 0.0], [ln3, 0.0]]])
+    y = torch.tensor([0, 1])
+    weights = torch.tensor([[0.75, 0.25], [0.2, 0.8]])
+    ce1 = (math.log(4 / 3), math.log(4))
+    weighted = (0.75 * ln2 + 0.2 * ln2) / 2 + (0.25 * ce1[0] + 0.8 * ce1[1]) / 2               # 0.919723
+    official = (0.75 + 0.2) / 2 * ln2 + (0.25 + 0.8) / 2 * (ce1[0] + ce1[1]) / 2              # 0.768664
+    assert abs(ensemble_loss(logits, y, weights, "weighted").item() - weighted) < 1e-6
+    assert abs(ensemble_loss(logits, y, weights, "official").item() - official) < 1e-6
+    # the official codes' own expression: a [B, 1] weight times a [B] loss, then the mean
+    for k in range(2):
+        nll = F.cross_entropy(logits[k], y, reduction="none")
+        assert abs((nll * weights[y][:, k].reshape(-1, 1)).mean().item()
+                   - weights[y][:, k].mean().item() * nll.mean().item()) < 1e-7
+
+
 def test_diversity_loss_by_hand():
     noise = torch.tensor([[0.0], [1.0]])
     features = torch.tensor([[0.0, 0.0], [2.0, 4.0]])
@@ -157,9 +177,10 @@ def fedgen_rows(setup, counts):
     return {"head": heads, "label_counts": torch.tensor(counts)}
 
 
-def test_fedgen_server_trains_on_the_count_weighted_heads():
+@pytest.mark.parametrize("form", ["weighted", "official"])
+def test_fedgen_server_trains_on_the_count_weighted_heads(form):
     setup = fedgen_setup()
-    algo = algorithm("fedgen", setup, noise_dim=2, hidden_dim=5, generator_steps=1)
+    algo = algorithm("fedgen", setup, noise_dim=2, hidden_dim=5, generator_steps=1, teacher_loss=form)
     server = algo.server(ServerTools(setup.new_model(), PLAIN, None, 5))
     rows = fedgen_rows(setup, [[3.0, 1.0, 0.0], [0.0, 2.0, 0.0]])      # class 2: nobody's
     rng = server.rng.get_state()
@@ -179,7 +200,7 @@ def test_fedgen_server_trains_on_the_count_weighted_heads():
         logits = z @ head[: c * d].view(c, d).T + head[c * d:]
         ce = -torch.log_softmax(logits, dim=1)[torch.arange(4), y]
         weight = torch.tensor([(n[int(label)] + 1) / (rows["label_counts"][:, int(label)] + 1).sum() for label in y])
-        total = total + (weight * ce).mean()
+        total = total + ((weight * ce).mean() if form == "weighted" else weight.mean() * ce.mean())
     assert abs(server.log()["generator_teacher_loss"] - total.item()) < 1e-5
     assert not torch.equal(server.generator.floats, before)
 

@@ -39,8 +39,11 @@ def args_for(tmp, *extra, name):
 
 @pytest.mark.parametrize("method", [(), ("algorithm.name=scaffold", "train.participation=0.6"),
                                     ("algorithm.name=fedgkd", "algorithm.buffer_size=2"),
-                                    ("algorithm.name=feddyn", "algorithm.alpha=0.1", "train.participation=0.6")],
-                         ids=["fedavg", "scaffold", "fedgkd", "feddyn"])
+                                    ("algorithm.name=feddyn", "algorithm.alpha=0.1", "train.participation=0.6"),
+                                    ("algorithm.name=feddyn", "algorithm.alpha=0.1", "train.participation=0.6",
+                                     "algorithm.evaluate=clients_mean", "algorithm.optimizer=official",
+                                     "train.momentum=0", "train.grad_clip=10")],
+                         ids=["fedavg", "scaffold", "fedgkd", "feddyn", "feddyn-official"])
 def test_stopped_and_resumed_equals_uninterrupted_debug(tmp_path, method):
     run_debug(args_for(tmp_path, *method, name="full"))
     code, out = stop_after(start([sys.executable, "-m", "mpifed.main", *args_for(tmp_path, *method, name="cut")]), "round 2/6")

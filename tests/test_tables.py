@@ -206,6 +206,9 @@ def test_paper_tables_declare_their_papers_metrics():
     assert metric("papers/fedntd/table1.table.yaml").forgetting
     assert metric("papers/fedcsd/table2.table.yaml") == results.Metric("best", column="group_mean_acc")
     assert metric("repro/fedcad/table1.table.yaml").rounds_to == (0.8, 0.85)
+    assert metric("papers/fedntd/appG1.table.yaml").forgetting and metric("papers/fedntd/appG2.table.yaml").forgetting
+    assert metric("papers/fedntd/table12.table.yaml") == results.Metric("final")
+    assert metric("papers/fedgkd/table9.table.yaml").kind == "best"
 
 
 # ------------------------------------------------------------------ --list and missing raw data

@@ -22,6 +22,7 @@ protocol (:mod:`mpifed.protocol`) carries between them. One round, in order::
     client  train(ctx)                   per client; the default loop minimises loss(ctx, batch, out)
     client  uplink(ctx)                  per client: Messages.up entries, summed or one row per client
     server  aggregate(rnd, w, replies)   -> the new global model, from the sums, rows and reports
+    server  reported(w)                  -> the model evaluated and saved (default: the global model)
 
 The base classes are FedAvg: clients minimise cross-entropy and send n_k w_k and n_k (or
 1 and w_k with ``train.client_weights: uniform``); the server divides the sums.
@@ -40,7 +41,7 @@ from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
-from mpifed.optim import make_optimizer
+from mpifed.optim import FlatOptimizer, make_optimizer
 
 Shape = tuple[int, ...]
 
@@ -112,6 +113,12 @@ class Setup:
     device: torch.device
     new_model: Callable[[], FlatModel]   # a fresh network (with the method's extensions) on this rank's device
     seed: int = 0              # run.seed: for a method's own random draws (e.g. a server-side generator)
+
+    def initial_model(self) -> FlatModel:
+        """The run's initial global model, the same draw on every rank: a new network after
+        ``torch.manual_seed(seed)`` (which it leaves set, as the server's start does)."""
+        torch.manual_seed(self.seed)
+        return self.new_model()
 
 
 @dataclass
@@ -265,6 +272,12 @@ class Server:
         """The new global model from the round's replies."""
         return (replies.sums["model"] / replies.sums["weight"]).to(torch.float32)
 
+    def reported(self, weights: torch.Tensor) -> torch.Tensor:
+        """The float state the run evaluates and saves as its model, given the global model
+        ``weights`` just aggregated: the global model itself, unless the method reports another
+        (FedDyn's official code reports the mean of the round's client models)."""
+        return weights
+
     def log(self) -> dict[str, Any]:
         """Figures of the round just aggregated, for metrics.jsonl."""
         return {}
@@ -305,7 +318,7 @@ class Client:
         """
         cfg = self.setup.train
         ctx.model.train()
-        opt = make_optimizer(ctx.flat, ctx.lr, cfg)
+        opt = self.optimizer(ctx)
         for epoch in range(cfg.local_epochs):
             ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
@@ -325,6 +338,10 @@ class Client:
                     f"client {ctx.cid}, round {ctx.round + 1}, epoch {epoch + 1}: the local loss is {value} "
                     f"(learning rate {ctx.lr:g}). Lower train.lr, set train.grad_clip, or check the data")
             ctx.loss_sum += value
+
+    def optimizer(self, ctx: ClientContext) -> FlatOptimizer:
+        """The local optimiser of one client's training: ``train.optimizer``, built afresh."""
+        return make_optimizer(ctx.flat, ctx.lr, self.setup.train)
 
     def loss(self, ctx: ClientContext, batch: Batch, out: Outputs) -> torch.Tensor:
         """The local objective on one batch (FedAvg: cross-entropy)."""

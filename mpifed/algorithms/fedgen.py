@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -54,12 +54,18 @@ def label_weights(counts: torch.Tensor) -> torch.Tensor:
     return (smoothed / smoothed.sum(dim=0, keepdim=True)).T
 
 
-def ensemble_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The generator's teacher loss: sum_k mean_i w[y_i, k] CE(logits[k, i], y_i), ``logits``
-    [clients, batch, classes] the clients' heads on the generated features."""
+def ensemble_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                  form: str = "weighted") -> torch.Tensor:
+    """The generator's teacher loss over the clients' heads on the generated features (``logits``
+    [clients, batch, classes]): ``weighted``, sum_k mean_i w[y_i, k] CE(logits[k, i], y_i); or
+    ``official``, sum_k (mean_i w[y_i, k]) (mean_i CE(logits[k, i], y_i)), what both official codes
+    compute (a [B, 1] weight times a [B] loss broadcasts to B x B before the mean)."""
     k, b, c = logits.shape
     ce = F.cross_entropy(logits.reshape(k * b, c), labels.repeat(k), reduction="none").view(k, b)
-    return (ce * weights[labels].T).mean(dim=1).sum()
+    w = weights[labels].T
+    if form == "official":
+        return (w.mean(dim=1) * ce.mean(dim=1)).sum()
+    return (ce * w).mean(dim=1).sum()
 
 
 def decayed(weight: float, decay: float, rnd: int) -> float:
@@ -123,7 +129,7 @@ class FedGenServer(Server):
             noise = torch.rand(size, self.options.noise_dim, generator=self.rng).to(device)
             z = gen(noise, y)
             logits = torch.stack([functional_call(self.head, params, (z,)) for params in heads])
-            teacher = ensemble_loss(logits, y, weights)
+            teacher = ensemble_loss(logits, y, weights, self.options.teacher_loss)
             diversity = diversity_loss(noise, z)
             self.optimizer.zero_grad()
             (teacher + DIVERSITY_WEIGHT * diversity).backward()
@@ -203,13 +209,23 @@ class FedGen(Algorithm):
     its head (the classifier's parameters) and its label counts, one row per client. The server
     trains G(eps, y) -> feature space (the classifier's input) for ``generator_steps`` Adam
     steps: each step draws a batch of labels uniformly from those some round client holds
-    and eps ~ U[0, 1)^noise_dim, and minimises the count-weighted teacher loss
-    sum_k mean_i w_{y_i,k} CE(head_k(G(eps_i, y_i)), y_i), w_{y,k} = (n_{k,y} + 1) /
+    and eps ~ U[0, 1)^noise_dim, and minimises a count-weighted teacher loss over the clients'
+    cross-entropies CE_{k,i} = CE(head_k(G(eps_i, y_i)), y_i), with w_{y,k} = (n_{k,y} + 1) /
     sum_j (n_{j,y} + 1), plus the diversity loss exp(-mean_{i,j} |G_i - G_j|_1 |eps_i - eps_j|_2^2)
-    (dimension-averaged distances) with weight 1. (Eq. 4 writes the loss of the clients'
-    averaged logits; both official codes minimise this count-weighted sum of the clients'
-    cross-entropies instead.) Then the models are averaged as FedAvg does, and the generator
-    goes down with the next round's global model.
+    (dimension-averaged distances) with weight 1. Then the models are averaged as FedAvg does,
+    and the generator goes down with the next round's global model.
+
+    The teacher loss (``teacher_loss``; Eq. 4 writes the loss of the clients' averaged logits,
+    which neither official code computes):
+
+    * ``weighted`` (default): sum_k mean_i w_{y_i,k} CE_{k,i}, each sample's cross-entropy
+      weighted by its own label's client weight (the per-sample reading of the codes' weights);
+    * ``official``: sum_k (mean_i w_{y_i,k}) (mean_i CE_{k,i}), what both official codes compute:
+      in zhuangdizhu/FedGen (``FLAlgorithms/servers/serverpFedGen.py``, lines 147 and 151-152) and
+      CGCL-codes/FedGKD (``pcode/masters/master_fedgen.py``, lines 101 and 106, a copy) the [B, 1]
+      weight times the [B] unreduced NLL broadcasts to B x B, whose mean is the product of the
+      two means, so a sample's weight no longer follows its own label. FedGKD's tables ran
+      FedGen this way (configs/papers/fedgkd/methods/fedgen.yaml).
 
     Client (the regularised local objective, Eq. 5, and the official code's latent term): from
     round 2 on (round 1's generator is untrained), each batch adds
@@ -260,6 +276,9 @@ class FedGen(Algorithm):
         hidden_dim: int = opt(512, "width of the generator's hidden layer", min=1)
         generator_steps: int = opt(50, "server Adam steps on the generator per round", min=0)
         generator_lr: float = opt(1e-4, "the generator's Adam learning rate", min=0, exclusive_min=True)
+        teacher_loss: Literal["weighted", "official"] = opt(
+            "weighted", "generator's teacher loss per client: mean_i w_i CE_i (weighted) or mean_i w_i * mean_i CE_i "
+                        "(official: both official codes' broadcasting)")
 
     Server = FedGenServer
     Client = FedGenClient

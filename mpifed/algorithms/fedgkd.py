@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,7 @@ class FedGKDServer(BufferServer):
 
 
 class FedGKDClient(Client):
-    """CE + (gamma/2) * KD(teacher || student) (Eqs. 3-4)."""
+    """CE + (gamma/2) * KD(teacher || student) (Eqs. 3-4), or CE + (gamma/2) * MSE(logits) (Table 9)."""
 
     def __init__(self, options, setup) -> None:
         super().__init__(options, setup)
@@ -69,7 +69,10 @@ class FedGKDClient(Client):
         ce = super().loss(ctx, batch, out)
         if not self.active:
             return ce
-        return ce + self.options.gamma / 2 * kd_loss(out.logits, self.teacher.batch_logits(ctx, batch), self.options.tau)
+        teacher = self.teacher.batch_logits(ctx, batch)
+        if self.options.loss == "mse":
+            return ce + self.options.gamma / 2 * F.mse_loss(out.logits, teacher.detach())
+        return ce + self.options.gamma / 2 * kd_loss(out.logits, teacher, self.options.tau)
 
 
 @ALGORITHMS.register("fedgkd")
@@ -89,6 +92,12 @@ class FedGKD(Algorithm):
     default; the paper gives none). Downlink: two models per round (one when M = 1 would
     suffice, but the teacher is always sent to keep the layout fixed).
 
+    ``loss: mse`` replaces the KL by the mean squared error between the student's and the
+    teacher's logits, the regulariser of Table 9 ("means squared error (MSE) defined over the
+    logit", Sec. 5.3), as the official code computes it (``pcode/workers/worker_fedgkd.py``,
+    ``loss_type == 'mse'``: ``F.mse_loss(student_logits, teacher_logits)``, the mean over the
+    batch and the classes, no temperature), with the same weight gamma/2.
+
     FedGKD+ (Sec. 5.1, "to compare with MOON"): ``projection_dim: 256`` adds MOON's projection
     head (SimCLR's 2-layer MLP, output 256) to the network; the loss is unchanged (no
     contrastive term).
@@ -101,6 +110,8 @@ class FedGKD(Algorithm):
         tau: float = opt(1.0, "distillation temperature", min=0, exclusive_min=True)
         distill_first_round: bool = opt(False, "distil in round 1 from the initial model (the official code does not)")
         projection_dim: int = opt(0, "FedGKD+: add MOON's projection head with this output size (paper: 256; 0: none)", min=0)
+        loss: Literal["kl", "mse"] = opt("kl", "the regulariser: tau^2 KL of the softmaxes (Eq. 3) or the mean squared error "
+                                               "of the logits (Table 9; no temperature)")
 
     Server = FedGKDServer
     Client = FedGKDClient

@@ -1,22 +1,39 @@
 """FedNova (Wang et al., NeurIPS 2020): normalized averaging of local updates."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Messages, Server, summed
 from mpifed.algorithms.scaffold import effective_steps
+from mpifed.config import opt
 from mpifed.registry import ALGORITHMS
 
 
 class FedNovaClient(Client):
-    """Trains as FedAvg; sends p_k d_k = p_k (w_global - w_k) / a_k, p_k a_k and p_k (up to the
-    common 1 / sum p), with a_k the momentum-SGD normalizer of its tau_k local steps."""
+    """Trains as FedAvg (with ``ccvr``, each gradient minus the client's last normalized update
+    d_k); sends p_k d_k = p_k (w_global - w_k) / a_k, p_k a_k and p_k (up to the common 1 / sum p),
+    with a_k the momentum-SGD normalizer of its tau_k local steps."""
+
+    def init_state(self, ctx):
+        return {"update": torch.zeros(self.setup.num_params, device=self.setup.device)} if self.options.ccvr else {}
+
+    def loss(self, ctx, batch, out):
+        if not self.options.ccvr:
+            return super().loss(ctx, batch, out)
+        last = ctx.flat.param_views(ctx.state["update"])
+        linear = sum((p * d).sum() for p, d in zip(ctx.model.parameters(), last))
+        return super().loss(ctx, batch, out) - linear
 
     def uplink(self, ctx):
         p, weight = self.setup.num_params, ctx.weight
         a = effective_steps(ctx.steps, self.setup.train.momentum)
         ctx.extra["a_k"] = round(a, 4)
-        return {"update": (ctx.global_weights[:p] - ctx.flat.floats[:p]).double() * (weight / a),
+        move = ctx.global_weights[:p] - ctx.flat.floats[:p]
+        if self.options.ccvr:
+            ctx.state = {"update": move / (ctx.lr * a)}
+        return {"update": move.double() * (weight / a),
                 "tau": torch.tensor([weight * a], dtype=torch.float64),
                 "buffers": ctx.flat.floats[p:].double() * weight,
                 "weight": torch.tensor([weight], dtype=torch.float64)}
@@ -53,18 +70,35 @@ class FedNova(Algorithm):
     gradient and does not enter a_k (as in the official code). p_k = n_k / sum n_k over the
     round's clients (``train.client_weights: uniform``: 1/m). With equal a_k this is FedAvg.
 
+    ``ccvr: true`` is FedNova as FedNTD's code runs it (Lee-Gihun/FedNTD, ``config/fednova.json``:
+    ``"nova_ccvr": true``; ``algorithms/fednova/ClientTrainer.py`` and ``Server.py`` at commit
+    fd7e20c), a variance-reduced variant that is not in the FedNova paper: every local gradient
+    becomes g + c_k (ClientTrainer.py, lines 70-71) with c_k = D - d_k (line 55), where
+    d_k = (w - w_k) / (lr a_k) is the normalized update of the client's last round (lines 80-87,
+    divided by a_k in the server's ``_clients_training``; lr the round's learning rate; 0 before
+    the client first trains) and D a server-side average of the d_k that the code initialises
+    to 0 and never updates (its ``_update_weighted_d`` is never called), so c_k = -d_k. The
+    server is FedNova's, so with equal client sizes (sharding) the aggregation is still FedAvg's,
+    but the local steps are not: this is why FedNTD's Table 1 has FedNova away from FedAvg under
+    sharding. d_k lives in the client state.
+
     Choices: the official code never averages BatchNorm statistics (they stay on each worker)
     and FedNTD's code extrapolates them with the parameters; here they are averaged with p_k.
-    FedNTD's stored configuration enables a variance-reduced variant (``nova_ccvr``) that is
-    not in the FedNova paper; it is not implemented. FedNova needs SGD (a_k is defined for it).
+    FedNova needs SGD (a_k is defined for it).
     """
+
+    @dataclass
+    class Options:
+        ccvr: bool = opt(False, "FedNTD's nova_ccvr: each local gradient minus the client's normalized update of the "
+                                "last round it trained in, (w - w_k) / (lr a_k)")
 
     Client = FedNovaClient
     Server = FedNovaServer
 
     def messages(self):
         p, f = self.setup.num_params, self.setup.num_floats
-        return Messages(up={"update": summed(p), "tau": summed(1), "buffers": summed(f - p), "weight": summed(1)})
+        messages = Messages(up={"update": summed(p), "tau": summed(1), "buffers": summed(f - p), "weight": summed(1)})
+        return messages.extend(client_state={"update": (p,)}) if self.options.ccvr else messages
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:

@@ -106,6 +106,16 @@ class FedProto(Algorithm):
     so the global prototype is the sample-weighted mean of the paper's aggregation (the official
     code averages the clients' prototypes without weights).
 
+    The prototype layer is the classifier's input (``features``) on every network. The official
+    code's ``CNNCifar`` (``lib/models/models.py``) returns instead relu(fc0(x)), the first of its
+    two hidden fully connected layers (120 wide, where the classifier's input is fc1's 84), on
+    the LeNet shape that mpifed's ``lenet5`` and ``femnist_cnn`` have. That class is never built:
+    the official CIFAR-10 runs (``exps/federated_main.py``) use ResNet-18, and its MNIST and FEMNIST
+    CNNs (``CNNMnist``, ``CNNFemnist``) return relu(fc1(x)), the input of their classifier fc2, as
+    mpifed does. FedCSD, whose tables are the only ones here that run FedProto (a ResNet-50, the
+    FEMNIST CNN and AlexNet), does not release its FedProto code. So nothing shows a table made
+    with the fc0 layer, and the classifier's input is kept, with no option for it.
+
     Evaluation: FedProto's paper keeps one model per client (it targets heterogeneous
     architectures) and classifies by the nearest global prototype. FedCSD's tables report one
     global accuracy for every method, so mpifed averages the models as FedAvg does and

@@ -2,16 +2,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client
+from mpifed.algorithms.base import Algorithm, Client, Setup
 from mpifed.algorithms.teacher import Teacher
 from mpifed.config import opt
 from mpifed.losses import moon_loss
 from mpifed.models.base import ProjectionHead
 from mpifed.registry import ALGORITHMS
+
+
+def own_initial_model(setup: Setup, cid: int) -> torch.Tensor:
+    """Client ``cid``'s own randomly initialised network (float state): a fresh draw from torch's
+    generator seeded by (run.seed, cid), so it is the same on every rank, in every round and on
+    resume; the global random state is left as it was."""
+    seed = int(np.random.SeedSequence([setup.seed, cid, 0x600D]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return setup.new_model().floats.detach().clone()
 
 
 class MoonClient(Client):
@@ -23,6 +35,7 @@ class MoonClient(Client):
         self.global_model = Teacher(setup)
         self.previous = Teacher(setup)
         self.has_previous = False
+        self._initial: torch.Tensor | None = None
 
     def round_start(self, rnd, down):
         self.global_model.load(down.weights, down.ints)
@@ -32,11 +45,23 @@ class MoonClient(Client):
                 "trained": torch.zeros(1, device=self.setup.device)}
 
     def train(self, ctx):
-        self.has_previous = bool(ctx.state["trained"].item())
-        if self.has_previous:
+        trained = bool(ctx.state["trained"].item())
+        self.has_previous = trained or (self.options.first_negative != "none" and ctx.round > 0)
+        if trained:
             self.previous.load(ctx.state["previous"])
+        elif self.has_previous:
+            self.previous.load(self.stand_in(ctx.cid))
         super().train(ctx)
         ctx.state = {"previous": ctx.flat.floats.detach().clone(), "trained": torch.ones(1, device=self.setup.device)}
+
+    def stand_in(self, cid: int) -> torch.Tensor:
+        """The negative of a client that has not trained yet (``first_negative``)."""
+        if self.options.first_negative == "random":
+            return own_initial_model(self.setup, cid)
+        if self._initial is None:
+            with torch.random.fork_rng(devices=[]):
+                self._initial = self.setup.initial_model().floats.detach().clone()
+        return self._initial
 
     def loss(self, ctx, batch, out):
         ce = F.cross_entropy(out.logits, batch.y)
@@ -64,12 +89,27 @@ class Moon(Algorithm):
 
     The previous model is the client's own model after the last round it trained in, kept in
     its client state (one model per client: in worker memory within
-    ``resources.client_state_mb``, moved between workers as clients are). A client's first
-    round has no previous model and no contrastive term, as in MOON's and FedGKD's code (in
-    round 1 it would be the global model itself, whose term has no gradient); FedNTD's code
-    instead starts every client's previous model at the initial global model. Defaults:
-    tau = 0.5 (all three papers), mu = 1 (MOON's code; the papers' tables set it per data
-    set: see configs/papers). The server is FedAvg's.
+    ``resources.client_state_mb``, moved between workers as clients are). In round 1 no client
+    has one and there is no contrastive term (MOON's code: its pool of previous models is empty;
+    in FedNTD's code the negative is the global model itself, whose term has no gradient).
+    Under partial participation a client can first train in a later round; what it contrasts
+    against then is ``first_negative``:
+
+    * ``none`` (default): nothing, no contrastive term in the client's first round, as FedGKD's
+      code (``pcode/workers/worker_moon.py``: no buffered model, only the positive logit);
+    * ``random``: the client's own randomly initialised network, as MOON's code
+      (QinbinLi/MOON ``main.py``: every client's network is drawn at the start and the pool of
+      previous models copies all of them after each round, line 538, so a never-trained
+      client's entry is its initial network). Here the network is drawn from torch's generator
+      seeded by (run.seed, client id): the same on every rank and after a resume, which keeps MPI
+      equal to the debug mode and resume exact (MOON's code draws them one after another from
+      one stream, so its numbers are not these);
+    * ``initial``: the initial global model, as FedNTD's code (``algorithms/moon/Server.py``,
+      ``_init_prev_locals``: every client's previous model starts as the initial global
+      model).
+
+    Defaults: tau = 0.5 (all three papers), mu = 1 (MOON's code; the papers' tables set it per
+    data set: see configs/papers). The server is FedAvg's.
     """
 
     @dataclass
@@ -77,6 +117,10 @@ class Moon(Algorithm):
         mu: float = opt(1.0, "weight of the model-contrastive loss", min=0)
         tau: float = opt(0.5, "temperature of the contrastive softmax", min=0, exclusive_min=True)
         projection_dim: int = opt(256, "output size of MOON's projection head (0: no head, the network's own features)", min=0)
+        first_negative: Literal["none", "random", "initial"] = opt(
+            "none", "the negative of a client that has not trained yet (rounds 2+): none (no contrastive term; "
+                    "FedGKD's code), its own random initial network (MOON's code) or the initial global model "
+                    "(FedNTD's code)")
 
     Client = MoonClient
 

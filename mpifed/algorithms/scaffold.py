@@ -73,6 +73,12 @@ class Scaffold(Algorithm):
     """SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates, corrected for local momentum.
 
     Each client's c_i lives in its persistent client state, so it follows the client from worker to worker.
+    The models are averaged with FedAvg's weights n_k (``train.client_weights``), as FedNTD's code
+    does (``algorithms/BaseServer.py``, ``_aggregation`` over the client sizes), and with global
+    learning rate 1; Algorithm 1 of the paper writes the uniform mean over the round's clients,
+    which ``train.client_weights: uniform`` gives. The server control c moves by the plain sum
+    of the round's control deltas over N (the paper's (1/N) sum, FedNTD's sample ratio times
+    their mean).
     """
 
     Server = ScaffoldServer

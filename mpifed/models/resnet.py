@@ -97,7 +97,12 @@ class TorchvisionResNet(Classifier):
 @MODELS.register("resnet10")
 class ResNet10:
     """ResNet-10 as FedNTD's App. G.3 uses it: BasicBlocks [1, 1, 1, 1] (64-512 channels), CIFAR stem.
-    FedNTD's BatchNorm keeps no running statistics: ``norm: batch_nostats``."""
+    FedNTD's BatchNorm keeps no running statistics: ``norm: batch_nostats``.
+
+    The layers are those of FedNTD's ``train_tools/models/resnet.py`` (1x1 convolution + BatchNorm
+    shortcuts, 4x4 average pooling of the 32x32 input's last stage); the convolutions start from
+    torchvision's Kaiming-normal initialisation, where FedNTD's code keeps PyTorch's default
+    (Kaiming-uniform, a = sqrt(5))."""
 
     Options = ResNetOptions
 
