@@ -204,7 +204,8 @@ def test_paper_tables_declare_their_papers_metrics():
     assert metric("papers/fedcad/table1.table.yaml") == results.Metric("final", rounds_to=(0.65, 0.9))
     assert metric("papers/fedgkd/table3.table.yaml").kind == "best"
     assert metric("papers/fedntd/table1.table.yaml").forgetting
-    assert metric("papers/fedcsd/table2.table.yaml") == results.Metric("best", column="group_mean_acc")
+    assert metric("papers/fedcsd/table2.table.yaml") == results.Metric("best", column="group_mean_acc", groups=True)
+    assert metric("papers/fedgkd/table6.table.yaml").at_rounds == (10, 20, 50, 100)
     assert metric("repro/fedcad/table1.table.yaml").rounds_to == (0.8, 0.85)
     assert metric("papers/fedntd/appG1.table.yaml").forgetting and metric("papers/fedntd/appG2.table.yaml").forgetting
     assert metric("papers/fedntd/table12.table.yaml") == results.Metric("final")
