@@ -33,7 +33,8 @@ import yaml
 from mpifed import config, results
 from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.rundir import RunDir
-from mpifed.table import Summary, finished_runs, load_table, resolve, stored_identity, tabulate
+from mpifed.summary import Summary, tabulate
+from mpifed.table import finished_runs, load_table, resolve, stored_identity
 
 if TYPE_CHECKING:
     from mpifed.plots import Curve

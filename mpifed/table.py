@@ -3,6 +3,7 @@
     python -m mpifed.table configs/papers/fedntd/table1.table.yaml --list
     python -m mpifed.table TABLE --tune 3                              # the search only (if the table declares one)
     python -m mpifed.table TABLE --run 3 [--set train.rounds=20 ...]   # search, then the runs; 3 ranks each (0: debug mode)
+    python -m mpifed.table TABLE --run 0 --parallel 8                  # 8 runs at once (a GPU with MPS, many cores)
     python -m mpifed.table TABLE --write-runs runs.txt                 # for slurm/array.sbatch (one run per task)
     python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
     ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2   # any command, on part of the table
@@ -38,9 +39,7 @@ import argparse
 import copy
 import re
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,14 +47,14 @@ from typing import Any
 
 import yaml
 
-from mpifed import __version__, config, provenance, results
+from mpifed import __version__, config, results
 from mpifed.packaged import find_config
 from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.rundir import RunDir, check_run_name
-from mpifed.stats import Paired, paired
+from mpifed.runner import Job, diverged, run_jobs
+from mpifed.summary import Summary, tabulate
 from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
-EXIT_STOPPED = 75
 TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "tuning")
 
 
@@ -336,12 +335,6 @@ def _score(values: dict[str, Any], runs: list[TableRun], tuning: Tuning) -> Cand
     return c
 
 
-def diverged(path: Path) -> bool:
-    """Whether the run failed because its loss became NaN or infinite (a learning rate too high)."""
-    found = RunDir(path).status() or {}
-    return found.get("state") == "failed" and "NonFiniteLoss" in str(found.get("error", ""))
-
-
 def _keys(extra: list[str]) -> list[str]:
     return [o.split("=", 1)[0].strip() for o in extra]
 
@@ -405,62 +398,6 @@ def _difference(held: dict[str, Any] | str, want: dict[str, Any]) -> str:
     return f"made with {shown}" + (f" and {len(keys) - 4} more differences" if len(keys) > 4 else "")
 
 
-# ------------------------------------------------------------------ the summary
-@dataclass
-class Summary:
-    """The cells of a table (setting, method, column) -> Stat, the paired comparisons
-    (setting, method) -> Paired against the reference, and the runs left out, with why."""
-
-    title: str
-    metric: results.Metric
-    settings: list[str]
-    methods: list[str]
-    columns: list[str]
-    cells: dict[tuple[str, str, str], results.Stat]
-    left_out: list[str]
-    not_run: int
-    percent: bool
-    paired: dict[tuple[str, str], Paired | None] = field(default_factory=dict)
-    reference: str | None = None
-    declared_seeds: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def markdown(self) -> str:
-        unit = " (%)" if self.percent else ""
-        seeds = f" of {self.declared_seeds} declared" if self.declared_seeds else ""
-        lines = [f"{self.title}: {self.metric.label}{unit}, mean ± sample std over finished seeds (n{seeds})", ""]
-        heads = [s if len(self.columns) == 1 else f"{s}: {c}" for s in self.settings for c in self.columns]
-        lines += ["| method | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
-        for m in self.methods:
-            row = [self.cell_text(s, m, c) for s in self.settings for c in self.columns]
-            lines.append(f"| {m} | " + " | ".join(row) + " |")
-        if self.reference is not None:
-            points = " points" if self.percent else ""
-            lines += ["", f"Against {self.reference}, seed by seed ({self.metric.label}, difference in{points or ' its unit'}): "
-                          f"mean [95% CI], seeds ahead / seeds, p of the two-sided paired t-test; 'higher' or 'lower' "
-                          f"only where the interval excludes 0", ""]
-            lines += ["| method | " + " | ".join(self.settings) + " |", "| --- |" + " --- |" * len(self.settings)]
-            for m in self.methods:
-                if m == self.reference:
-                    continue
-                row = [(p.text() if (p := self.paired.get((s, m))) is not None else "fewer than 2 common seeds")
-                       for s in self.settings]
-                lines.append(f"| {m} | " + " | ".join(row) + " |")
-        if self.notes:
-            lines += [""] + self.notes
-        if self.not_run:
-            lines += ["", f"Not run yet: {self.not_run} of the table's runs."]
-        if self.left_out:
-            lines += ["", f"Left out ({len(self.left_out)}):"] + [f"  {line}" for line in self.left_out]
-        return "\n".join(lines)
-
-    def cell_text(self, setting: str, method: str, column: str) -> str:
-        stat = self.cells.get((setting, method, column), results.Stat([]))
-        if column.startswith("T("):
-            return stat.text(1, "not reached", self.declared_seeds)
-        return stat.text(2, declared=self.declared_seeds)
-
-
 def finished_runs(table: Table) -> tuple[dict[tuple[str, str], list[Path]], list[str], int]:
     """The finished runs of the resolved configuration (see :func:`resolve`) per (setting, method);
     the runs left out, with why; how many were not run yet."""
@@ -508,114 +445,6 @@ def _search_notes(table: Table) -> list[str]:
     for setting, method in sorted(table.pending):
         lines.append(f"  {setting} x {method}: search not finished (python -m mpifed.table ... --tune N)")
     return lines
-
-
-def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
-             left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
-             reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None) -> Summary:
-    """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
-    ((setting, method) -> runs), with each method's paired comparison against ``reference``
-    (a method label; default: the row whose algorithm is FedAvg, if any)."""
-    percent = metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
-    metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
-    runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
-    group_names = list(dict.fromkeys(name for m, _ in metrics if m.groups for rv in runs.values()
-                                     for name in results.group_values(m, rv.rows)))
-    columns = [f"{prefix}{c}" for m, prefix in metrics for c in _metric_columns(m, group_names)]
-    cells: dict[tuple[str, str, str], results.Stat] = {}
-    primary: dict[tuple[str, str], dict[int, float]] = {}
-    for (setting, method), paths in groups.items():
-        stats = {c: cells.setdefault((setting, method, c), results.Stat([])) for c in columns}
-        for path in paths:
-            rv = runs[path]
-            for m, prefix in metrics:
-                for column, v in zip(_metric_columns(m, group_names), rv.values(m, group_names)):
-                    stat = stats[f"{prefix}{column}"]
-                    if v is None:
-                        stat.missing += 1
-                    else:
-                        stat.values.append(float(v) if column.startswith("T(") or not percent else 100 * v)
-            first = rv.values(metric, group_names)[0]
-            if first is not None and rv.seed is not None:
-                primary.setdefault((setting, method), {})[rv.seed] = 100 * first if percent else first
-    settings = list(dict.fromkeys(s for s, _ in groups))
-    methods = list(dict.fromkeys(m for _, m in groups))
-    reference = reference if reference is not None else _fedavg_row(groups, runs)
-    compared = {}
-    if reference is not None:
-        for s in settings:
-            for m in methods:
-                if m != reference:
-                    compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
-    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs)
-    return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
-                   compared, reference if reference in methods else None, declared_seeds, notes)
-
-
-def _metric_columns(metric: results.Metric, group_names: list[str]) -> list[str]:
-    columns = metric.columns
-    return columns[:1] + (group_names if metric.groups else []) + columns[1:]
-
-
-class _RunValues:
-    """What a run directory says, read once: its rows, summary, seed, algorithm and test set."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows = results.read_rows(path)
-        self.summary = results.read_json(path / "summary.json")
-        try:
-            cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            cfg = {}
-        run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {} for k in ("run", "data", "algorithm"))
-        self.seed = run.get("seed") if isinstance(run.get("seed"), int) else None
-        self.algorithm = algorithm.get("name")
-        self.test_subset = data.get("test_subset") or 0
-        found = provenance.read(path)
-        self.machine = provenance.machine(found) if found else None
-
-    def values(self, metric: results.Metric, group_names: list[str]) -> list[float | None]:
-        out: list[float | None] = [results.value(metric, self.rows, self.summary)]
-        if metric.groups:
-            found = results.group_values(metric, self.rows)
-            out += [found.get(name) for name in group_names]
-        out += [results.rounds_to(self.rows, t, metric.column) for t in metric.rounds_to]
-        out += [results.at_round(self.rows, r, metric.column) for r in metric.at_rounds]
-        out += [results.forgetting(self.rows)] if metric.forgetting else []
-        return out
-
-
-def _fedavg_row(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, _RunValues]) -> str | None:
-    for (_, method), paths in groups.items():
-        if method == "fedavg" or any(runs[p].algorithm == "fedavg" for p in paths):
-            return method
-    return None
-
-
-def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | None,
-                      runs: dict[Path, "_RunValues"]) -> list[str]:
-    notes = []
-    subsets = sorted({rv.test_subset for rv in runs.values() if rv.test_subset})
-    if subsets:
-        notes.append(f"Test set: a subset ({' / '.join(map(str, subsets))} samples) in "
-                     f"{sum(1 for rv in runs.values() if rv.test_subset)} of {len(runs)} runs: quick runs only, not "
-                     f"numbers to report (data.test_subset=0 evaluates the whole test set).")
-    machines = sorted({rv.machine for rv in runs.values() if rv.machine})
-    unknown = sum(1 for rv in runs.values() if not rv.machine)
-    if len(machines) > 1:
-        notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than rounding "
-                     f"across machines: compare methods on runs of one machine ({'; '.join(machines)}).")
-    elif machines:
-        notes.append(f"Machine: {machines[0]}.")
-    if unknown and runs:
-        notes.append(f"{unknown} of {len(runs)} runs have no provenance.json (made before mpifed recorded it): "
-                     f"their machine is unknown.")
-    for m in (metric, paper_metric):
-        if m is not None and m.chosen_on_test:
-            notes.append(f"'{m.label}' picks each run's best round by the test accuracy itself: optimistic, shown for "
-                         f"comparison with the paper; claims rest on a metric that does not choose on test.")
-    return notes
 
 
 def summary_table(table: Table, reference: str | None = None) -> str:
@@ -690,57 +519,21 @@ def _duration(seconds: float) -> str:
 
 
 # ------------------------------------------------------------------ running
-def _launch(command: list[str]) -> tuple[int, list[str]]:
-    """Run one mpifed command and wait for it, forwarding the stop signals: Ctrl-C reaches the run
-    once (it finishes its round, writes a checkpoint and exits 75) instead of killing it. Returns
-    the exit code and the signals received meanwhile."""
-    proc = subprocess.Popen(command, start_new_session=True)
-    received: list[str] = []
-
-    def forward(signum: int, _frame: Any) -> None:
-        received.append(signal.Signals(signum).name)
-        proc.send_signal(signum)
-
-    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-    before = {s: signal.signal(s, forward) for s in caught}
-    try:
-        return proc.wait(), received
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-
-def run_all(table: Table, runs: list[TableRun], ranks: int, extra: list[str], again: str) -> tuple[int, int]:
-    """Run the unfinished ``runs`` one after another; returns (exit code, runs skipped because another
-    process is running them). A stop signal ends the table after the current run's clean stop."""
-    launcher = [sys.executable, "-m", "mpifed.main"] if ranks == 0 else [sys.executable, "-m", "mpifed.launch", "-n", str(ranks)]
-    skipped = 0
+def run_all(runs: list[TableRun], ranks: int, extra: list[str], again: str, parallel: int = 1) -> tuple[int, int]:
+    """Run the unfinished ``runs`` (``parallel`` at a time); returns (exit code, runs skipped because
+    another process is running them). A stop signal ends the table after the runs in progress
+    have stopped cleanly; a failure, after they have finished."""
     todo = [r for r in runs if status(r) != "finished" and not (status(r) == "failed" and diverged(r.path))]
-    for i, r in enumerate(todo):
-        rd = RunDir(r.path)
-        if rd.in_progress():
-            print(f"[mpifed.table] {r.name}: another process is running it ({rd.lock_holder()}); skipped", flush=True)
-            skipped += 1
-            continue
-        print(f"[mpifed.table] run {i + 1}/{len(todo)}: {r.path}", flush=True)
-        code, received = _launch(launcher + r.args(extra))
-        if received:
-            print(f"[mpifed.table] {', '.join(dict.fromkeys(received))} received: the table stops after {r.name} "
-                  f"(exit code {code}). Continue it with:\n  {again}", file=sys.stderr, flush=True)
-            return (code if code else EXIT_STOPPED), skipped
-        if code == 0:
-            continue
-        if diverged(r.path):
-            print(f"[mpifed.table] {r.name}: its loss became NaN or infinite; the table goes on without it", flush=True)
-            continue
-        if RunDir(r.path).in_progress():
-            print(f"[mpifed.table] {r.name}: another process started it meanwhile; skipped", flush=True)
-            skipped += 1
-            continue
-        print(f"[mpifed.table] {r.name} ended with exit code {code}; stopping. Continue the table with:\n  {again}",
-              file=sys.stderr)
-        return code, skipped
-    return 0, skipped
+    jobs = [Job(r.path, r.args(extra), r.root / "logs" / f"{r.name}.txt" if r.candidate is None
+                else r.root.parent / "logs" / "tuning" / f"{r.name}.txt") for r in todo]
+    out = run_jobs(jobs, ranks, parallel, say=lambda text: print(f"[mpifed.table] {text}", flush=True))
+    if out.received:
+        print(f"[mpifed.table] {', '.join(dict.fromkeys(out.received))} received: the table stopped after the runs in "
+              f"progress (exit code {out.code}). Continue it with:\n  {again}", file=sys.stderr, flush=True)
+    elif out.failed:
+        print(f"[mpifed.table] stopping after {len(out.failed)} failed run(s). Continue the table with:\n  {again}",
+              file=sys.stderr, flush=True)
+    return out.code, out.skipped
 
 
 def _write_runs(table: Table, extra: list[str], path: str) -> str:
@@ -778,7 +571,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--run", type=int, metavar="N", help="run here, one after another, with N ranks each (0: debug mode); "
                    "a declared search runs first")
     g.add_argument("--summary", action="store_true", help="the table in its metric, and each method against the reference")
+    p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
+                   "machine with cores to spare; each run's output goes to <table runs>/logs/)")
     a = p.parse_args(argv)
+    if a.parallel < 1:
+        p.error("--parallel must be at least 1")
     extra = [o for group in a.set for o in group]
     again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:
@@ -806,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     ranks = a.tune if a.tune is not None else a.run
     skipped = 0
     if table.tuning is not None and (table.pending or a.tune is not None):
-        code, skipped = run_all(table, table.search, ranks, extra, again)
+        code, skipped = run_all(table.search, ranks, extra, again, a.parallel)
         if code != 0:
             return code
         try:
@@ -824,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they finish",
                       flush=True)
             return 0
-    code, more = run_all(table, table.runs, ranks, extra, again)
+    code, more = run_all(table.runs, ranks, extra, again, a.parallel)
     skipped += more
     if code != 0:
         return code

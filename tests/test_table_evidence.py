@@ -330,7 +330,8 @@ def test_ctrl_c_during_a_table_run_stops_the_run_cleanly_and_says_how_to_go_on(t
     run = tmp_path / "runs" / "t-t" / "s-a-s0"
     assert RunDir(run).status()["state"] == "stopped" and list((run / "checkpoints").glob("round_*.ckpt"))
     assert "Traceback" not in text
-    assert "SIGINT received: the table stops after s-a-s0" in text and "mpifed.table" in text.split("Continue it with:")[1]
+    assert "SIGINT received: the table stopped after the runs in progress" in text
+    assert "mpifed.table" in text.split("Continue it with:")[1]
     assert not (tmp_path / "runs" / "t-t" / "s-b-s0").exists()
 
 
@@ -357,3 +358,18 @@ def test_values_that_go_together_are_one_grid_entry(tmp_path, capsys):
     assert runs[("b", "mu=0.1")].resolved["algorithm"]["name"] == "fedprox"
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--set", "algorithm.mu=0.2"]) == 2
     assert "the table searches this key itself" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_parallel_runs_share_the_table_and_keep_each_runs_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    table = _table(tmp_path, seeds="[0, 1]")
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--run", "0", "--parallel", "3"]) == 0
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    assert all(RunDir(r.path).status()["state"] == "finished" for r in t.runs)
+    logs = sorted(p.name for p in (t.root / "logs").iterdir())
+    assert logs == sorted(f"{r.name}.txt" for r in t.runs)
+    assert all("finished" in (t.root / "logs" / name).read_text() for name in logs)
+    out = capsys.readouterr().out
+    assert "(n=2 of 5)" not in out and "| b |" in out

@@ -1,0 +1,179 @@
+"""A table of results from run directories: each cell's mean ± sample std over seeds, each method
+against a reference seed by seed (:mod:`mpifed.stats`), and notes on how far the numbers can be
+trusted (the machines the runs come from, test subsets, metrics that choose on the test set).
+
+:mod:`mpifed.table` builds one from a table file's finished runs; :mod:`mpifed.report` from
+folders of runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mpifed import provenance, results
+from mpifed.stats import Paired, paired
+
+
+@dataclass
+class Summary:
+    """The cells of a table (setting, method, column) -> Stat, the paired comparisons
+    (setting, method) -> Paired against the reference, and the runs left out, with why."""
+
+    title: str
+    metric: results.Metric
+    settings: list[str]
+    methods: list[str]
+    columns: list[str]
+    cells: dict[tuple[str, str, str], results.Stat]
+    left_out: list[str]
+    not_run: int
+    percent: bool
+    paired: dict[tuple[str, str], Paired | None] = field(default_factory=dict)
+    reference: str | None = None
+    declared_seeds: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        unit = " (%)" if self.percent else ""
+        seeds = f" of {self.declared_seeds} declared" if self.declared_seeds else ""
+        lines = [f"{self.title}: {self.metric.label}{unit}, mean ± sample std over finished seeds (n{seeds})", ""]
+        heads = [s if len(self.columns) == 1 else f"{s}: {c}" for s in self.settings for c in self.columns]
+        lines += ["| method | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
+        for m in self.methods:
+            row = [self.cell_text(s, m, c) for s in self.settings for c in self.columns]
+            lines.append(f"| {m} | " + " | ".join(row) + " |")
+        if self.reference is not None:
+            points = " points" if self.percent else ""
+            lines += ["", f"Against {self.reference}, seed by seed ({self.metric.label}, difference in{points or ' its unit'}): "
+                          f"mean [95% CI], seeds ahead / seeds, p of the two-sided paired t-test; 'higher' or 'lower' "
+                          f"only where the interval excludes 0", ""]
+            lines += ["| method | " + " | ".join(self.settings) + " |", "| --- |" + " --- |" * len(self.settings)]
+            for m in self.methods:
+                if m == self.reference:
+                    continue
+                row = [(p.text() if (p := self.paired.get((s, m))) is not None else "fewer than 2 common seeds")
+                       for s in self.settings]
+                lines.append(f"| {m} | " + " | ".join(row) + " |")
+        if self.notes:
+            lines += [""] + self.notes
+        if self.not_run:
+            lines += ["", f"Not run yet: {self.not_run} of the table's runs."]
+        if self.left_out:
+            lines += ["", f"Left out ({len(self.left_out)}):"] + [f"  {line}" for line in self.left_out]
+        return "\n".join(lines)
+
+    def cell_text(self, setting: str, method: str, column: str) -> str:
+        stat = self.cells.get((setting, method, column), results.Stat([]))
+        if column.startswith("T("):
+            return stat.text(1, "not reached", self.declared_seeds)
+        return stat.text(2, declared=self.declared_seeds)
+
+
+def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
+             left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
+             reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None) -> Summary:
+    """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
+    ((setting, method) -> runs), with each method's paired comparison against ``reference``
+    (a method label; default: the row whose algorithm is FedAvg, if any)."""
+    percent = metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
+    metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
+    runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
+    group_names = list(dict.fromkeys(name for m, _ in metrics if m.groups for rv in runs.values()
+                                     for name in results.group_values(m, rv.rows)))
+    columns = [f"{prefix}{c}" for m, prefix in metrics for c in _metric_columns(m, group_names)]
+    cells: dict[tuple[str, str, str], results.Stat] = {}
+    primary: dict[tuple[str, str], dict[int, float]] = {}
+    for (setting, method), paths in groups.items():
+        stats = {c: cells.setdefault((setting, method, c), results.Stat([])) for c in columns}
+        for path in paths:
+            rv = runs[path]
+            for m, prefix in metrics:
+                for column, v in zip(_metric_columns(m, group_names), rv.values(m, group_names)):
+                    stat = stats[f"{prefix}{column}"]
+                    if v is None:
+                        stat.missing += 1
+                    else:
+                        stat.values.append(float(v) if column.startswith("T(") or not percent else 100 * v)
+            first = rv.values(metric, group_names)[0]
+            if first is not None and rv.seed is not None:
+                primary.setdefault((setting, method), {})[rv.seed] = 100 * first if percent else first
+    settings = list(dict.fromkeys(s for s, _ in groups))
+    methods = list(dict.fromkeys(m for _, m in groups))
+    reference = reference if reference is not None else _fedavg_row(groups, runs)
+    compared = {}
+    if reference is not None:
+        for s in settings:
+            for m in methods:
+                if m != reference:
+                    compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
+    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs)
+    return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
+                   compared, reference if reference in methods else None, declared_seeds, notes)
+
+
+def _metric_columns(metric: results.Metric, group_names: list[str]) -> list[str]:
+    columns = metric.columns
+    return columns[:1] + (group_names if metric.groups else []) + columns[1:]
+
+
+class _RunValues:
+    """What a run directory says, read once: its rows, summary, seed, algorithm and test set."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows = results.read_rows(path)
+        self.summary = results.read_json(path / "summary.json")
+        try:
+            cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            cfg = {}
+        run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {} for k in ("run", "data", "algorithm"))
+        self.seed = run.get("seed") if isinstance(run.get("seed"), int) else None
+        self.algorithm = algorithm.get("name")
+        self.test_subset = data.get("test_subset") or 0
+        found = provenance.read(path)
+        self.machine = provenance.machine(found) if found else None
+
+    def values(self, metric: results.Metric, group_names: list[str]) -> list[float | None]:
+        out: list[float | None] = [results.value(metric, self.rows, self.summary)]
+        if metric.groups:
+            found = results.group_values(metric, self.rows)
+            out += [found.get(name) for name in group_names]
+        out += [results.rounds_to(self.rows, t, metric.column) for t in metric.rounds_to]
+        out += [results.at_round(self.rows, r, metric.column) for r in metric.at_rounds]
+        out += [results.forgetting(self.rows)] if metric.forgetting else []
+        return out
+
+
+def _fedavg_row(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, _RunValues]) -> str | None:
+    for (_, method), paths in groups.items():
+        if method == "fedavg" or any(runs[p].algorithm == "fedavg" for p in paths):
+            return method
+    return None
+
+
+def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | None,
+                      runs: dict[Path, "_RunValues"]) -> list[str]:
+    notes = []
+    subsets = sorted({rv.test_subset for rv in runs.values() if rv.test_subset})
+    if subsets:
+        notes.append(f"Test set: a subset ({' / '.join(map(str, subsets))} samples) in "
+                     f"{sum(1 for rv in runs.values() if rv.test_subset)} of {len(runs)} runs: quick runs only, not "
+                     f"numbers to report (data.test_subset=0 evaluates the whole test set).")
+    machines = sorted({rv.machine for rv in runs.values() if rv.machine})
+    unknown = sum(1 for rv in runs.values() if not rv.machine)
+    if len(machines) > 1:
+        notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than rounding "
+                     f"across machines: compare methods on runs of one machine ({'; '.join(machines)}).")
+    elif machines:
+        notes.append(f"Machine: {machines[0]}.")
+    if unknown and runs:
+        notes.append(f"{unknown} of {len(runs)} runs have no provenance.json (made before mpifed recorded it): "
+                     f"their machine is unknown.")
+    for m in (metric, paper_metric):
+        if m is not None and m.chosen_on_test:
+            notes.append(f"'{m.label}' picks each run's best round by the test accuracy itself: optimistic, shown for "
+                         f"comparison with the paper; claims rest on a metric that does not choose on test.")
+    return notes
