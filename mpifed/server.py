@@ -23,17 +23,17 @@ from mpifed.data.prepared import Manifest
 from mpifed.evaluation import summarize
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
-from mpifed.progress import Progress
+from mpifed.handoff import EXIT_STOPPED, describe_signal
+from mpifed.progress import Progress, count
 from mpifed.rundir import RunDir, atomic_write
 from mpifed.signals import received, stop_requested
-
-EXIT_STOPPED = 75  # stopped on a signal after writing a checkpoint: resume with --resume
 
 
 class RoundServer:
     def __init__(self, cfg: Config, cfg_dict: dict[str, Any], manifest: Manifest, method: Server, workers: int,
-                 run: RunDir, resume: dict[str, Any] | None) -> None:
+                 run: RunDir, resume: dict[str, Any] | None, resume_command: str) -> None:
         self.cfg = cfg
+        self.resume_command = resume_command
         self.cfg_dict = cfg_dict
         self.manifest = manifest
         self.method = method
@@ -128,16 +128,16 @@ class RoundServer:
         if not finished:
             if rounds_done == 0:
                 self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
-                                 f"--resume {self.run_dir.path} starts the run from round 1")
+                                 f"this starts the run from round 1: {self.resume_command}")
             else:
-                self.run_dir.log(f"[mpifed] stopped after round {rounds_done} on {self._stop_reason()}; resume with "
-                                 f"--resume {self.run_dir.path} (checkpoint {self.last_checkpoint})")
+                self.run_dir.log(f"[mpifed] stopped after round {rounds_done} on {self._stop_reason()} (checkpoint "
+                                 f"{self.last_checkpoint}); continue with: {self.resume_command}")
             self.exit_code = EXIT_STOPPED
 
     # ------------------------------------------------------------ bookkeeping
     def _stop_reason(self) -> str:
         if received():
-            return ", ".join(received()) + " received by rank 0"
+            return ", ".join(describe_signal(name) for name in received())
         by_workers = [f"{', '.join(names)} received by rank {rank}" for rank, names in self.worker_stops if names]
         return "; ".join(by_workers) or "a stop request"
 
@@ -207,7 +207,7 @@ class RoundServer:
         if self.last_checkpoint is None:
             return " No checkpoint was written yet (see run.checkpoint_every)."
         return (f" Last checkpoint: {self.last_checkpoint} (after round {self.last_checkpoint_round}); "
-                f"continue with: --resume {self.run_dir.path}")
+                f"continue with: {self.resume_command}")
 
     def _save_model(self) -> None:
         flat = self.method.tools.flat
@@ -243,6 +243,6 @@ class RoundServer:
         self.run_dir.write_json("status.json", {"state": status, "rounds_done": rounds_done,
                                                 "checkpoint": summary["checkpoint"]})
         if summary["final_test_acc"] is not None:
-            self.run_dir.log(f"[mpifed] {status}: {rounds_done} rounds, final test accuracy {summary['final_test_acc']:.4f} "
+            self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy {summary['final_test_acc']:.4f} "
                              f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}), "
                              f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")

@@ -1,11 +1,13 @@
 """Rank 0's outputs besides the run files: the round line's ETA, the live bar, TensorBoard events."""
 import io
 import json
+import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from conftest import run_debug, tiny
+from conftest import REPO, env, run_debug, tiny
 from mpifed.progress import Progress, duration
 
 
@@ -31,7 +33,7 @@ def test_live_bar_keeps_lines_above_it():
         p.write("round 1/3 ...")
         p.advance(1)
         p.close()
-    assert "round 1/3 ..." in out.getvalue() and "1/3" in err.getvalue()
+    assert "round 1/3 ..." in out.getvalue() and "1/3 [" in out.getvalue() and not err.getvalue()
 
 
 @pytest.mark.e2e
@@ -46,3 +48,18 @@ def test_tensorboard_events_hold_the_metrics_rows(tmp_path):
     acc = [(e.step, e.value) for e in events.Scalars("test_acc")]
     assert acc == [(r["round"], pytest.approx(r["test_acc"])) for r in rows]
     assert {"train_loss", "lr", "time/round", "per_class_acc/0"} <= set(events.Tags()["scalars"])
+
+
+@pytest.mark.e2e
+def test_a_debug_run_goes_on_when_its_stdout_closes(tmp_path):
+    """``python -m mpifed.main ... | head -1``: the run finishes, its log.txt has every line."""
+    proc = subprocess.Popen([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, "train.rounds=3")], cwd=REPO, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("[")
+    proc.stdout.close()                                     # as head does after its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    run = tmp_path / "runs" / "run"
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
+    assert "round 3/3" in (run / "log.txt").read_text()

@@ -45,7 +45,7 @@ def test_stopped_and_resumed_equals_uninterrupted_debug(tmp_path, method):
     run_debug(args_for(tmp_path, *method, name="full"))
     code, out = stop_after(start([sys.executable, "-m", "mpifed.main", *args_for(tmp_path, *method, name="cut")]), "round 2/6")
     assert code == 75, out
-    assert "stopped after round" in out and "resume with --resume" in out
+    assert "stopped after round" in out and " -m mpifed.main --resume " in out.split("continue with: ")[1]
     cut = tmp_path / "runs" / "cut"
     assert '"state": "stopped"' in (cut / "status.json").read_text()
     done = len(metrics(cut))

@@ -213,7 +213,7 @@ def test_stop_before_round_one_says_nothing_was_trained(tmp_path, monkeypatch):
     monkeypatch.setattr(server, "received", lambda: ["SIGUSR1"])
     p = run_debug(tiny(tmp_path), check=False)
     assert p.returncode == 75 and "None" not in p.stdout
-    assert "stopped before round 1 on SIGUSR1 received by rank 0: nothing was trained" in p.stdout
+    assert "stopped before round 1 on SIGUSR1 (a scheduler's warning, or kill -USR1): nothing was trained" in p.stdout
 
 
 def test_fingerprint_of_an_image_folder_notices_a_renamed_image(tmp_path):
@@ -245,3 +245,15 @@ def test_fingerprint_accepts_the_same_bytes_written_again(tmp_path, monkeypatch)
     assert unhashed["sha256"] is None
     os.utime(f, ns=(1, 10**18))
     assert "was modified after the data was prepared" in fp.first_change(unhashed)
+
+
+def test_a_run_that_fails_before_it_begins_leaves_no_directory(tmp_path):
+    """A data preparation that fails (here: more clients than samples) leaves no runs/<name>/ holding only .lock."""
+    p = run_debug(tiny(tmp_path, "data.num_clients=400"), check=False)
+    assert p.returncode == 2 and "data.num_clients" in p.stderr, p.stderr
+    assert not (tmp_path / "runs" / "run").exists()
+    held = tmp_path / "runs" / "kept"
+    held.mkdir(parents=True)
+    RunDir(held).lock()
+    RunDir(held).unlock()
+    assert held.is_dir()                                   # a directory that was there before stays
