@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mpifed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=sorted(COMMANDS), help="what to do (see the list above)")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
+    if not argv:
+        p.print_help()
+        return 0
     p.parse_args(argv)
     return 2
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Literal, Union
 import yaml
 
 from mpifed.packaged import find_config
+from mpifed.registry import nearest
 
 
 class ConfigError(ValueError):
@@ -272,8 +273,8 @@ class _Builder:
         name = data.pop("name")
         self.registries[path] = registry
         if name not in registry:
-            close = difflib.get_close_matches(str(name), list(registry), n=1, cutoff=0.5)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            close = nearest(name, registry)
+            hint = f" Did you mean '{close}'?" if close else ""
             self.fail(_join(path, "name"), f"unknown {path.split('.')[-1]} {name!r}.{hint} Known: {', '.join(sorted(registry))}")
             return f.default_factory()
         return Choice(name, self.dataclass(registry[name], data, path))
@@ -530,8 +531,8 @@ def _per_algorithm(layer: dict[str, Any], source: str) -> dict[str, Any]:
     known = _algorithms()
     for name in section:
         if name not in known:
-            close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            close = nearest(name, known)
+            hint = f" Did you mean '{close}'?" if close else ""
             raise ConfigError(f"{source}: {PER_ALGORITHM}.{name}: unknown algorithm.{hint} Known: {', '.join(sorted(known))}")
     return section
 

@@ -460,6 +460,9 @@ def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int,
     for r in ranks:
         run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']} "
                 f"threads {r['threads']}")
+    if cfg.run.tensorboard:
+        events = run.path / "tensorboard"
+        run.log(f"[mpifed] TensorBoard events in {events}; view them with: tensorboard --logdir {events.parent.parent}")
 
 
 def _mark_failed(run: RunDir, error: str) -> None:

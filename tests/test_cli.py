@@ -23,7 +23,7 @@ def parser_of(tool, monkeypatch):
         raise Parsed(self)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
     with pytest.raises(Parsed) as got:
-        tool(["-n", "2"] if tool is launch.main else [])
+        tool({launch.main: ["-n", "2"], cli.main: ["--help"]}.get(tool, []))
     return got.value.args[0]
 
 
@@ -60,6 +60,12 @@ def test_mpifed_dispatches_to_each_command(monkeypatch):
     seen.clear()
     assert cli.main(["--config", "x.yaml"]) == 0
     assert seen == [("run", ["--config", "x.yaml"])]
+
+
+def test_bare_mpifed_prints_its_help(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mpifed") and "launch   run with N ranks" in out
 
 
 def test_a_missing_command_module_is_said_plainly(monkeypatch, capsys):
