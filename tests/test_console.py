@@ -40,8 +40,9 @@ def test_live_bar_keeps_lines_above_it():
 def test_tensorboard_events_hold_the_metrics_rows(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    run_debug(tiny(tmp_path, "train.rounds=3", "run.tensorboard=true"))
+    out = run_debug(tiny(tmp_path, "train.rounds=3", "run.tensorboard=true")).stdout
     run = tmp_path / "runs" / "run"
+    assert f"TensorBoard events in {run / 'tensorboard'}; view them with: tensorboard --logdir {run.parent}" in out
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -63,3 +64,10 @@ def test_a_debug_run_goes_on_when_its_stdout_closes(tmp_path):
     run = tmp_path / "runs" / "run"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
     assert "round 3/3" in (run / "log.txt").read_text()
+
+
+@pytest.mark.e2e
+def test_a_new_run_started_with_resume_reads_as_a_start_and_counts_in_words(tmp_path):
+    out = run_debug([*tiny(tmp_path, "train.rounds=1"), "--resume"]).stdout
+    assert "no checkpoint" not in out
+    assert ", 1 round; single process" in out and "finished: 1 round, final" in out
