@@ -68,6 +68,13 @@ class Registry(Generic[T]):
             raise KeyError(f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._entries))}")
         return self._entries[name]
 
+    def display_name(self, name: str) -> str:
+        """How papers write the entry: the first word of its docstring when that word is ``name`` in
+        another case or spelling (fedntd: FedNTD, fedgkd_plus: FedGKD+), else ``name``."""
+        words = (self.get(name).__doc__ or "").split()
+        first = words[0].rstrip(":,.") if words else ""
+        return first if _fold(first) == _fold(name) else name
+
     def names(self) -> list[str]:
         self._load()
         return sorted(self._entries)
