@@ -101,6 +101,9 @@ class RunConfig:
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
     tensorboard: bool = opt(False, "also write TensorBoard event files (runs/<name>/tensorboard/) from the metrics rows; needs pip install 'mpifed[tensorboard]'", math=False)
+    mlflow: bool = opt(False, "also track the run in MLflow: the resolved config as parameters, each round's metrics, the summary as an artifact (mpifed report --mlflow adds the figures); needs pip install 'mpifed[mlflow]'", math=False)
+    mlflow_uri: str | None = opt(None, "MLflow tracking URI (http://server:5000, sqlite:///mlflow.db, file:/path); null: a file store in <run.root>/mlruns, beside the run directories", math=False)
+    mlflow_experiment: str | None = opt(None, "MLflow experiment name; null: the name of the run.root folder (a table's runs: <paper>-<table>)", math=False)
     rounds_to: list[float] = opt([], "targets (fractions of test accuracy, e.g. [0.65, 0.9]) whose T(target), the first evaluated round that reaches it, summary.json records under rounds_to", math=False)
 
     def check(self) -> list[str]:

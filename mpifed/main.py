@@ -115,6 +115,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     else:
         d["run"]["name"], d["run"]["root"] = run_path.name, str(run_path.parent)
     cfg = config.build(d)
+    _check_extras(cfg)
     run = RunDir(run_path)
     if args.show_config:
         return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": False}
@@ -157,6 +158,14 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         run.clear()
     return {"config": d, "run_path": str(run_path), "resume_from": str(resume_from) if resume_from else None,
             "resuming": args.resume is not None, "new": new}
+
+
+def _check_extras(cfg: config.Config) -> None:
+    """The optional packages the config asks for are installed (before anything starts)."""
+    for wanted, module, extra in ((cfg.run.tensorboard, "tensorboard", "tensorboard"), (cfg.run.mlflow, "mlflow", "mlflow")):
+        if wanted and importlib.util.find_spec(module) is None:
+            raise RunError(f"run.{extra}=true needs the {module} package: pip install 'mpifed[{extra}]' "
+                           f"(or set run.{extra}=false)")
 
 
 def _take_lock(run: RunDir) -> None:
@@ -337,7 +346,7 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
 
     server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers,
                          handoff.resume_command(run.path, size, args.plugin))
-    _log_start(run, cfg, manifest, size, ranks)
+    _log_start(run, cfg, manifest, size, ranks, server.mlflow.describe() if server.mlflow else None)
     w.context = server.describe_checkpoint
 
     def on_signal(name: str) -> None:
@@ -353,6 +362,10 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         return server.exit_code
     except BaseException as exc:
         _mark_failed(run, f"{type(exc).__name__}: {exc}")
+        try:
+            server.abandon()
+        except Exception as tracking:  # the failure above is the one to report
+            sys.stderr.write(f"[mpifed] could not end the run's tracking ({tracking})\n")
         raise
     finally:
         run.close()
@@ -453,7 +466,8 @@ def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm",
     return RoundServer(cfg, resolved["config"], manifest, algo.server(tools), workers, run, resume, resume_command)
 
 
-def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int, ranks: list[dict[str, Any]]) -> None:
+def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int, ranks: list[dict[str, Any]],
+               mlflow: str | None) -> None:
     mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
     run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {count(manifest.num_clients, 'client')}, "
             f"{count(cfg.train.rounds, 'round')}; {mode}; run directory {run.path}")
@@ -463,6 +477,8 @@ def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int,
     if cfg.run.tensorboard:
         events = run.path / "tensorboard"
         run.log(f"[mpifed] TensorBoard events in {events}; view them with: tensorboard --logdir {events.parent.parent}")
+    if mlflow:
+        run.log(f"[mpifed] tracking: {mlflow}")
 
 
 def _mark_failed(run: RunDir, error: str) -> None:

@@ -208,9 +208,10 @@ def seeds_note(counts: list[int]) -> str:
     return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: ± sample std"
 
 
-def figures(c: Collection, out: Path, fmt: str) -> list[Path]:
+def figures(c: Collection, out: Path, fmt: str) -> dict[str, list[Path]]:
+    """Each setting's figures, written to ``out``."""
     from mpifed import plots
-    written = []
+    written: dict[str, list[Path]] = {}
     palette = plots.colours([m for _, m in c.groups], [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()])
     for setting in dict.fromkeys(s for s, _ in c.groups):
         methods = [(m, runs) for (s, m), runs in c.groups.items() if s == setting and runs]
@@ -227,13 +228,14 @@ def figures(c: Collection, out: Path, fmt: str) -> list[Path]:
                     lines.append(line)
             panels.append((ylabel, lines))
         stem = _slug(setting)
+        mine = written.setdefault(setting, [])
         if panels[0][1]:
-            written.append(plots.curves(out / f"{stem}-curves.{fmt}", title, seeds_note(counts), panels))
+            mine.append(plots.curves(out / f"{stem}-curves.{fmt}", title, seeds_note(counts), panels))
         per_class = [(m, v) for m, runs in methods if (v := final_per_class(runs)) is not None]
         if per_class and len({len(v) for _, v in per_class}) == 1:
             values = 100 * np.stack([v for _, v in per_class])
             names = _class_names(methods[0][1][0], values.shape[1])
-            written.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", title,
+            mine.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", title,
                                          "final per-class test accuracy (%), mean over seeds", values,
                                          [m for m, _ in per_class], names, "class", "method", "test accuracy (%)",
                                          fmt="{:.0f}", vmin=0.0, vmax=100.0))
@@ -262,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="a table file's overrides: report the runs made with them (as for python -m mpifed.table)")
+    p.add_argument("--mlflow", action="store_true", help="also add the tables and each setting's figures to the MLflow "
+                   "run of every reported run that has one (made with run.mlflow=true), under report/")
     p.add_argument("--metric", metavar="YAML", help="the table's metric for folders of runs, e.g. best or "
                    "'{kind: final, rounds_to: [0.8]}' (default: final test accuracy; a table file's own metric wins)")
     a = p.parse_args(argv)
@@ -281,14 +285,32 @@ def main(argv: list[str] | None = None) -> int:
     (out / "table.md").write_text(summary.markdown() + "\n")
     (out / "table.csv").write_text(csv_text(summary))
     (out / "table.tex").write_text(latex(summary))
-    written = [out / "table.md", out / "table.csv", out / "table.tex"]
+    tables = [out / "table.md", out / "table.csv", out / "table.tex"]
+    drawn: dict[str, list[Path]] = {}
     try:
         plots.require()
-        written += figures(c, out, a.format)
+        drawn = figures(c, out, a.format)
     except plots.PlotsUnavailable as exc:
         print(f"[mpifed.report] no figures: {exc}", file=sys.stderr)
     print(summary.markdown())
-    print("\nwrote " + ", ".join(str(w) for w in written))
+    print("\nwrote " + ", ".join(str(w) for w in tables + [f for fs in drawn.values() for f in fs]))
+    if a.mlflow:
+        return _to_mlflow(c, tables, drawn)
+    return 0
+
+
+def _to_mlflow(c: Collection, tables: list[Path], drawn: dict[str, list[Path]]) -> int:
+    from mpifed.mlflow_log import log_report
+    try:
+        logged = [run_id for (setting, _), runs in c.groups.items()
+                  for run_id in log_report(runs, tables + drawn.get(setting, []))]
+    except RuntimeError as exc:
+        print(f"[mpifed.report] --mlflow: {exc}", file=sys.stderr)
+        return 2
+    if not logged:
+        print("[mpifed.report] --mlflow: none of these runs was tracked with MLflow (run.mlflow=true)", file=sys.stderr)
+        return 2
+    print(f"added the tables and figures to {len(logged)} MLflow runs, under report/")
     return 0
 
 

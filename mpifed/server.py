@@ -59,6 +59,10 @@ class RoundServer:
         if cfg.run.tensorboard:
             from mpifed.tensorboard_log import TensorBoardLog
             self.tensorboard = TensorBoardLog(run.path / "tensorboard", resume["rounds_done"] if resume else 0)
+        self.mlflow = None
+        if cfg.run.mlflow:
+            from mpifed.mlflow_log import MlflowLog
+            self.mlflow = MlflowLog(run.path, cfg_dict)
         if resume is None:
             self.global_floats = flat.floats.detach().clone()
             self.global_ints = flat.ints.detach().clone()
@@ -125,6 +129,9 @@ class RoundServer:
         if finished and self.cfg.run.save_model:
             self._save_model()
         self._write_summary(rounds_done, "finished" if finished else "stopped")
+        if self.mlflow is not None:
+            self.mlflow.finish("finished" if finished else "stopped", self.run_dir.path / "summary.json")
+            self.mlflow = None
         if not finished:
             if rounds_done == 0:
                 self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
@@ -158,6 +165,8 @@ class RoundServer:
         self.run_dir.append_row("metrics.jsonl", row)
         if self.tensorboard is not None:
             self.tensorboard.add_row(row)
+        if self.mlflow is not None:
+            self.mlflow.add_row(row)
         self.run_dir.append_row("clients.jsonl", {"round": plan.round + 1, "clients": [asdict(r) for r in reports]})
         acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
         self.run_dir.log(
@@ -198,6 +207,13 @@ class RoundServer:
         self.elapsed_before = state["elapsed_s"]
         self.run_dir.write_rows("metrics.jsonl", self.metrics)
         self.run_dir.keep_rounds("clients.jsonl", self.rnd)
+
+    def abandon(self) -> None:
+        """The run failed: end what it tracks (its MLflow run is marked failed)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.mlflow is not None:
+            self.mlflow.finish("failed", self.run_dir.path / "summary.json")
 
     def elapsed(self) -> float:
         """Wall time of the run so far, across resumes."""
