@@ -13,11 +13,12 @@ SIGUSR1 (Open MPI passes that to every rank), saying why (see :mod:`mpifed.hando
 server finishes the round, writes a checkpoint, marks the run ``stopped``, prints the
 command that resumes it and the launcher exits with code 75. The second Ctrl-C or SIGTERM
 is passed on as SIGTERM (the job ends at once), a third kills mpirun's process group.
-SIGUSR1 sent to the launcher is passed on as it is. Inside a Slurm job, Slurm signals every
-process of the job (time limit, ``scancel``, preemption), mpirun included, and mpirun ends
-the job at once on SIGTERM: only ``--signal=B:USR1@T`` (the scripts in slurm/) gives a clean
-stop there. If the launcher itself is killed (SIGKILL), mpirun receives SIGTERM and ends
-the job (Linux), so no ranks are left behind.
+SIGUSR1 sent to the launcher is passed on as it is. Inside a Slurm job a SIGTERM sent to the
+launcher alone is the same clean stop, but when Slurm ends the job (time limit, ``scancel``,
+preemption) it signals every process of the job, mpirun included, and mpirun ends the job at
+once: there only ``--signal=B:USR1@T`` (the scripts in slurm/) gives a clean stop, and the
+launcher says so. If the launcher itself is killed (SIGKILL), mpirun receives SIGTERM and
+ends the job (Linux), so no ranks are left behind.
 
 Exit codes: 0 finished, 75 stopped with a checkpoint, 2 a configuration or usage problem
 (these three come from rank 0, so mpirun reports no crash), 1 a rank failed with an error,

@@ -106,9 +106,9 @@ class MlflowLog:
     def add_row(self, row: dict[str, Any]) -> None:
         self._metrics(scalars(row), step=row["round"])
 
-    def finish(self, status: str, summary: Path) -> None:
-        """Log the summary (``status``: finished, stopped or failed) and end the MLflow run."""
-        if summary.exists():
+    def finish(self, status: str, summary: Path | None = None) -> None:
+        """End the MLflow run as ``status`` (finished, stopped or failed), first logging ``summary``."""
+        if summary is not None and summary.exists():
             self.client.log_artifact(self.run_id, str(summary))
             numbers = json.loads(summary.read_text())
             self._metrics([(k, v) for k, v in numbers.items() if k in ("final_test_acc", "best_test_acc", "forgetting")

@@ -21,9 +21,9 @@ from mpifed.algorithms.base import Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
 from mpifed.evaluation import summarize
+from mpifed.handoff import EXIT_STOPPED, describe_signal
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
-from mpifed.handoff import EXIT_STOPPED, describe_signal
 from mpifed.progress import Progress, count
 from mpifed.rundir import RunDir, atomic_write
 from mpifed.signals import received, stop_requested
@@ -213,7 +213,7 @@ class RoundServer:
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.mlflow is not None:
-            self.mlflow.finish("failed", self.run_dir.path / "summary.json")
+            self.mlflow.finish("failed")
 
     def elapsed(self) -> float:
         """Wall time of the run so far, across resumes."""
