@@ -17,4 +17,5 @@ if [ $# -lt 1 ] || ! [[ "$1" =~ ^[0-9]+$ ]] || [ "$1" -lt 1 ]; then
 fi
 n=$1
 shift
+export MPIFED_LAUNCH_SCRIPT="$0"   # the resume command rank 0 prints starts with it
 exec "${PYTHON:-python3}" -m mpifed.launch -n "$n" "$@"

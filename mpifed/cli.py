@@ -7,6 +7,7 @@ commands:
   table    expand a paper table into runs, run them, summarise them            (= python -m mpifed.table)
   report   curves, per-class heatmaps and tables from finished runs            (= python -m mpifed.report)
   config   list the configs shipped with mpifed, or copy them to edit          (= python -m mpifed.packaged)
+  slurm    write the Slurm job scripts shipped with mpifed into ./slurm         (= python -m mpifed.jobscripts)
 
 `mpifed COMMAND --help` shows a command's own arguments. `mpifed --config X ...` (options
 without a command) is `mpifed run --config X ...`.
@@ -21,7 +22,7 @@ from typing import Callable
 from mpifed import __version__
 
 COMMANDS = {"run": "mpifed.main", "launch": "mpifed.launch", "prepare": "mpifed.prepare", "table": "mpifed.table",
-            "report": "mpifed.report", "config": "mpifed.packaged"}
+            "report": "mpifed.report", "config": "mpifed.packaged", "slurm": "mpifed.jobscripts"}
 
 
 def command_main(name: str) -> Callable[[list[str]], int] | None:
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mpifed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=sorted(COMMANDS), help="what to do (see the list above)")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
+    if not argv:
+        p.print_help()
+        return 0
     p.parse_args(argv)
     return 2
 

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpifed.handoff import launched_by_mpi
+
 _SYNC_TAG = 7301
 _MOVE_TAG = 7401
 
@@ -222,9 +224,8 @@ def world() -> tuple[Any, int, int]:
     """(mpi4py COMM_WORLD or None, rank, size). MPI is initialised only under an MPI launcher
     (mpirun, mpiexec, srun), or when MPIFED_MPI=1; MPIFED_MPI=0 forces the debug mode."""
     forced = os.environ.get("MPIFED_MPI")
-    launched = any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"))
     comm, rank, size = None, 0, 1
-    if forced == "1" or (forced != "0" and launched):
+    if forced == "1" or (forced != "0" and launched_by_mpi()):
         from mpi4py import MPI
         comm, rank, size = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)

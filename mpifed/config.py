@@ -24,6 +24,7 @@ from typing import Any, Callable, Literal, Union
 import yaml
 
 from mpifed.packaged import find_config
+from mpifed.registry import nearest
 
 
 class ConfigError(ValueError):
@@ -101,6 +102,9 @@ class RunConfig:
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
     tensorboard: bool = opt(False, "also write TensorBoard event files (runs/<name>/tensorboard/) from the metrics rows; needs pip install 'mpifed[tensorboard]'", math=False)
+    mlflow: bool = opt(False, "also track the run in MLflow: the resolved config as parameters, each round's metrics, the summary as an artifact (mpifed report --mlflow adds the figures); needs pip install 'mpifed[mlflow]'", math=False)
+    mlflow_uri: str | None = opt(None, "MLflow tracking URI (http://server:5000, sqlite:///mlflow.db, file:/path); null: a file store in <run.root>/mlruns, beside the run directories", math=False)
+    mlflow_experiment: str | None = opt(None, "MLflow experiment name; null: the name of the run.root folder (a table's runs: <paper>-<table>)", math=False)
     rounds_to: list[float] = opt([], "targets (fractions of test accuracy, e.g. [0.65, 0.9]) whose T(target), the first evaluated round that reaches it, summary.json records under rounds_to", math=False)
 
     def check(self) -> list[str]:
@@ -274,8 +278,8 @@ class _Builder:
         name = data.pop("name")
         self.registries[path] = registry
         if name not in registry:
-            close = difflib.get_close_matches(str(name), list(registry), n=1, cutoff=0.5)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            close = nearest(name, registry)
+            hint = f" Did you mean '{close}'?" if close else ""
             self.fail(_join(path, "name"), f"unknown {path.split('.')[-1]} {name!r}.{hint} Known: {', '.join(sorted(registry))}")
             return f.default_factory()
         return Choice(name, self.dataclass(registry[name], data, path))
@@ -532,8 +536,8 @@ def _per_algorithm(layer: dict[str, Any], source: str) -> dict[str, Any]:
     known = _algorithms()
     for name in section:
         if name not in known:
-            close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            close = nearest(name, known)
+            hint = f" Did you mean '{close}'?" if close else ""
             raise ConfigError(f"{source}: {PER_ALGORITHM}.{name}: unknown algorithm.{hint} Known: {', '.join(sorted(known))}")
     return section
 

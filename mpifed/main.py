@@ -21,7 +21,8 @@ import yaml
 
 # Only light modules at import time: signals.listening() must block the stop signals before
 # numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
-from mpifed import __version__, config, provenance, signals
+from mpifed import __version__, config, handoff, pipes, provenance, signals
+from mpifed.progress import count
 from mpifed.registry import RegistryError
 from mpifed.rundir import MARKER, RunDir, RunLocked, check_run_name, claim_new, default_run_name, release_locks
 
@@ -117,9 +118,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     else:
         d["run"]["name"], d["run"]["root"] = run_path.name, str(run_path.parent)
     cfg = config.build(d)
+    _check_extras(cfg)
     run = RunDir(run_path)
     if args.show_config:
         return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": False}
+    new = not run.holds_run()
     _take_lock(run)
     resume_from = None
     if args.resume is not None:
@@ -129,7 +132,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         if state is not None:
             if state["rounds_done"] > cfg.train.rounds:
                 raise RunError(f"cannot resume {run_path} with train.rounds={cfg.train.rounds}: it has already "
-                               f"completed {state['rounds_done']} rounds. Set train.rounds to at least that")
+                               f"completed {count(state['rounds_done'], 'round')}. Set train.rounds to at least that")
             changed, predates = config.checkpoint_changes(state["config_math"], d, base)
             if changed:
                 raise RunError(f"cannot resume {run_path}: these settings differ from the checkpoint and change the "
@@ -140,7 +143,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                       f"defaults", flush=True)
             if status is not None and status["state"] == "finished" and state["rounds_done"] == cfg.train.rounds:
                 return {"config": d, "run_path": str(run_path), "resume_from": None, "resuming": True,
-                        "nothing_to_do": f"[mpifed] {run_path} is finished ({cfg.train.rounds} rounds): nothing to "
+                        "nothing_to_do": f"[mpifed] {run_path} is finished ({count(cfg.train.rounds, 'round')}): nothing to "
                                          f"resume, nothing changed. To train it further, resume with "
                                          f"--set train.rounds=<more than {cfg.train.rounds}>"}
             _check_same_data(run_path, state, cfg)
@@ -167,7 +170,15 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                            f"made, so it is not deleted. Remove it yourself if it is a run, or choose another run.name")
         run.clear()
     return {"config": d, "run_path": str(run_path), "resume_from": str(resume_from) if resume_from else None,
-            "resuming": args.resume is not None}
+            "resuming": args.resume is not None, "new": new}
+
+
+def _check_extras(cfg: config.Config) -> None:
+    """The optional packages the config asks for are installed (before anything starts)."""
+    for wanted, module, extra in ((cfg.run.tensorboard, "tensorboard", "tensorboard"), (cfg.run.mlflow, "mlflow", "mlflow")):
+        if wanted and importlib.util.find_spec(module) is None:
+            raise RunError(f"run.{extra}=true needs the {module} package: pip install 'mpifed[{extra}]' "
+                           f"(or set run.{extra}=false)")
 
 
 def _saved_config(run: RunDir) -> dict[str, Any]:
@@ -254,20 +265,20 @@ def main(argv: list[str] | None = None) -> int:
     # sharing a node, a busy machine) the spinning starves the threads that compute (a round
     # took 10 to 25 times longer). Passive waiting costs little on an idle machine.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    with signals.listening():
+    with signals.listening(), pipes.survive_closed_output():
         from mpifed.comm import Comm, MpiComm, world
         comm, rank, size = world()
         errors = user_errors()
         w: Comm = MpiComm(comm) if size > 1 else Comm()
         try:
-            return _run(args, w, comm, rank, size, errors)
+            return handoff.hand_back(_run(args, w, comm, rank, size, errors), rank)
         except _Exit as stop:
-            return stop.code
+            return handoff.hand_back(stop.code, rank)
         except errors as exc:
             sys.stderr.write(f"[mpifed] rank {rank}: {exc}\n")
             if size > 1:
                 w.abort(2)
-            return 2
+            return handoff.hand_back(2, rank)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 return _crashed(w, rank, size)
@@ -276,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"checkpoint)\n")
             if size > 1:
                 w.abort(2)
-            return 2
+            return handoff.hand_back(2, rank)
         except BaseException:
             return _crashed(w, rank, size)
         finally:
@@ -401,20 +412,18 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
             raise
         return 0
 
-    server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers)
+    server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers,
+                         handoff.resume_command(run.path, size, args.plugin))
     provenance.record(run.path, ranks, server.rnd)
-    _log_start(run, cfg, manifest, size, ranks)
+    _log_start(run, cfg, manifest, size, ranks, server.mlflow.describe() if server.mlflow else None)
     w.context = server.describe_checkpoint
 
     def on_signal(name: str) -> None:
-        why = {"SIGUSR1": " (a scheduler's warning)",
-               "SIGTERM": " (preemption, or the launcher ending the job after a rank failed)"}.get(name, "")
         again = f"; a second {name} ends the job at once" if name in ("SIGINT", "SIGTERM") else ""
-        lost = (" If a rank has failed, the launcher ends the job at once instead, and the run continues from the "
+        lost = (" If a rank has failed, mpirun ends the job at once instead, and the run continues from the "
                 "last checkpoint." if name == "SIGTERM" else "")
-        sys.stderr.write(f"\n[mpifed] rank 0 received {name}{why}: finishing the current round, then writing a "
-                         f"checkpoint and stopping{again}.{lost}{server.describe_checkpoint()}\n")
-        sys.stderr.flush()
+        server.progress.write(f"[mpifed] rank 0: {handoff.describe_signal(name)}: finishing the current round, then "
+                              f"writing a checkpoint and stopping{again}.{lost}{server.describe_checkpoint()}", err=True)
 
     signals.on_signal(on_signal)
     try:
@@ -422,6 +431,10 @@ def _run(args: argparse.Namespace, w: "Comm", comm: Any, rank: int, size: int,
         return server.exit_code
     except BaseException as exc:
         _mark_failed(run, f"{type(exc).__name__}: {exc}")
+        try:
+            server.abandon()
+        except Exception as tracking:  # the failure above is the one to report
+            sys.stderr.write(f"[mpifed] could not end the run's tracking ({tracking})\n")
         raise
     finally:
         run.close()
@@ -490,9 +503,9 @@ def make_worker(cfg: config.Config, algo: "Algorithm", setup: "Setup", layouts: 
 
 
 def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm", setup: "Setup", manifest: "Manifest",
-                transform: "BatchTransform", run: RunDir, workers: int) -> "RoundServer":
+                transform: "BatchTransform", run: RunDir, workers: int, resume_command: str) -> "RoundServer":
     """The server rank's side: the run directory, the global model (initial or resumed) and the
-    method's server role with the server-held data."""
+    method's server role with the server-held data; ``resume_command`` continues the run."""
     from mpifed import checkpoint
     from mpifed.algorithms.base import ServerTools
     from mpifed.client_state import discard_from
@@ -512,17 +525,18 @@ def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm",
         shard = read_shard(manifest.server_path)
         server_data = ClientData(-1, *to_device(shard.inputs, shard.labels, setup.device))
     tools = ServerTools(flat=flat, transform=transform, data=server_data, eval_batch_size=cfg.train.eval_batch_size)
-    if resume is None and resolved["resuming"]:
+    if resume is None and resolved["resuming"] and not resolved.get("new"):
         run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")
     elif resume is not None:
         run.log(f"[mpifed] resuming {run.path} after round {resume['rounds_done']} ({resolved['resume_from']})")
-    return RoundServer(cfg, resolved["config"], manifest, algo.server(tools), workers, run, resume)
+    return RoundServer(cfg, resolved["config"], manifest, algo.server(tools), workers, run, resume, resume_command)
 
 
-def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int, ranks: list[dict[str, Any]]) -> None:
+def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int, ranks: list[dict[str, Any]],
+               mlflow: str | None) -> None:
     mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
-    run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {manifest.num_clients} clients, "
-            f"{cfg.train.rounds} rounds; {mode}; run directory {run.path}")
+    run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {count(manifest.num_clients, 'client')}, "
+            f"{count(cfg.train.rounds, 'round')}; {mode}; run directory {run.path}")
     for r in ranks:
         gpu = f" ({r['gpu']})" if r["gpu"] else ""
         run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']}{gpu} "
@@ -535,6 +549,11 @@ def _log_start(run: RunDir, cfg: config.Config, manifest: "Manifest", size: int,
     if manifest.val_size:
         run.log(f"[mpifed] validation set: {manifest.val_size} training samples held out (data.val_size), "
                 f"evaluated with the test set")
+    if cfg.run.tensorboard:
+        events = run.path / "tensorboard"
+        run.log(f"[mpifed] TensorBoard events in {events}; view them with: tensorboard --logdir {events.parent.parent}")
+    if mlflow:
+        run.log(f"[mpifed] tracking: {mlflow}")
 
 
 def _mark_failed(run: RunDir, error: str) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from mpifed import __version__, config
 from mpifed.data.download import MIRROR_ENV, DownloadError, fetch
 from mpifed.data.prepared import Manifest, ensure_prepared, prepare, prepared_dir
+from mpifed.data.raw import class_names
 
 
 def _dataset_root(cfg: config.Config) -> str:
@@ -50,10 +51,15 @@ def plot_partition(m: Manifest) -> Path:
     counts = m.client_class_counts.astype(float)
     counts[counts == 0] = np.nan
     spec = m.spec["partition"]
-    how = ", ".join(f"{k} {v}" for k, v in spec.items() if k not in ("name", "fingerprint"))
-    title = f"{m.spec['dataset']['name']}, {spec['name']}{f' ({how})' if how else ''}: samples per client and class"
-    return plots.heatmap(m.root / "partition.png", title, counts, [str(k) for k in range(m.num_clients)],
-                         "class", "client", "samples (blank: none)", fmt="{:.0f}")
+    shown = ", ".join(f"{k} {v}" for k, v in spec.items() if k not in ("name", "fingerprint", *_TUNING))
+    title = f"{m.spec['dataset']['name']}: {m.num_clients} clients, {spec['name']} partition{f' ({shown})' if shown else ''}"
+    return plots.heatmap(m.root / "partition.png", title, "training samples per client and class (blank: none)", counts,
+                         [str(k) for k in range(m.num_clients)], class_names(m.spec["dataset"]["name"], m.num_classes),
+                         "class", "client", "samples", fmt="{:.0f}")
+
+
+# how a partition is searched for, not what it is: left out of the plot's title
+_TUNING = ("min_size", "balance", "max_tries", "min_fraction")
 
 
 def main(argv: list[str] | None = None) -> int:

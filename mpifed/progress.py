@@ -1,10 +1,13 @@
 """Rank 0's console: one line per round with elapsed time and an ETA, and a live progress bar
-(tqdm) only when stdout is a terminal, so logs (Slurm's output files) stay one line per round."""
+(tqdm) only on a terminal (:func:`mpifed.handoff.progress_bar_wanted`), so logs (Slurm's output
+files, a launcher's output redirected to a file) stay one line per round."""
 from __future__ import annotations
 
 import sys
 import time
 from typing import Any
+
+from mpifed.handoff import progress_bar_wanted
 
 
 def duration(seconds: float) -> str:
@@ -17,6 +20,11 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def count(n: int, noun: str) -> str:
+    """``1 round``, ``3 rounds``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class Progress:
     """Rounds done out of ``total``, counting from ``start`` (a resumed run's first round)."""
 
@@ -25,9 +33,11 @@ class Progress:
         self.start = start
         self.begun = time.perf_counter()
         self.bar: Any = None
-        if live if live is not None else sys.stdout.isatty():
+        if live if live is not None else progress_bar_wanted():
             from tqdm import tqdm
-            self.bar = tqdm(total=total, initial=start, unit="round", dynamic_ncols=True, leave=False)
+            # on stdout, with the round lines: under mpirun each stream is passed on by itself, so a
+            # bar on stderr would be drawn out of order with the lines written above it
+            self.bar = tqdm(total=total, initial=start, unit="round", dynamic_ncols=True, leave=False, file=sys.stdout)
 
     def timing(self, done: int) -> str:
         """``elapsed 1m02s, ETA 3m10s`` after ``done`` rounds (ETA from this invocation's pace)."""
@@ -41,12 +51,12 @@ class Progress:
             self.bar.n = done
             self.bar.refresh()
 
-    def write(self, line: str) -> None:
-        """Print a line above the bar (or plainly, without one)."""
+    def write(self, line: str, err: bool = False) -> None:
+        """Print a line above the bar (on its stream), or plainly without one (to stderr if ``err``)."""
         if self.bar is not None:
-            self.bar.write(line)
+            self.bar.write(line, file=sys.stdout)
         else:
-            print(line, flush=True)
+            print(line, file=sys.stderr if err else sys.stdout, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

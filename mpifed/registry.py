@@ -15,7 +15,7 @@ import difflib
 import importlib
 import pkgutil
 import re
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -63,10 +63,17 @@ class Registry(Generic[T]):
         """The entry ``name``; an unknown name raises KeyError naming the nearest known one."""
         self._load()
         if name not in self._entries:
-            close = difflib.get_close_matches(str(name), list(self._entries), n=1, cutoff=0.5)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            close = nearest(name, self._entries)
+            hint = f" Did you mean {close!r}?" if close else ""
             raise KeyError(f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._entries))}")
         return self._entries[name]
+
+    def display_name(self, name: str) -> str:
+        """How papers write the entry: the first word of its docstring when that word is ``name`` in
+        another case or spelling (fedntd: FedNTD, fedgkd_plus: FedGKD+), else ``name``."""
+        words = (self.get(name).__doc__ or "").split()
+        first = words[0].rstrip(":,.") if words else ""
+        return first if _fold(first) == _fold(name) else name
 
     def names(self) -> list[str]:
         self._load()
@@ -82,6 +89,21 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def nearest(name: object, known: Iterable[str]) -> str | None:
+    """The known name ``name`` most likely means: the same letters and digits in another case or
+    spelling (FedNTD: fedntd, FedGKD+: fedgkd_plus), else the closest spelling, else None."""
+    known = list(known)
+    folded = {_fold(k): k for k in known}
+    if _fold(name) in folded:
+        return folded[_fold(name)]
+    close = difflib.get_close_matches(str(name).lower(), known, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def _fold(name: object) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(name).lower().replace("+", "plus"))
 
 
 def _where(entry: object) -> str:

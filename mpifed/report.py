@@ -9,12 +9,16 @@ directories. Runs are grouped into methods: a table's methods, or for directorie
 name without ``-s<seed>``; runs of different configurations are never put in one group.
 For every setting (a table's setting, or the folder that holds the runs) it writes:
 
-    <setting>-curves.<fmt>      test accuracy and loss against round, one line per method,
+    <setting>-curves.<fmt>      test accuracy (%) and loss against round, one line per method,
                                 mean ± sample std over the seeds as a band
-    <setting>-per-class.<fmt>   the final model's per-class test accuracy (methods x classes)
+    <setting>-per-class.<fmt>   the final model's per-class test accuracy (methods x classes,
+                                named where the data set names them)
 
 and for all inputs ``table.md``, ``table.csv`` and ``table.tex``: the table in its metric
-(a table file's, else ``--metric``), mean ± sample std (n - 1) with n.
+(a table file's, else ``--metric``), mean ± sample std (n - 1) with n. Methods are shown as
+papers write them (fedntd: FedNTD), each in one colour in every figure; titles carry the
+table's title and the ``--set`` overrides the runs were made with. Without matplotlib the
+tables are still written.
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ import numpy as np
 import yaml
 
 from mpifed import config, results
+from mpifed.data.raw import class_names
 from mpifed.pipes import quiet_when_pipe_closes
+from mpifed.registry import ALGORITHMS
 from mpifed.rundir import RunDir
 from mpifed.summary import Summary, tabulate
 from mpifed.table import finished_runs, load_table, resolve, stored_identity
@@ -49,17 +55,19 @@ class ReportError(ValueError):
 
 @dataclass
 class Collection:
-    """Finished run directories per (setting, method), the runs left out and why, the metric."""
+    """Finished run directories per (setting, method), the runs left out and why, the metric;
+    ``title`` names the inputs and the overrides, ``figure_title`` the tables and the overrides."""
 
     title: str
     metric: results.Metric
     groups: dict[tuple[str, str], list[Path]] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
+    figure_title: str = ""
 
 
 def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results.Metric | None) -> Collection:
-    """Group the runs of every input (see the module docstring)."""
-    titles = []
+    """Group the runs of every input (see the module docstring), methods by their display names."""
+    titles, tables = [], []
     out = Collection("", metric or results.Metric())
     for item in inputs:
         path = Path(item)
@@ -71,6 +79,7 @@ def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results
                 out.groups.setdefault(key, []).extend(runs)
             out.left_out += left_out
             titles.append(table.title)
+            tables.append(table.title)
             if metric is None:
                 out.metric = table.metric
         elif path.is_dir():
@@ -81,8 +90,29 @@ def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results
     if not any(out.groups.values()):
         raise ReportError("no finished runs found in " + ", ".join(inputs)
                           + (f" (left out: {'; '.join(out.left_out)})" if out.left_out else ""))
-    out.title = "; ".join(titles)
+    overrides = f" (--set {' '.join(extra)})" if extra else ""
+    out.title = "; ".join(titles) + overrides
+    out.figure_title = "; ".join(tables) + overrides if tables else ""
+    out.groups = with_display_names(out.groups)
     return out
+
+
+def display_name(label: str) -> str:
+    """A method label as papers write it: a registered method's name (or one followed by ``-``,
+    ``_`` or a space, a variant) in its display form, e.g. fedntd: FedNTD, fedprox-mu0.01:
+    FedProx-mu0.01; any other label as it is."""
+    base = max((n for n in ALGORITHMS.names() if label == n or label.startswith((f"{n}-", f"{n}_", f"{n} "))),
+               key=len, default=None)
+    return label if base is None else ALGORITHMS.display_name(base) + label[len(base):]
+
+
+def with_display_names(groups: dict[tuple[str, str], list[Path]]) -> dict[tuple[str, str], list[Path]]:
+    """``groups`` with each method's display name, unless two of its labels would show as one."""
+    labels = list(dict.fromkeys(m for _, m in groups))
+    shown = {m: display_name(m) for m in labels}
+    if len(set(shown.values())) < len(labels):
+        return groups
+    return {(s, shown[m]): runs for (s, m), runs in groups.items()}
 
 
 def _collect_dirs(folder: Path, out: Collection) -> None:
@@ -165,16 +195,16 @@ def _tex(text: str) -> str:
 
 
 # ------------------------------------------------------------------ figures
-def curve(label: str, runs: list[Path], column: str) -> "Curve | None":
-    """The mean and sample std of ``column`` over ``runs`` at the rounds every run evaluated."""
+def curve(label: str, runs: list[Path], column: str, scale: float = 1.0) -> "Curve | None":
+    """The mean and sample std of ``column`` (times ``scale``) over ``runs`` at the rounds every run evaluated."""
     from mpifed.plots import Curve
     series = [dict(results.evaluations(results.read_rows(r), column)) for r in runs]
     rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
     if not rounds:
         return None
-    values = np.array([[s[r] for r in rounds] for s in series], dtype=np.float64)
+    values = scale * np.array([[s[r] for r in rounds] for s in series], dtype=np.float64)
     std = values.std(axis=0, ddof=1) if len(runs) > 1 else None
-    return Curve(f"{label} (n={len(runs)})", np.array(rounds), values.mean(axis=0), std)
+    return Curve(label, np.array(rounds), values.mean(axis=0), std)
 
 
 def final_per_class(runs: list[Path]) -> np.ndarray | None:
@@ -189,23 +219,53 @@ def final_per_class(runs: list[Path]) -> np.ndarray | None:
     return np.nanmean(np.array(last, dtype=np.float64), axis=0)
 
 
-def figures(c: Collection, out: Path, fmt: str) -> list[Path]:
+def seeds_note(counts: list[int]) -> str:
+    """How many seeds each line averages: said once when all agree, else per method in the legend."""
+    if len(set(counts)) != 1:
+        return "line: mean over the seeds (n per method); band: ± sample std"
+    return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: ± sample std"
+
+
+def figures(c: Collection, out: Path, fmt: str) -> dict[str, list[Path]]:
+    """Each setting's figures, written to ``out``."""
     from mpifed import plots
-    written = []
+    written: dict[str, list[Path]] = {}
+    palette = plots.colours([m for _, m in c.groups], [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()])
     for setting in dict.fromkeys(s for s, _ in c.groups):
         methods = [(m, runs) for (s, m), runs in c.groups.items() if s == setting and runs]
-        panels = [(ylabel, [x for m, runs in methods if (x := curve(m, runs, column)) is not None])
-                  for ylabel, column in (("test accuracy", "test_acc"), ("test loss", "test_loss"))]
+        counts = [len(runs) for _, runs in methods]
+        mixed = len(set(counts)) > 1
+        title = f"{c.figure_title}: {setting}" if c.figure_title else setting
+        panels = []
+        for ylabel, column, scale in (("test accuracy (%)", "test_acc", 100.0), ("test loss", "test_loss", 1.0)):
+            lines = []
+            for m, runs in methods:
+                line = curve(f"{m} (n={len(runs)})" if mixed else m, runs, column, scale)
+                if line is not None:
+                    line.colour = palette[m]
+                    lines.append(line)
+            panels.append((ylabel, lines))
         stem = _slug(setting)
+        mine = written.setdefault(setting, [])
         if panels[0][1]:
-            written.append(plots.curves(out / f"{stem}-curves.{fmt}", f"{setting}: line, mean over seeds; band, ± sample std", panels))
+            mine.append(plots.curves(out / f"{stem}-curves.{fmt}", title, seeds_note(counts), panels))
         per_class = [(m, v) for m, runs in methods if (v := final_per_class(runs)) is not None]
         if per_class and len({len(v) for _, v in per_class}) == 1:
-            values = np.stack([v for _, v in per_class])
-            written.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", f"{setting}: final per-class test accuracy",
-                                         values, [m for m, _ in per_class], "class", "method", "test accuracy",
-                                         vmin=0.0, vmax=1.0))
+            values = 100 * np.stack([v for _, v in per_class])
+            names = _class_names(methods[0][1][0], values.shape[1])
+            mine.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", title,
+                                         "final per-class test accuracy (%), mean over seeds", values,
+                                         [m for m, _ in per_class], names, "class", "method", "test accuracy (%)",
+                                         fmt="{:.0f}", vmin=0.0, vmax=100.0))
     return written
+
+
+def _class_names(run: Path, num_classes: int) -> list[str] | None:
+    try:
+        name = yaml.safe_load((run / "config.yaml").read_text())["data"]["dataset"]["name"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return class_names(name, num_classes)
 
 
 def _slug(text: str) -> str:
@@ -222,12 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="a table file's overrides: report the runs made with them (as for python -m mpifed.table)")
+    p.add_argument("--mlflow", action="store_true", help="also add the tables and each setting's figures to the MLflow "
+                   "run of every reported run that has one (made with run.mlflow=true), under report/")
     p.add_argument("--metric", metavar="YAML", help="the table's metric for folders of runs, e.g. best or "
                    "'{kind: final, rounds_to: [0.8]}' (default: final test accuracy; a table file's own metric wins)")
     a = p.parse_args(argv)
     from mpifed import plots
     try:
-        plots.require()
         metric = None
         if a.metric:
             spec = yaml.safe_load(a.metric)
@@ -235,24 +296,47 @@ def main(argv: list[str] | None = None) -> int:
         c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric)
         if metric is not None:
             check_metric(c, a.metric)
-    except (plots.PlotsUnavailable, ReportError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
+    except (ReportError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
         print(f"[mpifed.report] {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
     summary = tabulate(c.title, c.metric, c.groups, c.left_out)
+    tables = [out / "table.md", out / "table.csv", out / "table.tex"]
+    drawn: dict[str, list[Path]] = {}
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / "table.md").write_text(summary.markdown() + "\n")
         (out / "table.csv").write_text(csv_text(summary))
         (out / "table.tex").write_text(latex(summary))
-        written = [out / "table.md", out / "table.csv", out / "table.tex", *figures(c, out, a.format)]
+        try:
+            plots.require()
+            drawn = figures(c, out, a.format)
+        except plots.PlotsUnavailable as exc:
+            print(f"[mpifed.report] no figures: {exc}", file=sys.stderr)
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename and str(exc.filename) != str(out) else ""
         print(f"[mpifed.report] cannot write the report to --out {out} ({where}{exc.strerror}): give a folder you "
               f"can write to (a new or existing folder, not a file, not under /proc)", file=sys.stderr)
         return 2
     print(summary.markdown())
-    print("\nwrote " + ", ".join(str(w) for w in written))
+    print("\nwrote " + ", ".join(str(w) for w in tables + [f for fs in drawn.values() for f in fs]))
+    if a.mlflow:
+        return _to_mlflow(c, tables, drawn)
+    return 0
+
+
+def _to_mlflow(c: Collection, tables: list[Path], drawn: dict[str, list[Path]]) -> int:
+    from mpifed.mlflow_log import log_report
+    try:
+        logged = [run_id for (setting, _), runs in c.groups.items()
+                  for run_id in log_report(runs, tables + drawn.get(setting, []))]
+    except RuntimeError as exc:
+        print(f"[mpifed.report] --mlflow: {exc}", file=sys.stderr)
+        return 2
+    if not logged:
+        print("[mpifed.report] --mlflow: none of these runs was tracked with MLflow (run.mlflow=true)", file=sys.stderr)
+        return 2
+    print(f"added the tables and figures to {len(logged)} MLflow runs, under report/")
     return 0
 
 

@@ -44,6 +44,7 @@ LOCK = ".lock"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+@=-]*$")
 _TEMPORARY = re.compile(r"^(\..+\.tmp\d+|.+\.ckpt\.tmp\d+|\.r\d+\.bin\.tmp\d+)$")
 _held: dict[Path, int] = {}  # run directory -> descriptor of its lock file, for the locks this process holds
+_made: set[Path] = set()     # the held run directories that taking the lock created
 
 
 class RunLocked(RuntimeError):
@@ -133,6 +134,7 @@ class RunDir:
         Returns a warning where the file system does not support locks (the run goes on unlocked)."""
         if self._key() in _held:
             raise RunLocked(f"{self.path} is in use by this process already")
+        made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -148,12 +150,25 @@ class RunDir:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode(), 0)
         _held[self._key()] = fd
+        if made:
+            _made.add(self._key())
         return None
 
     def unlock(self) -> None:
+        """Release the lock; a directory that taking it created and nothing used since (the run ended
+        before it began: a configuration or data error) is removed with it."""
         fd = _held.pop(self._key(), None)
-        if fd is not None:
-            os.close(fd)  # closing the descriptor releases the lock
+        if fd is None:
+            return
+        if self._key() in _made:
+            _made.discard(self._key())
+            if [p.name for p in self.path.iterdir()] == [LOCK]:
+                try:
+                    (self.path / LOCK).unlink()
+                    self.path.rmdir()
+                except OSError:
+                    pass
+        os.close(fd)  # closing the descriptor releases the lock
 
     def _key(self) -> Path:
         return self.path.resolve()

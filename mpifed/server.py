@@ -21,19 +21,19 @@ from mpifed.algorithms.base import Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
 from mpifed.evaluation import summarize, validation
+from mpifed.handoff import EXIT_STOPPED, describe_signal
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
-from mpifed.progress import Progress
+from mpifed.progress import Progress, count
 from mpifed.rundir import RunDir, atomic_write
 from mpifed.signals import received, stop_requested
-
-EXIT_STOPPED = 75  # stopped on a signal after writing a checkpoint: resume with --resume
 
 
 class RoundServer:
     def __init__(self, cfg: Config, cfg_dict: dict[str, Any], manifest: Manifest, method: Server, workers: int,
-                 run: RunDir, resume: dict[str, Any] | None) -> None:
+                 run: RunDir, resume: dict[str, Any] | None, resume_command: str) -> None:
         self.cfg = cfg
+        self.resume_command = resume_command
         self.cfg_dict = cfg_dict
         self.manifest = manifest
         self.method = method
@@ -59,6 +59,10 @@ class RoundServer:
         if cfg.run.tensorboard:
             from mpifed.tensorboard_log import TensorBoardLog
             self.tensorboard = TensorBoardLog(run.path / "tensorboard", resume["rounds_done"] if resume else 0)
+        self.mlflow = None
+        if cfg.run.mlflow:
+            from mpifed.mlflow_log import MlflowLog
+            self.mlflow = MlflowLog(run.path, cfg_dict)
         if resume is None:
             self.global_floats = flat.floats.detach().clone()
             self.global_ints = flat.ints.detach().clone()
@@ -128,19 +132,22 @@ class RoundServer:
         if finished and self.cfg.run.save_model:
             self._save_model()
         self._write_summary(rounds_done, "finished" if finished else "stopped")
+        if self.mlflow is not None:
+            self.mlflow.finish("finished" if finished else "stopped", self.run_dir.path / "summary.json")
+            self.mlflow = None
         if not finished:
             if rounds_done == 0:
                 self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
-                                 f"--resume {self.run_dir.path} starts the run from round 1")
+                                 f"this starts the run from round 1: {self.resume_command}")
             else:
-                self.run_dir.log(f"[mpifed] stopped after round {rounds_done} on {self._stop_reason()}; resume with "
-                                 f"--resume {self.run_dir.path} (checkpoint {self.last_checkpoint})")
+                self.run_dir.log(f"[mpifed] stopped after round {rounds_done} on {self._stop_reason()} (checkpoint "
+                                 f"{self.last_checkpoint}); continue with: {self.resume_command}")
             self.exit_code = EXIT_STOPPED
 
     # ------------------------------------------------------------ bookkeeping
     def _stop_reason(self) -> str:
         if received():
-            return ", ".join(received()) + " received by rank 0"
+            return ", ".join(describe_signal(name) for name in received())
         by_workers = [f"{', '.join(names)} received by rank {rank}" for rank, names in self.worker_stops if names]
         return "; ".join(by_workers) or "a stop request"
 
@@ -161,6 +168,8 @@ class RoundServer:
         self.run_dir.append_row("metrics.jsonl", row)
         if self.tensorboard is not None:
             self.tensorboard.add_row(row)
+        if self.mlflow is not None:
+            self.mlflow.add_row(row)
         self.run_dir.append_row("clients.jsonl", {"round": plan.round + 1, "clients": [asdict(r) for r in reports]})
         acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
         if "val_acc" in row:
@@ -205,6 +214,13 @@ class RoundServer:
         self.run_dir.write_rows("metrics.jsonl", self.metrics)
         self.run_dir.keep_rounds("clients.jsonl", self.rnd)
 
+    def abandon(self) -> None:
+        """The run failed: end what it tracks (its MLflow run is marked failed)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.mlflow is not None:
+            self.mlflow.finish("failed")
+
     def elapsed(self) -> float:
         """Wall time of the run so far, across resumes."""
         return self.elapsed_before + time.perf_counter() - self.started
@@ -213,7 +229,7 @@ class RoundServer:
         if self.last_checkpoint is None:
             return " No checkpoint was written yet (see run.checkpoint_every)."
         return (f" Last checkpoint: {self.last_checkpoint} (after round {self.last_checkpoint_round}); "
-                f"continue with: --resume {self.run_dir.path}")
+                f"continue with: {self.resume_command}")
 
     def _save_model(self) -> None:
         flat = self.method.tools.flat
@@ -259,6 +275,6 @@ class RoundServer:
             chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
                       f"test accuracy there {summary['test_acc_at_best_val']:.4f}" if summary.get("best_val_acc") is not None
                       else "")
-            self.run_dir.log(f"[mpifed] {status}: {rounds_done} rounds, final test accuracy {summary['final_test_acc']:.4f} "
+            self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy {summary['final_test_acc']:.4f} "
                              f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, "
                              f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")

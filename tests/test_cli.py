@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from mpifed import __version__, cli, launch, main, packaged, prepare, table
+from conftest import REPO
+
+from mpifed import __version__, cli, jobscripts, launch, main, packaged, prepare, table
 from mpifed.config import ConfigError, load
 
 TOOLS = {"main": main.main, "prepare": prepare.main, "table": table.main, "launch": launch.main, "cli": cli.main,
-         "config": packaged.main}
+         "config": packaged.main, "slurm": jobscripts.main}
 
 
 class Parsed(Exception):
@@ -23,7 +25,7 @@ def parser_of(tool, monkeypatch):
         raise Parsed(self)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
     with pytest.raises(Parsed) as got:
-        tool(["-n", "2"] if tool is launch.main else [])
+        tool({launch.main: ["-n", "2"], cli.main: ["--help"]}.get(tool, []))
     return got.value.args[0]
 
 
@@ -60,6 +62,12 @@ def test_mpifed_dispatches_to_each_command(monkeypatch):
     seen.clear()
     assert cli.main(["--config", "x.yaml"]) == 0
     assert seen == [("run", ["--config", "x.yaml"])]
+
+
+def test_bare_mpifed_prints_its_help(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mpifed") and "launch   run with N ranks" in out
 
 
 def test_a_missing_command_module_is_said_plainly(monkeypatch, capsys):
@@ -119,3 +127,21 @@ def test_a_listing_into_a_closed_pipe_ends_without_a_traceback(command, tmp_path
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
+
+
+def test_mpifed_slurm_writes_the_shipped_scripts_and_keeps_yours(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["slurm"]) == 0
+    assert sorted(f.name for f in (tmp_path / "slurm").iterdir()) == sorted(
+        f.name for f in (REPO / "slurm").iterdir())
+    assert (tmp_path / "slurm" / "common.sh").read_text() == (REPO / "slurm" / "common.sh").read_text()
+    (tmp_path / "slurm" / "cpu.sbatch").write_text("mine")
+    assert cli.main(["slurm"]) == 2 and "--force" in capsys.readouterr().err
+    assert (tmp_path / "slurm" / "cpu.sbatch").read_text() == "mine"
+
+
+def test_a_configs_tokenizer_folder_is_found_from_any_directory(tmp_path, monkeypatch):
+    from mpifed.data.tokenize import tokenizer_file
+    monkeypatch.chdir(tmp_path)
+    found = tokenizer_file("configs/repro/fedgkd/fortunes-wordpiece")
+    assert found.name == "vocab.txt" and found.read_bytes() == (REPO / "configs/repro/fedgkd/fortunes-wordpiece/vocab.txt").read_bytes()

@@ -36,6 +36,14 @@ def test_unknown_algorithm_lists_known_ones():
     assert "algorithm.name" in msg and "Did you mean 'fedavg'" in msg and "fedavg" in msg
 
 
+@pytest.mark.parametrize("given, meant", [("FedNTD", "fedntd"), ("FedGKD+", "fedgkd_plus"), ("FedGKD-VOTE", "fedgkd_vote"),
+                                         ("MOON", "moon")])
+def test_a_method_written_as_the_papers_write_it_gets_its_name_suggested(given, meant):
+    with pytest.raises(ConfigError) as e:
+        config.load(overrides=[f"algorithm.name={given}"])
+    assert f"Did you mean '{meant}'" in str(e.value)
+
+
 def test_wrong_type_and_range_name_the_key():
     with pytest.raises(ConfigError) as e:
         config.load(overrides=["train.rounds=many", "train.participation=1.5", "run.seed=-1"])

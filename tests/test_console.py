@@ -1,11 +1,13 @@
 """Rank 0's outputs besides the run files: the round line's ETA, the live bar, TensorBoard events."""
 import io
 import json
+import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from conftest import run_debug, tiny
+from conftest import REPO, env, run_debug, tiny
 from mpifed.progress import Progress, duration
 
 
@@ -31,18 +33,87 @@ def test_live_bar_keeps_lines_above_it():
         p.write("round 1/3 ...")
         p.advance(1)
         p.close()
-    assert "round 1/3 ..." in out.getvalue() and "1/3" in err.getvalue()
+    assert "round 1/3 ..." in out.getvalue() and "1/3 [" in out.getvalue() and not err.getvalue()
 
 
 @pytest.mark.e2e
 def test_tensorboard_events_hold_the_metrics_rows(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    run_debug(tiny(tmp_path, "train.rounds=3", "run.tensorboard=true"))
+    out = run_debug(tiny(tmp_path, "train.rounds=3", "run.tensorboard=true")).stdout
     run = tmp_path / "runs" / "run"
+    assert f"TensorBoard events in {run / 'tensorboard'}; view them with: tensorboard --logdir {run.parent}" in out
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     acc = [(e.step, e.value) for e in events.Scalars("test_acc")]
     assert acc == [(r["round"], pytest.approx(r["test_acc"])) for r in rows]
     assert {"train_loss", "lr", "time/round", "per_class_acc/0"} <= set(events.Tags()["scalars"])
+
+
+@pytest.mark.e2e
+def test_a_debug_run_goes_on_when_its_stdout_closes(tmp_path):
+    """``python -m mpifed.main ... | head -1``: the run finishes, its log.txt has every line."""
+    proc = subprocess.Popen([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, "train.rounds=3")], cwd=REPO, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("[")
+    proc.stdout.close()                                     # as head does after its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    run = tmp_path / "runs" / "run"
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
+    assert "round 3/3" in (run / "log.txt").read_text()
+
+
+@pytest.mark.e2e
+def test_a_new_run_started_with_resume_reads_as_a_start_and_counts_in_words(tmp_path):
+    out = run_debug([*tiny(tmp_path, "train.rounds=1"), "--resume"]).stdout
+    assert "no checkpoint" not in out
+    assert ", 1 round; single process" in out and "finished: 1 round, final" in out
+
+
+@pytest.mark.e2e
+def test_mlflow_tracks_a_run_across_a_resume_and_gets_the_reports_figures(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from mpifed.report import main as report_main
+    out = run_debug(tiny(tmp_path, "train.rounds=2", "run.mlflow=true")).stdout
+    run = tmp_path / "runs" / "run"
+    record = json.loads((run / "mlflow.json").read_text())
+    assert record["tracking_uri"] == (tmp_path / "runs" / "mlruns").resolve().as_uri()
+    assert f"tracking: MLflow run {record['run_id']} (experiment 'runs')" in out
+    run_debug(["--resume", str(run), "--set", "train.rounds=3"])             # the same MLflow run goes on
+    client = MlflowClient(record["tracking_uri"])
+    tracked = client.get_run(record["run_id"])
+    assert tracked.info.status == "FINISHED" and tracked.info.run_name == "run"
+    assert tracked.data.params["data.num_clients"] == "5" and tracked.data.params["algorithm.name"] == "fedavg"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    history = sorted((m.step, m.value) for m in client.get_metric_history(record["run_id"], "test_acc"))
+    assert history == [(r["round"], pytest.approx(r["test_acc"])) for r in rows]
+    assert tracked.data.metrics["final_test_acc"] == pytest.approx(rows[-1]["test_acc"])
+    assert "summary.json" in [a.path for a in client.list_artifacts(record["run_id"])]
+    assert len(client.search_runs([tracked.info.experiment_id])) == 1
+
+    assert report_main([str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--mlflow"]) == 0
+    added = {a.path for a in client.list_artifacts(record["run_id"], "report")}
+    assert {"report/table.md", "report/runs-curves.png"} <= added
+
+
+@pytest.mark.e2e
+def test_a_run_without_tracking_never_imports_mlflow(tmp_path):
+    code = ("import sys; from mpifed.main import main; "
+            f"code = main({tiny(tmp_path)!r}); sys.exit(code or ('mlflow' in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.e2e
+def test_tracking_without_its_package_is_one_message_before_anything_starts(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    p = run_debug(tiny(tmp_path, "run.mlflow=true"), check=False)
+    assert p.returncode == 2 and "run.mlflow=true needs the mlflow package: pip install 'mpifed[mlflow]'" in p.stderr
+    assert not (tmp_path / "runs" / "run").exists()

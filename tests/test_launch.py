@@ -1,4 +1,5 @@
 """The Python launcher: the mpirun command it builds, and Ctrl-C as a clean stop (debug mode and mpirun)."""
+import io
 import json
 import re
 import os
@@ -10,21 +11,53 @@ import time
 import pytest
 
 from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
-from mpifed import launch
+from mpifed import handoff, launch
 
 
 def test_command_adds_open_mpi_flags_only_where_needed():
     base = {"PATH": "/bin"}
-    cmd, e = launch.command(3, ["--config", "x.yaml"], "mpirun", True, cores=4, environ=base, as_root=False, python="py")
+    cmd, e = launch.command(3, ["--config", "x.yaml"], "mpirun", 5, cores=4, environ=base, as_root=False, python="py")
     assert cmd == ["mpirun", "-n", "3", "py", "-m", "mpifed.main", "--config", "x.yaml"]
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in e
-    cmd, e = launch.command(11, [], "mpirun", True, cores=2, environ=base, as_root=True, python="py")
+    cmd, e = launch.command(11, [], "mpirun", 5, cores=2, environ=base, as_root=True, python="py")
     assert cmd[3:6] == ["--bind-to", "none", "--oversubscribe"]
     assert e["OMPI_ALLOW_RUN_AS_ROOT"] == e["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
-    cmd, _ = launch.command(2, [], "mpirun", True, cores=8, environ={"SLURM_JOB_ID": "7"}, as_root=False, python="py")
+    cmd, _ = launch.command(2, [], "mpirun", 5, cores=8, environ={"SLURM_JOB_ID": "7"}, as_root=False, python="py")
     assert cmd[3:5] == ["--bind-to", "none"] and "--oversubscribe" not in cmd
-    cmd, e = launch.command(11, [], "mpirun", False, cores=2, environ={}, as_root=True, python="py")
-    assert cmd == ["mpirun", "-n", "11", "py", "-m", "mpifed.main"] and not e
+    cmd, e = launch.command(11, [], "mpirun", None, cores=2, environ={}, as_root=True, python="py")
+    assert cmd == ["mpirun", "-n", "11", "py", "-m", "mpifed.main"] and e == {"MPIFED_PROGRESS": "0"}
+
+
+def test_the_launchers_terminal_decides_rank_0s_progress_bar():
+    """Open MPI gives every rank a pseudo-terminal, so the ranks cannot tell a log file from a terminal."""
+    cmd, e = launch.command(3, [], "mpirun", 5, cores=4, environ={}, as_root=False, python="py", terminal=True)
+    assert e["MPIFED_PROGRESS"] == "1" and cmd[3:5] == ["--output", ":raw"]   # frames end in \r, not \n
+    cmd, e = launch.command(3, [], "mpirun", 5, cores=4, environ={}, as_root=False, python="py", terminal=False)
+    assert e["MPIFED_PROGRESS"] == "0" and "--output" not in cmd
+    _, e = launch.command(3, [], "mpirun", 4, cores=4, environ={}, as_root=False, python="py", terminal=True)
+    assert e["MPIFED_PROGRESS"] == "0"                                        # Open MPI 4 passes output on by lines
+    _, e = launch.command(3, [], "mpirun", 5, cores=4, environ={"MPIFED_PROGRESS": "0"}, as_root=False, python="py",
+                          terminal=True)
+    assert e["MPIFED_PROGRESS"] == "0"                                        # the user's word wins
+
+
+def test_progress_bar_only_on_a_terminal_and_never_under_a_bare_mpirun(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.delenv("MPIFED_PROGRESS", raising=False)
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "stdout", Tty())
+    monkeypatch.setattr(sys, "stderr", Tty())
+    assert handoff.progress_bar_wanted()
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert not handoff.progress_bar_wanted()
+    monkeypatch.setattr(sys, "stdout", Tty())
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    assert not handoff.progress_bar_wanted()
+    monkeypatch.setenv("MPIFED_PROGRESS", "1")
+    assert handoff.progress_bar_wanted()
 
 
 @pytest.mark.parametrize("argv", [["-n", "3", "--config", "x", "--set", "a=1"], ["-n3", "--config", "x", "--set", "a=1"],
@@ -58,14 +91,54 @@ class FakeMpirun:
         self.sent.append(sig)
 
 
-def test_ctrl_c_becomes_sigusr1_then_sigterm_and_other_signals_pass_through(capsys):
-    forwarder, mpirun = launch.Forwarder(), FakeMpirun()
-    forwarder.on_sigint(signal.SIGINT, None)              # before mpirun has started: kept, then sent
+def test_ctrl_c_or_sigterm_becomes_sigusr1_then_sigterm_with_the_reason_handed_to_rank_0(tmp_path, capsys, monkeypatch):
+    forwarder, mpirun = launch.Forwarder(tmp_path), FakeMpirun()
+    forwarder.on_stop(signal.SIGINT, None)              # before mpirun has started: kept, then sent
     forwarder.attach(mpirun)
-    forwarder.forward(signal.SIGTERM, None)
-    forwarder.on_sigint(signal.SIGINT, None)
-    assert mpirun.sent == [signal.SIGUSR1, signal.SIGTERM, signal.SIGTERM]
+    assert mpirun.sent == [signal.SIGUSR1]
+    monkeypatch.setenv("MPIFED_HANDOFF", str(tmp_path))
+    assert handoff.describe_signal("SIGUSR1") == "Ctrl-C at the launcher"
+    forwarder.on_stop(signal.SIGTERM, None)
+    forwarder.forward(signal.SIGUSR1, None)
+    assert mpirun.sent == [signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR1]
+    assert handoff.describe_signal("SIGUSR1") == "SIGUSR1 sent to the launcher"
     assert "finishes the current round" in capsys.readouterr().err
+
+    forwarder, mpirun = launch.Forwarder(tmp_path), FakeMpirun()
+    forwarder.attach(mpirun)
+    forwarder.on_stop(signal.SIGTERM, None)
+    assert mpirun.sent == [signal.SIGUSR1] and handoff.describe_signal("SIGUSR1") == "SIGTERM at the launcher"
+    assert "Slurm" not in capsys.readouterr().err
+
+
+def test_sigterm_inside_slurm_says_what_slurm_does(tmp_path, capsys):
+    forwarder, mpirun = launch.Forwarder(tmp_path, in_slurm=True), FakeMpirun()
+    forwarder.attach(mpirun)
+    forwarder.on_stop(signal.SIGTERM, None)
+    err = capsys.readouterr().err
+    assert mpirun.sent == [signal.SIGUSR1]
+    assert "signals mpirun too, which then ends the job at once" in err and "--signal=B:USR1@" in err
+
+
+def test_clean_outcomes_are_handed_back_and_other_codes_kept(tmp_path, monkeypatch):
+    monkeypatch.delenv("MPIFED_HANDOFF", raising=False)
+    assert handoff.hand_back(75, 0) == 75
+    monkeypatch.setenv("MPIFED_HANDOFF", str(tmp_path))
+    assert handoff.hand_back(2, 1) == 0 and handoff.handed_back(tmp_path) is None    # only rank 0 writes
+    assert handoff.hand_back(75, 0) == 0 and handoff.handed_back(tmp_path) == 75
+    assert handoff.hand_back(1, 0) == 1 and handoff.hand_back(0, 0) == 0
+
+
+def test_resume_command_is_the_command_that_started_the_run(monkeypatch):
+    monkeypatch.setenv("MPIFED_RESUME_WITH", "launch/local.sh 3")
+    assert handoff.resume_command("runs/my run", 3, ["my_method.py"]) == \
+        "launch/local.sh 3 --plugin my_method.py --resume 'runs/my run'"
+    monkeypatch.delenv("MPIFED_RESUME_WITH")
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert handoff.resume_command("runs/x", 1, []).endswith(" -m mpifed.main --resume runs/x")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert handoff.resume_command("runs/x", 4, []).startswith("mpirun -n 4 ")
 
 
 def test_local_sh_keeps_its_usage_line():
@@ -90,12 +163,12 @@ def interrupt_after(cmd, marker, timeout=240):
     return proc.wait(), "".join(out)
 
 
-def check_clean_stop(tmp_path, code, out, resume):
+def check_clean_stop(tmp_path, code, out, resume, resume_command):
     assert code == 75, out
     cut = tmp_path / "runs" / "cut"
     assert json.loads((cut / "status.json").read_text())["state"] == "stopped"
     assert list((cut / "checkpoints").glob("round_*.ckpt"))
-    assert f"resume with --resume {cut}" in out
+    assert f"continue with: {resume_command} --resume {cut}" in out
     assert 2 <= len(metrics(cut)) < 6
     resume(["--resume", str(cut)])
     assert_same_model(final_model(cut), final_model(tmp_path / "runs" / "full"), atol=1e-6)
@@ -110,7 +183,8 @@ def long_rounds(tmp_path, name):
 def test_ctrl_c_in_debug_mode_stops_cleanly_and_resumes(tmp_path):
     run_debug(long_rounds(tmp_path, "full"))
     code, out = interrupt_after([sys.executable, "-m", "mpifed.main", *long_rounds(tmp_path, "cut")], "round 2/6")
-    check_clean_stop(tmp_path, code, out, run_debug)
+    assert "rank 0: Ctrl-C (SIGINT): finishing the current round" in out
+    check_clean_stop(tmp_path, code, out, run_debug, f"{handoff.python_command()} -m mpifed.main")
 
 
 @pytest.mark.mpi
@@ -118,8 +192,37 @@ def test_ctrl_c_in_debug_mode_stops_cleanly_and_resumes(tmp_path):
 def test_ctrl_c_under_the_launcher_stops_cleanly_and_resumes(has_mpirun, tmp_path):
     run_debug(long_rounds(tmp_path, "full"))
     code, out = interrupt_after([str(LAUNCH), "3", *long_rounds(tmp_path, "cut")], "round 2/6")
-    assert "[mpifed.launch] Ctrl-C" in out
-    check_clean_stop(tmp_path, code, out, lambda args: run_mpi(3, args))
+    assert "[mpifed.launch] Ctrl-C" in out and "rank 0: Ctrl-C at the launcher: finishing the current round" in out
+    assert "scheduler" not in out and "prterun" not in out and "\r" not in out     # no crash report, no bar in a pipe
+    check_clean_stop(tmp_path, code, out, lambda args: run_mpi(3, args), f"{LAUNCH} 3")
+
+
+@pytest.mark.mpi
+@pytest.mark.e2e
+def test_sigterm_to_the_launcher_is_a_clean_stop(has_mpirun, tmp_path):
+    proc = subprocess.Popen([str(LAUNCH), "3", *long_rounds(tmp_path, "cut")], cwd=REPO, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if "round 1/6" in line:
+            proc.send_signal(signal.SIGTERM)                # the launcher only, as kill <pid> does
+    text = "".join(out)
+    assert proc.wait() == 75, text
+    assert "[mpifed.launch] SIGTERM" in text and "stopped after round" in text and "on SIGTERM at the launcher" in text
+    assert "prterun" not in text
+    cut = tmp_path / "runs" / "cut"
+    assert json.loads((cut / "status.json").read_text())["state"] == "stopped"
+    assert list((cut / "checkpoints").glob("round_*.ckpt"))
+
+
+@pytest.mark.mpi
+@pytest.mark.e2e
+def test_a_configuration_error_under_the_launcher_is_one_message_and_exit_2(has_mpirun, tmp_path):
+    p = run_mpi(2, tiny(tmp_path, "train.lr=-1"), check=False)
+    assert p.returncode == 2, p.stderr
+    assert "train.lr" in p.stderr and "prterun" not in p.stderr + p.stdout
+    assert not (tmp_path / "runs" / "run").exists()
 
 
 @pytest.mark.mpi

@@ -13,6 +13,9 @@ from conftest import REPO, env, tiny
 from test_tables import fake_run, resolved_config, write_table
 
 from mpifed import plots
+from mpifed.config import digest, result_fingerprint
+from mpifed.registry import ALGORITHMS
+from mpifed.report import display_name
 from mpifed.report import main as report_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -69,14 +72,54 @@ def test_report_of_folders_never_mixes_configurations(tmp_path, capsys):
     assert (out / "mine-per-class.svg").stat().st_size > 1000
 
 
-def test_report_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
+def test_report_without_matplotlib_writes_the_tables_and_names_the_extra(tmp_path, monkeypatch, capsys):
     table = hand_written_table(tmp_path)
     monkeypatch.setattr(plots, "plt", None)
-    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 2
-    assert "pip install 'mpifed[plots]'" in capsys.readouterr().err
+    out = tmp_path / "r"
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert "no figures: plots need matplotlib: pip install 'mpifed[plots]'" in capsys.readouterr().err
+    assert sorted(f.name for f in out.iterdir()) == ["table.csv", "table.md", "table.tex"]
     from mpifed.prepare import main as prepare_main
     assert prepare_main(tiny(tmp_path) + ["--plot"]) == 2
     assert "pip install 'mpifed[plots]'" in capsys.readouterr().err
+
+
+def test_methods_show_as_papers_write_them():
+    assert [display_name(m) for m in ("fedntd", "fedgkd_plus", "fedprox-mu0.01", "moon", "mine")] == \
+        ["FedNTD", "FedGKD+", "FedProx-mu0.01", "MOON", "mine"]
+
+
+def test_a_method_keeps_its_colour_in_every_figure():
+    fixed = [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()]
+    one = plots.colours(["FedNTD", "FedAvg", "FedAvg-tuned", "mine"], fixed)
+    two = plots.colours(["FedAvg"], fixed)
+    assert one["FedAvg"] == two["FedAvg"] and len(set(one.values())) == 4
+
+
+def test_figures_carry_the_tables_title_the_overrides_percent_and_class_names(tmp_path, monkeypatch, capsys):
+    table = write_table(tmp_path / "t", tmp_path / "data", methods="[fedavg.yaml, fedntd.yaml]", seeds="[0, 1]",
+                        dataset="{name: fashion_mnist}")
+    (table.parent / "fedavg.yaml").write_text("algorithm: fedavg\n")
+    (table.parent / "fedntd.yaml").write_text("algorithm: fedntd\n")
+    for method in ("fedavg", "fedntd"):
+        for seed in (0, 1):
+            d = resolved_config(table, seed, "train.rounds=3", method=f"{method}.yaml")
+            fake_run(tmp_path / "runs" / "t-t" / f"s-{method}-s{seed}-{digest(result_fingerprint(d))}", d,
+                     [0.5, 0.6, 0.7], [[0.7] * 10] * 3)
+    drawn = {}
+    monkeypatch.setattr(plots, "curves", lambda path, *a: drawn.setdefault("curves", a) and path)
+    monkeypatch.setattr(plots, "heatmap", lambda path, *a, **k: drawn.setdefault("heatmap", a) and path)
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
+                        "--set", "train.rounds=3"]) == 0
+    title, subtitle, panels = drawn["curves"]
+    assert title == "T (--set train.rounds=3): s" and subtitle == "line: mean over 2 seeds; band: ± sample std"
+    (accuracy, lines), _ = panels
+    assert accuracy == "test accuracy (%)" and [c.label for c in lines] == ["FedAvg", "FedNTD"]
+    assert list(lines[0].mean) == pytest.approx([50, 60, 70]) and lines[0].colour != lines[1].colour
+    rows, columns = drawn["heatmap"][3:5]
+    assert rows == ["FedAvg", "FedNTD"] and columns[0] == "T-shirt/top"
+    assert "| FedAvg | 70.00 ± 0.00 (n=2) |" in (tmp_path / "r" / "table.md").read_text()
+    assert (tmp_path / "r" / "table.md").read_text().startswith("T (--set train.rounds=3): ")
 
 
 def test_prepare_plot_writes_the_partition_heatmap_beside_the_shards(tmp_path, capsys):
@@ -116,3 +159,13 @@ def test_a_metric_no_run_has_is_refused_with_the_allowed_ones(tmp_path, capsys):
         assert "final, best, last_k" in err and "final_test_acc" in err and "train_loss" in err
     assert not (tmp_path / "r").exists()
     assert report_main([str(root), "--out", str(tmp_path / "r"), "--metric", "train_loss"]) == 0
+
+
+def test_partition_plot_title_says_what_the_split_is_not_how_it_was_searched_for(tmp_path, monkeypatch, capsys):
+    from mpifed.prepare import main as prepare_main
+    drawn = {}
+    monkeypatch.setattr(plots, "heatmap", lambda path, *a, **k: drawn.setdefault("heatmap", a) and path)
+    assert prepare_main(tiny(tmp_path) + ["--plot"]) == 0
+    title, subtitle = drawn["heatmap"][:2]
+    assert title == "synthetic: 5 clients, dirichlet partition (beta 0.5)"
+    assert subtitle == "training samples per client and class (blank: none)"

@@ -233,7 +233,7 @@ def test_stop_before_round_one_says_nothing_was_trained(tmp_path, monkeypatch):
     monkeypatch.setattr(server, "received", lambda: ["SIGUSR1"])
     p = run_debug(tiny(tmp_path), check=False)
     assert p.returncode == 75 and "None" not in p.stdout
-    assert "stopped before round 1 on SIGUSR1 received by rank 0: nothing was trained" in p.stdout
+    assert "stopped before round 1 on SIGUSR1 (a scheduler's warning, or kill -USR1): nothing was trained" in p.stdout
 
 
 def test_fingerprint_of_an_image_folder_notices_a_renamed_image(tmp_path):
@@ -421,3 +421,15 @@ def test_prepare_removes_temporary_folders_of_dead_prepares_on_this_host(tmp_pat
             assert prepare(tiny(tmp_path, "data.partition=iid") + force) == 0
         assert not any(f.exists() for f in stale) and all(f.exists() for f in kept)
         assert "removed 2 temporary folder(s)" in out.getvalue() and "remote.tmp-elsewhere.example" in out.getvalue()
+
+
+def test_a_run_that_fails_before_it_begins_leaves_no_directory(tmp_path):
+    """A data preparation that fails (here: more clients than samples) leaves no runs/<name>/ holding only .lock."""
+    p = run_debug(tiny(tmp_path, "data.num_clients=400"), check=False)
+    assert p.returncode == 2 and "data.num_clients" in p.stderr, p.stderr
+    assert not (tmp_path / "runs" / "run").exists()
+    held = tmp_path / "runs" / "kept"
+    held.mkdir(parents=True)
+    RunDir(held).lock()
+    RunDir(held).unlock()
+    assert held.is_dir()                                   # a directory that was there before stays

@@ -16,7 +16,8 @@ class DataMissing(FileNotFoundError):
 
 class Dataset(Protocol):
     """What a registered data set provides (see :mod:`mpifed.data.sets`); ``modality`` is
-    "image" (the default when absent) or "text"."""
+    "image" (the default when absent) or "text"; ``class_names`` (optional) names the classes
+    in label order, for figures."""
 
     Options: type
     crop_padding: int
@@ -24,6 +25,16 @@ class Dataset(Protocol):
 
     @staticmethod
     def load(options) -> "RawData | RawText": ...
+
+
+def class_names(dataset: str, num_classes: int) -> list[str] | None:
+    """The class names of the registered data set ``dataset``, when it has them for this many classes."""
+    from mpifed.registry import DATASETS
+    try:
+        names = getattr(DATASETS.get(dataset), "class_names", None)
+    except KeyError:
+        return None
+    return list(names) if names is not None and len(names) == num_classes else None
 
 
 def modality(dataset: object) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mpifed.data.raw import RawData, RawText
+from mpifed.packaged import find_folder
 
 HOW_TO_GET = (
     "mpifed never downloads a tokenizer. On a machine with internet, save one into that folder, e.g. "
@@ -30,8 +31,9 @@ class TokenizerMissing(FileNotFoundError):
 
 
 def tokenizer_file(folder: str | Path) -> Path:
-    """The folder's ``tokenizer.json``, else its ``vocab.txt``."""
-    folder = Path(folder)
+    """The folder's ``tokenizer.json``, else its ``vocab.txt`` (a ``configs/...`` folder absent here
+    is the one shipped with mpifed)."""
+    folder = find_folder(folder)
     for name in ("tokenizer.json", "vocab.txt"):
         if (folder / name).is_file():
             return folder / name

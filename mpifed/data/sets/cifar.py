@@ -49,6 +49,9 @@ def _missing(options, folder: str) -> Path | None:
     return None if base.is_dir() or options.download else base
 
 
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
 @DATASETS.register("cifar10")
 class Cifar10:
     """CIFAR-10 (50,000 + 10,000 32x32 colour images, 10 classes) from ``cifar-10-batches-py``."""
@@ -60,6 +63,7 @@ class Cifar10:
 
     crop_padding = 4
     flip = True
+    class_names = CIFAR10_CLASSES
 
     @staticmethod
     def raw_missing(options) -> Path | None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from mpifed.config import opt
 from mpifed.data.raw import DataMissing, RawData, stratified_split
+from mpifed.data.sets.cifar import CIFAR10_CLASSES
 from mpifed.registry import DATASETS
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
@@ -53,6 +54,7 @@ class Cinic10:
 
     crop_padding = 4
     flip = True
+    class_names = CIFAR10_CLASSES     # its class folders, sorted, are CIFAR-10's classes in label order
 
     @staticmethod
     def raw_missing(options) -> Path | None:

@@ -61,7 +61,7 @@ def load_idx_split(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     return images[:, None].astype(np.uint8), labels.astype(np.int64)
 
 
-def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
+def _idx_dataset(title: str, default_root: str, torchvision_name: str, classes: tuple[str, ...] | None = None) -> type:
     @dataclass
     class Options:
         root: str = opt(default_root, f"folder with the {title} IDX files (train-images-idx3-ubyte[.gz], ...)")
@@ -71,6 +71,7 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
         __doc__ = f"{title} from its IDX files (60,000 training and 10,000 test 28x28 grey images)."
         crop_padding = 0
         flip = False
+        class_names = classes
 
         @staticmethod
         def load(options) -> RawData:
@@ -109,4 +110,5 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str) -> type:
 
 
 DATASETS.register("mnist")(_idx_dataset("MNIST", "data/raw/mnist", "MNIST"))
-DATASETS.register("fashion_mnist")(_idx_dataset("Fashion-MNIST", "/usr/share/datasets/fashion-mnist", "FashionMNIST"))
+DATASETS.register("fashion_mnist")(_idx_dataset("Fashion-MNIST", "/usr/share/datasets/fashion-mnist", "FashionMNIST", (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")))

@@ -50,6 +50,7 @@ class Femnist:
 
     crop_padding = 0
     flip = False
+    class_names = tuple("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")   # LEAF's label order
 
     @staticmethod
     def raw_missing(options) -> Path | None:

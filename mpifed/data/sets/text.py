@@ -52,6 +52,7 @@ class AgNews:
     modality = "text"
     crop_padding = 0
     flip = False
+    class_names = ("World", "Sports", "Business", "Sci/Tech")
 
     @dataclass
     class Options:
@@ -155,6 +156,7 @@ class SST5:
     modality = "text"
     crop_padding = 0
     flip = False
+    class_names = ("very negative", "negative", "neutral", "positive", "very positive")
 
     @dataclass
     class Options:
