@@ -96,7 +96,7 @@ class Worker:
         self.flat.load(self.down.weights, self.down.ints)
         ctx = ClientContext(cid=cid, round=plan.round, lr=plan.lr, flat=self.flat, global_weights=self.down.weights,
                             data=self.store.get(cid), transform=self.transform,
-                            generator=torch.Generator().manual_seed(seed), train_cfg=self.setup.train)
+                            generator=torch.Generator(self.device).manual_seed(seed), train_cfg=self.setup.train)
         if self.states is not None:
             stored = self.states.get(cid, plan.round)
             ctx.state = ({k: v.to(self.device) for k, v in stored.items()} if stored is not None

@@ -1,11 +1,14 @@
-"""GPU paths (skipped without CUDA): device placement, CUDA training, several workers on one GPU."""
+"""GPU paths (skipped without CUDA): device placement, CUDA training, several workers on one GPU, local
+steps that never wait for the host."""
+import contextlib
 import json
 import re
 
 import pytest
 import torch
 
-from conftest import final_model, metrics, run_debug, run_mpi, tiny
+from conftest import final_model, metrics, run_debug, run_mpi, tiny, watch_local_steps
+from mpifed.registry import ALGORITHMS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -41,3 +44,34 @@ def test_server_on_gpu(has_mpirun, tmp_path):
     p = run_mpi(3, tiny(tmp_path, "resources.device=cuda", "resources.server_device=cuda", "algorithm.name=fedcad",
                         "data.server_holdout_per_class=3"))
     assert "rank 0 (server): host" in p.stdout and re.search(r"rank 0 \(server\).*device cuda:0", p.stdout)
+
+
+# ------------------------------------------------------------------ local steps (issue 27)
+AUGMENT = ["data.augment.crop_padding=2", "data.augment.flip=true", "data.augment.rotation=10", "data.augment.cutout=4",
+           "data.dataset.channels=3", "data.dataset.size=12", "train.grad_clip=1.0"]
+HOLDOUT = {"fedcad": ["data.server_holdout_per_class=3"], "fedgkd_vote": ["data.server_holdout_per_class=3"]}
+
+
+@contextlib.contextmanager
+def sync_is_an_error():
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("method", sorted(ALGORITHMS.names()))
+def test_no_local_step_waits_for_the_host(method, tmp_path, monkeypatch):
+    """Each method's step and batch making (augmentation on) run under
+    torch.cuda.set_sync_debug_mode("error"): any wait of the host for the GPU fails the run."""
+    watch_local_steps(monkeypatch, sync_is_an_error)
+    run_debug(tiny(tmp_path, "resources.device=cuda", f"algorithm.name={method}", "train.rounds=2", *AUGMENT,
+                   *HOLDOUT.get(method, [])))
+
+
+def test_no_text_step_waits_for_the_host(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from textdata import text_run
+    watch_local_steps(monkeypatch, sync_is_an_error)
+    run_debug(text_run(tmp_path, "resources.device=cuda", "algorithm.name=fedgkd", "train.rounds=2"))

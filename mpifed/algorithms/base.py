@@ -40,7 +40,7 @@ from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
-from mpifed.optim import make_optimizer
+from mpifed.optim import FlatOptimizer, make_optimizer
 
 Shape = tuple[int, ...]
 
@@ -162,7 +162,7 @@ class ClientContext:
     global_weights: torch.Tensor    # the round's global float state (on the device)
     data: ClientData
     transform: BatchTransform
-    generator: torch.Generator      # seeded by (seed, round, client): batches and augmentation
+    generator: torch.Generator      # seeded by (seed, round, client), on the device: batches and augmentation
     train_cfg: TrainConfig
     state: dict[str, torch.Tensor] = field(default_factory=dict)   # Messages.client_state, persisted per client
     epoch: int = 0                  # the local epoch being trained (0-based)
@@ -188,7 +188,7 @@ class ClientContext:
         """One epoch of shuffled, augmented mini-batches (a trailing single sample is dropped:
         BatchNorm cannot train on it)."""
         n, size = self.num_samples, self.train_cfg.batch_size
-        perm = torch.randperm(n, generator=self.generator).to(self.data.labels.device)
+        perm = torch.randperm(n, generator=self.generator, device=self.generator.device).to(self.data.labels.device)
         for start in range(0, n, size):
             idx = perm[start: start + size]
             if len(idx) == 1 and n > 1:
@@ -299,7 +299,7 @@ class Client:
         return {}
 
     def train(self, ctx: ClientContext) -> None:
-        """E epochs of local training minimising :meth:`loss`; fills ctx.steps/loss_sum/seen.
+        """E epochs of local training, one :meth:`step` per batch; fills ctx.steps/loss_sum/seen.
 
         A fresh optimiser (and momentum) for every client in every round, as the papers do.
         """
@@ -310,12 +310,7 @@ class Client:
             ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
             for batch in ctx.batches():
-                loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
-                opt.zero_grad()
-                loss.backward()
-                if cfg.grad_clip > 0:
-                    opt.clip_grad_norm(cfg.grad_clip)
-                opt.step()
+                loss = self.step(ctx, opt, batch)
                 epoch_loss += loss.detach() * len(batch.y)
                 ctx.steps += 1
                 ctx.seen += len(batch.y)
@@ -325,6 +320,20 @@ class Client:
                     f"client {ctx.cid}, round {ctx.round + 1}, epoch {epoch + 1}: the local loss is {value} "
                     f"(learning rate {ctx.lr:g}). Lower train.lr, set train.grad_clip, or check the data")
             ctx.loss_sum += value
+
+    def step(self, ctx: ClientContext, opt: FlatOptimizer, batch: Batch) -> torch.Tensor:
+        """One local step on ``batch``: forward, :meth:`loss`, backward, clipping, update; returns the loss.
+
+        Nothing in it waits for the host (no ``.item()``, no boolean-mask indexing, no tensor made
+        from Python data), so the GPU never idles between steps.
+        """
+        loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
+        opt.zero_grad()
+        loss.backward()
+        if self.setup.train.grad_clip > 0:
+            opt.clip_grad_norm(self.setup.train.grad_clip)
+        opt.step()
+        return loss
 
     def loss(self, ctx: ClientContext, batch: Batch, out: Outputs) -> torch.Tensor:
         """The local objective on one batch (FedAvg: cross-entropy)."""
