@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Literal
+from typing import Any, Callable, ClassVar, Hashable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,8 @@ from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
-from mpifed.optim import FlatOptimizer, make_optimizer
+from mpifed.optim import FlatOptimizer
+from mpifed.steps import LocalSteps
 
 Shape = tuple[int, ...]
 
@@ -170,6 +171,7 @@ class ClientContext:
     loss_sum: float = 0.0
     seen: int = 0
     extra: dict[str, float] = field(default_factory=dict)   # per-client figures for clients.jsonl
+    runner: LocalSteps = field(default_factory=LocalSteps)  # how local steps run (precision, CUDA graphs)
 
     @property
     def model(self) -> Classifier:
@@ -305,12 +307,12 @@ class Client:
         """
         cfg = self.setup.train
         ctx.model.train()
-        opt = make_optimizer(ctx.flat, ctx.lr, cfg)
+        opt = ctx.runner.optimizer(ctx.flat, ctx.lr, cfg)
         for epoch in range(cfg.local_epochs):
             ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
             for batch in ctx.batches():
-                loss = self.step(ctx, opt, batch)
+                loss = ctx.runner(self, ctx, opt, batch)
                 epoch_loss += loss.detach() * len(batch.y)
                 ctx.steps += 1
                 ctx.seen += len(batch.y)
@@ -325,9 +327,10 @@ class Client:
         """One local step on ``batch``: forward, :meth:`loss`, backward, clipping, update; returns the loss.
 
         Nothing in it waits for the host (no ``.item()``, no boolean-mask indexing, no tensor made
-        from Python data), so the GPU never idles between steps.
+        from Python data), so the GPU never idles between steps and the step can be captured.
         """
-        loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
+        with ctx.runner.autocast(ctx.flat.floats.device):
+            loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
         opt.zero_grad()
         loss.backward()
         if self.setup.train.grad_clip > 0:
@@ -338,6 +341,19 @@ class Client:
     def loss(self, ctx: ClientContext, batch: Batch, out: Outputs) -> torch.Tensor:
         """The local objective on one batch (FedAvg: cross-entropy)."""
         return F.cross_entropy(out.logits, batch.y)
+
+    def capture_key(self, ctx: ClientContext) -> Hashable | str:
+        """For ``resources.cuda_graphs``: what this client's full-batch step depends on besides the
+        batch shape (each value gets its own captured graph), or, as a string, why it cannot be captured.
+
+        A captured step reads and writes the addresses it saw when it was captured, so the loss
+        may read only the batch, the model, teachers loaded in place and the round's downlink
+        tensors (copied into fixed buffers in this mode), never tensors made per client or per
+        step. A method that overrides :meth:`loss` must override this too to be captured.
+        """
+        if type(self).loss is not Client.loss:
+            return f"{type(self).__name__} does not declare what its loss reads (capture_key)"
+        return ()
 
     def uplink(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """What this client returns: every ``Messages.up`` entry (FedAvg: weight * w_k and weight)."""

@@ -71,6 +71,9 @@ class FedGKDClient(Client):
             return ce
         return ce + self.options.gamma / 2 * kd_loss(out.logits, self.teacher.batch_logits(ctx, batch), self.options.tau)
 
+    def capture_key(self, ctx):
+        return (self.active,)     # with or without the teacher (loaded in place)
+
 
 @ALGORITHMS.register("fedgkd")
 class FedGKD(Algorithm):

@@ -28,6 +28,9 @@ class FedNTDClient(Client):
         distill = ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.options.tau)
         return super().loss(ctx, batch, out) + self.options.beta * distill
 
+    def capture_key(self, ctx):
+        return ()     # the batch, the model and the teacher (loaded in place)
+
 
 @ALGORITHMS.register("fedntd")
 class FedNTD(Algorithm):
