@@ -584,6 +584,25 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     return cfg, cfg.to_dict()
 
 
+def load_resources(paths: list[str] | None = None, overrides: list[str] | None = None,
+                   base: dict[str, Any] | None = None) -> ResourcesConfig:
+    """The ``resources`` section alone, from the layers :func:`load` reads (``base``, the files, the
+    ``resources.*`` overrides), without the registries, so without importing torch: what a
+    launcher needs before the ranks start. Raises ConfigError for a problem in that section."""
+    section: Any = {}
+    layers = [base or {}] + [read_yaml(find_config(p)) for p in paths or []]
+    layers += [parse_override(o) for o in overrides or [] if o.split("=", 1)[0].strip().startswith("resources.")]
+    for layer in layers:
+        value = layer.get("resources")
+        if value is not None:
+            section = merge(section, value, ("resources",)) if isinstance(value, dict) and isinstance(section, dict) else value
+    builder = _Builder()
+    resources = builder.dataclass(ResourcesConfig, section, "resources")
+    if builder.errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(builder.errors))
+    return resources
+
+
 def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a config dict that changes a run's numbers (keys marked ``math=True``; and
     train.rounds when the learning-rate schedule depends on it)."""

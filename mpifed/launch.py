@@ -13,6 +13,9 @@ passes it to every rank: the server finishes the round, writes a checkpoint, mar
 job ends at once), a third as SIGKILL to mpirun's process group. SIGTERM and SIGUSR1 sent to
 the launcher are passed on as they are. If the launcher itself is killed (SIGKILL), mpirun
 receives SIGTERM and ends the job (Linux), so no ranks are left behind.
+
+With ``resources.mps`` (:mod:`mpifed.mps`), an MPS control daemon is started for the job when
+its ranks share a GPU, and stopped when mpirun has ended, however it ended.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import subprocess
 import sys
 from typing import Callable, Mapping
 
-from mpifed import __version__
+from mpifed import __version__, mps
 
 EXIT_USAGE = 2
 
@@ -175,9 +178,17 @@ def main(argv: list[str] | None = None) -> int:
                        os.geteuid() == 0)
     forwarder = Forwarder()
     forwarder.install()
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=child_setup())
-    forwarder.attach(proc)
-    code = proc.wait()
+    try:
+        daemon = mps.for_job(args.ranks, args.mpifed_args, env, _say)
+    except mps.MpsError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+    try:
+        proc = subprocess.Popen(cmd, env={**env, **daemon.env}, preexec_fn=child_setup())
+        forwarder.attach(proc)
+        code = proc.wait()
+    finally:
+        daemon.stop(_say)
     return 128 - code if code < 0 else code
 
 
