@@ -116,7 +116,7 @@ class ResourcesConfig:
     client_state_mb: int = opt(1024, "per-worker memory for per-client state (MOON's previous models, SCAFFOLD's controls); what does not fit is kept on disk in the run directory", min=0, math=False)
     mps: Literal["auto", "on", "off"] = opt("auto", "CUDA MPS control daemon for the job, started and stopped by the launcher (mpifed launch, launch/local.sh) and slurm/gpu-node.sbatch: auto (when two or more ranks share a GPU and nvidia-cuda-mps-control exists), on (whenever ranks use a GPU), off; a daemon already running is used", math=False)
     cuda_graphs: Literal["auto", "on", "off"] = opt("off", "capture each GPU worker's full-batch local step as a CUDA graph and replay it: auto (on GPU workers, eager on the CPU), on (a CPU worker is an error), off; a method that cannot be captured says so and runs eagerly", math=False)
-    precision: Literal["fp32", "tf32", "bf16"] = opt("fp32", "local training arithmetic: fp32 (PyTorch's defaults), tf32 (CUDA matmuls in TF32 too), bf16 (forward and loss under bfloat16 autocast; weights, gradients, optimiser and evaluation stay float32)")
+    precision: Literal["fp32", "tf32", "bf16"] = opt("fp32", "local training arithmetic: fp32 (PyTorch's defaults), tf32 (CUDA matmuls in TF32 too), bf16 (forward and loss under bfloat16 autocast; weights, gradients, optimiser and evaluation stay float32); like the device, not part of a run's identity", math=False)
 
 
 @dataclass
