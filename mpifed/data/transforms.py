@@ -7,11 +7,12 @@ them alike.
 
 Everything works on whole batches (no per-sample Python), with random numbers drawn
 from the client's own generator so that training is reproducible whichever worker
-runs it. The numbers are drawn on the generator's device (the worker's GPU gets a CUDA
-generator), so augmenting a batch never waits for the host. The order is torchvision's in the papers' code: random crop (padding with black
-before normalising, as ``RandomCrop(padding=p)``), horizontal flip, random rotation
-(``RandomRotation(d)``: nearest neighbour, black corners), normalisation, then Cutout
-(zeroing a square after normalising, as FedNTD's Cutout(16) does).
+runs it; they are drawn on the generator's device (a worker on a GPU gets a CUDA
+generator), so augmenting a batch never waits for the host. The order is torchvision's
+in the papers' code: random crop (padding with black before normalising, as
+``RandomCrop(padding=p)``), horizontal flip, random rotation (``RandomRotation(d)``:
+nearest neighbour, black corners), normalisation, then Cutout (zeroing a square after
+normalising, as FedNTD's Cutout(16) does).
 """
 from __future__ import annotations
 
