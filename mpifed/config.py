@@ -119,6 +119,9 @@ class ResourcesConfig:
     cache_mb: int = opt(2048, "per-worker memory budget for decoded client data (least recently used evicted)", min=1, math=False)
     deterministic: bool = opt(False, "bit-reproducible GPU runs: deterministic torch algorithms (slower); CPU runs are always reproducible", math=False)
     client_state_mb: int = opt(1024, "per-worker memory for per-client state (MOON's previous models, SCAFFOLD's controls); what does not fit is kept on disk in the run directory", min=0, math=False)
+    mps: Literal["auto", "on", "off"] = opt("auto", "CUDA MPS control daemon for the job, started and stopped by the launcher (mpifed launch, launch/local.sh) and slurm/gpu-node.sbatch: auto (when two or more ranks share a GPU and nvidia-cuda-mps-control exists), on (whenever ranks use a GPU), off; a daemon already running is used", math=False)
+    cuda_graphs: Literal["auto", "on", "off"] = opt("off", "capture each GPU worker's full-batch local step as a CUDA graph and replay it: auto (on GPU workers, eager on the CPU), on (a CPU worker is an error), off; a method that cannot be captured says so and runs eagerly", math=False)
+    precision: Literal["fp32", "tf32", "bf16"] = opt("fp32", "local training arithmetic: fp32 (PyTorch's defaults), tf32 (CUDA matmuls in TF32 too), bf16 (forward and loss under bfloat16 autocast; weights, gradients, optimiser and evaluation stay float32); like the device, not part of a run's identity", math=False)
 
 
 @dataclass
@@ -298,6 +301,8 @@ class _Builder:
             return self.value(inner[0], v, path, f)
         if origin is Literal:
             allowed = typing.get_args(tp)
+            if isinstance(v, bool) and {"on", "off"} <= set(allowed):
+                v = "on" if v else "off"        # YAML 1.1 reads on and off as booleans
             if v not in allowed:
                 self.fail(path, f"{v!r} is not allowed; expected {_type_name(tp)}")
             return v
@@ -583,6 +588,25 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
         data = merge(data, o)
     cfg = build(data)
     return cfg, cfg.to_dict()
+
+
+def load_resources(paths: list[str] | None = None, overrides: list[str] | None = None,
+                   base: dict[str, Any] | None = None) -> ResourcesConfig:
+    """The ``resources`` section alone, from the layers :func:`load` reads (``base``, the files, the
+    ``resources.*`` overrides), without the registries, so without importing torch: what a
+    launcher needs before the ranks start. Raises ConfigError for a problem in that section."""
+    section: Any = {}
+    layers = [base or {}] + [read_yaml(find_config(p)) for p in paths or []]
+    layers += [parse_override(o) for o in overrides or [] if o.split("=", 1)[0].strip().startswith("resources.")]
+    for layer in layers:
+        value = layer.get("resources")
+        if value is not None:
+            section = merge(section, value, ("resources",)) if isinstance(value, dict) and isinstance(section, dict) else value
+    builder = _Builder()
+    resources = builder.dataclass(ResourcesConfig, section, "resources")
+    if builder.errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(builder.errors))
+    return resources
 
 
 def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:

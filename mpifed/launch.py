@@ -23,6 +23,9 @@ ends the job (Linux), so no ranks are left behind.
 Exit codes: 0 finished, 75 stopped with a checkpoint, 2 a configuration or usage problem
 (these three come from rank 0, so mpirun reports no crash), 1 a rank failed with an error,
 128 + N a rank was killed by signal N (137: SIGKILL, e.g. the out-of-memory killer).
+
+With ``resources.mps`` (:mod:`mpifed.mps`), an MPS control daemon is started for the job when
+its ranks share a GPU, and stopped when mpirun has ended, however it ended.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 
-from mpifed import __version__, handoff
+from mpifed import __version__, handoff, mps
 
 SCRIPT = "MPIFED_LAUNCH_SCRIPT"  # set by launch/local.sh: its own name, for the resume command
 
@@ -227,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     terminal = handoff.is_terminal(sys.stdout) and handoff.is_terminal(sys.stderr)
     cmd, env = command(args.ranks, args.mpifed_args, mpirun, open_mpi_version(mpirun), usable_cores(), os.environ,
                        os.geteuid() == 0, terminal=terminal)
+    try:
+        daemon = mps.for_job(args.ranks, args.mpifed_args, env, _say)
+    except mps.MpsError as exc:
+        _say(str(exc))
+        return handoff.EXIT_USAGE
     folder = Path(tempfile.mkdtemp(prefix="mpifed-launch-"))
     env[handoff.RESUME_WITH] = invoked_as(args.ranks)
     env[handoff.HANDOFF] = str(folder)
@@ -234,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         forwarder = Forwarder(folder, "SLURM_JOB_ID" in os.environ)
         forwarder.install()
-        proc = subprocess.Popen(cmd, env=env, preexec_fn=child_setup())
+        proc = subprocess.Popen(cmd, env={**env, **daemon.env}, preexec_fn=child_setup())
         forwarder.attach(proc)
         code = proc.wait()
         handed = handoff.handed_back(folder)
     finally:
+        daemon.stop(_say)
         shutil.rmtree(folder, ignore_errors=True)
     if code == 0 and handed is not None:
         return handed

@@ -29,9 +29,10 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tau: flo
 def not_true_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The C-1 logits of each sample other than its true class, in class order (B x (C-1))."""
     b, c = logits.shape
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep[torch.arange(b, device=logits.device), targets] = False
-    return logits[keep].view(b, c - 1)
+    # column j of the result is class j, or j + 1 from the true class on: a gather, so the
+    # output's shape never depends on the data (a boolean mask would make the host wait)
+    others = torch.arange(c - 1, device=logits.device).expand(b, c - 1)
+    return logits.gather(1, others + (others >= targets.view(-1, 1)).long())
 
 
 def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, tau: float) -> torch.Tensor:
@@ -91,12 +92,18 @@ def csd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets
     return (keep * per_sample).mean()
 
 
+def one_hot(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """``F.one_hot(labels, num_classes).to(dtype)`` without its check of the labels' range, which
+    on the CPU reads their minimum and maximum on the host."""
+    return (labels.unsqueeze(1) == torch.arange(num_classes, device=labels.device)).to(dtype)
+
+
 def class_sums(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class sums of the rows of ``values`` (or of its entries, when 1-D) and per-class
     counts, in ``values``' dtype. A matrix product with the one-hot labels, so deterministic on
     GPUs (an index_add would not be)."""
-    one_hot = F.one_hot(labels, num_classes).to(values.dtype)
-    return one_hot.T @ values, one_hot.sum(dim=0)
+    hot = one_hot(labels, num_classes, values.dtype)
+    return hot.T @ values, hot.sum(dim=0)
 
 
 def cad_class_weights(teacher_probs: torch.Tensor, labels: torch.Tensor, beta: float, gamma: float,

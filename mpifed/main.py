@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import importlib
 import importlib.util
 import os
@@ -495,11 +496,14 @@ def make_transform(cfg: config.Config, manifest: "Manifest", device: "torch.devi
 def make_worker(cfg: config.Config, algo: "Algorithm", setup: "Setup", layouts: "Layouts", manifest: "Manifest",
                 transform: "BatchTransform", run: RunDir, index: int, count: int) -> "Worker":
     from mpifed.client_state import ClientStates
+    from mpifed.steps import make_steps
     from mpifed.worker import Worker
     states = (ClientStates(run.client_state, layouts.client_state, cfg.resources.client_state_mb)
               if layouts.client_state.entries else None)
+    runner = make_steps(cfg.resources.precision, cfg.resources.cuda_graphs, setup.device,
+                        log=functools.partial(print, flush=True) if index == 0 else None)
     return Worker(index, count, algo.client(), setup, layouts, manifest, transform, cfg.run.seed,
-                  cfg.resources.cache_mb, cfg.train.eval_batch_size, states)
+                  cfg.resources.cache_mb, cfg.train.eval_batch_size, states, runner)
 
 
 def make_server(cfg: config.Config, resolved: dict[str, Any], algo: "Algorithm", setup: "Setup", manifest: "Manifest",

@@ -21,6 +21,7 @@ from mpifed.evaluation import evaluate_share
 from mpifed.inference import InferenceCopy
 from mpifed.plan import RoundPlan, client_seed
 from mpifed.protocol import Layouts, ProtocolError, Trained
+from mpifed.steps import LocalSteps
 
 
 class Worker:
@@ -28,7 +29,7 @@ class Worker:
 
     def __init__(self, index: int, count: int, client: Client, setup: Setup, layouts: Layouts, manifest: Manifest,
                  transform: BatchTransform, seed: int, cache_mb: int, eval_batch_size: int,
-                 states: ClientStates | None) -> None:
+                 states: ClientStates | None, runner: LocalSteps | None = None) -> None:
         self.index = index
         self.client = client
         self.setup = setup
@@ -41,15 +42,27 @@ class Worker:
         self.store = ClientStore(manifest, self.device, cache_mb)
         self.eval_batches = load_eval_batches(manifest, eval_batch_size, index, count, self.device)
         self.states = states
+        self.runner = runner or LocalSteps()
         self.down: Downlink | None = None
+        self._fixed: dict[tuple[str, str], torch.Tensor] = {}
         self._sum_names = [k for k in layouts.sums.entries if not k.startswith("_")]
         self._declared = set(self._sum_names) | set(layouts.rows.entries)
 
     # ---------------------------------------------------------------- the round
     def start_round(self, plan: RoundPlan, down: Downlink) -> None:
-        self.down = Downlink(down.weights.to(self.device), down.ints.to(self.device),
-                             {k: v.to(self.device) for k, v in down.extra.items()})
+        self.down = Downlink(self._on_device("model", "weights", down.weights), self._on_device("model", "ints", down.ints),
+                             {k: self._on_device("extra", k, v) for k, v in down.extra.items()})
         self.client.round_start(plan.round, self.down)
+
+    def _on_device(self, part: str, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on this worker's device; with captured steps, in a buffer that keeps its address
+        from round to round (a graph reads the addresses it was captured with)."""
+        if not self.runner.graphs:
+            return t.to(self.device)
+        fixed = self._fixed.get((part, name))
+        if fixed is None or fixed.shape != t.shape or fixed.dtype != t.dtype:
+            fixed = self._fixed[(part, name)] = torch.empty_like(t, device=self.device)
+        return fixed.copy_(t)
 
     def statistics(self, plan: RoundPlan) -> dict[str, torch.Tensor]:
         """This worker's clients' contributions to the method's statistics, summed."""
@@ -96,7 +109,8 @@ class Worker:
         self.flat.load(self.down.weights, self.down.ints)
         ctx = ClientContext(cid=cid, round=plan.round, lr=plan.lr, flat=self.flat, global_weights=self.down.weights,
                             data=self.store.get(cid), transform=self.transform,
-                            generator=torch.Generator().manual_seed(seed), train_cfg=self.setup.train)
+                            generator=torch.Generator(self.device).manual_seed(seed), train_cfg=self.setup.train,
+                            runner=self.runner)
         if self.states is not None:
             stored = self.states.get(cid, plan.round)
             ctx.state = ({k: v.to(self.device) for k, v in stored.items()} if stored is not None

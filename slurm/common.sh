@@ -65,6 +65,23 @@ mpifed_run() {
     return "$code"
 }
 
+# mpifed_mps_start N [mpifed arguments...]: start an MPS control daemon for the job when
+# resources.mps asks for one (python -m mpifed.mps; see docs/operations.md) and export its pipe
+# and log folders, which the ranks inherit. mpifed_mps_stop quits it and removes its folder;
+# call it from an EXIT trap so that it runs however the job ends.
+mpifed_mps_start() {
+    local exports
+    exports=$("${PYTHON:-python3}" -m mpifed.mps start -n "$@") || return $?
+    eval "$exports"
+}
+
+mpifed_mps_stop() {
+    if [ -n "${MPIFED_MPS_DIR:-}" ]; then
+        "${PYTHON:-python3}" -m mpifed.mps stop "$MPIFED_MPS_DIR"
+        unset MPIFED_MPS_DIR CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
+}
+
 mpifed_rounds_done() {   # PYTHON RUN_DIR -> rounds completed so far (-1: no run yet)
     "$1" -c "import json,sys; print(json.load(open(sys.argv[1]))['rounds_done'])" "$2/status.json" 2>/dev/null || echo -1
 }

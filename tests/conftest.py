@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import pytest
 import torch
@@ -96,6 +97,30 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], at
     for k in a:
         diff = (a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0
         assert diff <= atol, f"{k} differs by {diff}"
+
+
+def watch_local_steps(monkeypatch: pytest.MonkeyPatch, guard: Callable[[], ContextManager]) -> None:
+    """Run every local step, and the making of every training batch (augmentation included), under
+    ``guard()``; what a round does once per client (the loss read at the end of an epoch, say)
+    runs outside it."""
+    from mpifed.algorithms.base import Client, ClientContext
+    step, batches = Client.step, ClientContext.batches
+
+    def guarded_step(self, ctx, opt, batch):
+        with guard():
+            return step(self, ctx, opt, batch)
+
+    def guarded_batches(self):
+        made = batches(self)
+        while True:
+            with guard():
+                batch = next(made, None)
+            if batch is None:
+                return
+            yield batch
+
+    monkeypatch.setattr(Client, "step", guarded_step)
+    monkeypatch.setattr(ClientContext, "batches", guarded_batches)
 
 
 NOT_UNIT = {"mpi", "e2e", "slurm", "gpu"}

@@ -185,3 +185,16 @@ def test_choice_name_applies_before_its_options_within_overrides():
     assert cfg.data.dataset.name == "synthetic" and cfg.data.dataset.options.train_samples == 50
     cfg, _ = config.load(overrides=["data.partition.k=3", "data.partition=label_k"])
     assert cfg.data.partition.options.k == 3
+
+
+def test_on_and_off_that_yaml_reads_as_booleans_are_the_words(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("resources: {mps: off, cuda_graphs: on}\n")
+    cfg, d = config.load([str(f)], [])
+    assert (cfg.resources.mps, cfg.resources.cuda_graphs) == ("off", "on") and d["resources"]["mps"] == "off"
+    cfg, _ = config.load([], ["resources.mps=on", "resources.cuda_graphs=off", "resources.precision=bf16"])
+    assert (cfg.resources.mps, cfg.resources.cuda_graphs, cfg.resources.precision) == ("on", "off", "bf16")
+    with pytest.raises(ConfigError, match="resources.mps: 'sometimes' is not allowed"):
+        config.load([], ["resources.mps=sometimes"])
+    with pytest.raises(ConfigError, match="resources.precision: True is not allowed"):
+        config.load([], ["resources.precision=on"])

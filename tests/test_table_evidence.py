@@ -19,7 +19,7 @@ import yaml
 from conftest import REPO, env
 from test_tables import fake_run, resolved_config, write_table
 
-from mpifed import config, results, stats
+from mpifed import results, stats
 from mpifed.rundir import RunDir
 from mpifed.table import load_table, main as table_main, resolve, summarize
 

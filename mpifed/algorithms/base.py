@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Literal
+from typing import Any, Callable, ClassVar, Hashable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +41,8 @@ from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
-from mpifed.optim import FlatOptimizer, make_optimizer
+from mpifed.optim import FlatOptimizer
+from mpifed.steps import LocalSteps
 
 Shape = tuple[int, ...]
 
@@ -169,7 +170,7 @@ class ClientContext:
     global_weights: torch.Tensor    # the round's global float state (on the device)
     data: ClientData
     transform: BatchTransform
-    generator: torch.Generator      # seeded by (seed, round, client): batches and augmentation
+    generator: torch.Generator      # seeded by (seed, round, client), on the device: batches and augmentation
     train_cfg: TrainConfig
     state: dict[str, torch.Tensor] = field(default_factory=dict)   # Messages.client_state, persisted per client
     epoch: int = 0                  # the local epoch being trained (0-based)
@@ -177,6 +178,7 @@ class ClientContext:
     loss_sum: float = 0.0
     seen: int = 0
     extra: dict[str, float] = field(default_factory=dict)   # per-client figures for clients.jsonl
+    runner: LocalSteps = field(default_factory=LocalSteps)  # how local steps run (precision, CUDA graphs)
 
     @property
     def model(self) -> Classifier:
@@ -195,7 +197,7 @@ class ClientContext:
         """One epoch of shuffled, augmented mini-batches (a trailing single sample is dropped:
         BatchNorm cannot train on it)."""
         n, size = self.num_samples, self.train_cfg.batch_size
-        perm = torch.randperm(n, generator=self.generator).to(self.data.labels.device)
+        perm = torch.randperm(n, generator=self.generator, device=self.generator.device).to(self.data.labels.device)
         for start in range(0, n, size):
             idx = perm[start: start + size]
             if len(idx) == 1 and n > 1:
@@ -312,7 +314,7 @@ class Client:
         return {}
 
     def train(self, ctx: ClientContext) -> None:
-        """E epochs of local training minimising :meth:`loss`; fills ctx.steps/loss_sum/seen.
+        """E epochs of local training, one :meth:`step` per batch; fills ctx.steps/loss_sum/seen.
 
         A fresh optimiser (and momentum) for every client in every round, as the papers do.
         """
@@ -323,12 +325,7 @@ class Client:
             ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
             for batch in ctx.batches():
-                loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
-                opt.zero_grad()
-                loss.backward()
-                if cfg.grad_clip > 0:
-                    opt.clip_grad_norm(cfg.grad_clip)
-                opt.step()
+                loss = ctx.runner(self, ctx, opt, batch)
                 epoch_loss += loss.detach() * len(batch.y)
                 ctx.steps += 1
                 ctx.seen += len(batch.y)
@@ -340,12 +337,41 @@ class Client:
             ctx.loss_sum += value
 
     def optimizer(self, ctx: ClientContext) -> FlatOptimizer:
-        """The local optimiser of one client's training: ``train.optimizer``, built afresh."""
-        return make_optimizer(ctx.flat, ctx.lr, self.setup.train)
+        """The local optimiser of one client's training: ``train.optimizer`` (the worker's own, reset,
+        when its steps are captured as CUDA graphs)."""
+        return ctx.runner.optimizer(ctx.flat, ctx.lr, self.setup.train)
+
+    def step(self, ctx: ClientContext, opt: FlatOptimizer, batch: Batch) -> torch.Tensor:
+        """One local step on ``batch``: forward, :meth:`loss`, backward, clipping, update; returns the loss.
+
+        Nothing in it waits for the host (no ``.item()``, no boolean-mask indexing, no tensor made
+        from Python data), so the GPU never idles between steps and the step can be captured.
+        """
+        with ctx.runner.autocast(ctx.flat.floats.device):
+            loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
+        opt.zero_grad()
+        loss.backward()
+        if self.setup.train.grad_clip > 0:
+            opt.clip_grad_norm(self.setup.train.grad_clip)
+        opt.step()
+        return loss
 
     def loss(self, ctx: ClientContext, batch: Batch, out: Outputs) -> torch.Tensor:
         """The local objective on one batch (FedAvg: cross-entropy)."""
         return F.cross_entropy(out.logits, batch.y)
+
+    def capture_key(self, ctx: ClientContext) -> Hashable | str:
+        """For ``resources.cuda_graphs``: what this client's full-batch step depends on besides the
+        batch shape (each value gets its own captured graph), or, as a string, why it cannot be captured.
+
+        A captured step reads and writes the addresses it saw when it was captured, so the loss
+        may read only the batch, the model, teachers loaded in place and the round's downlink
+        tensors (copied into fixed buffers in this mode), never tensors made per client or per
+        step. A method that overrides :meth:`loss` must override this too to be captured.
+        """
+        if type(self).loss is not Client.loss:
+            return f"{type(self).__name__} does not declare what its loss reads (capture_key)"
+        return ()
 
     def uplink(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """What this client returns: every ``Messages.up`` entry (FedAvg: weight * w_k and weight)."""

@@ -49,6 +49,9 @@ class FedCADClient(Client):
         return cad_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.class_weights, self.options.tau,
                         self.options.tau_squared, self.options.scale_ce)
 
+    def capture_key(self, ctx):
+        return ()     # the teacher (loaded in place) and the round's class weights
+
 
 @ALGORITHMS.register("fedcad")
 class FedCAD(Algorithm):

@@ -15,6 +15,7 @@ from torch.func import functional_call
 from mpifed.algorithms.base import Algorithm, Client, Server, Setup, per_client
 from mpifed.config import opt
 from mpifed.flat import FlatModel
+from mpifed.losses import one_hot
 from mpifed.registry import ALGORITHMS
 
 WEIGHT_FLOOR = 1e-4          # the decayed client weights never fall below this (official code)
@@ -35,7 +36,7 @@ class FeatureGenerator(nn.Module):
                                  nn.ReLU(), nn.Linear(hidden_dim, feature_dim))
 
     def forward(self, noise: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([noise, F.one_hot(labels, self.num_classes).to(noise.dtype)], dim=1))
+        return self.net(torch.cat([noise, one_hot(labels, self.num_classes, noise.dtype)], dim=1))
 
 
 def diversity_loss(noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -177,15 +178,15 @@ class FedGenClient(Client):
 
     @torch.no_grad()
     def generate(self, labels: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
-        noise = torch.rand(len(labels), self.options.noise_dim, generator=rng).to(self.setup.device)
+        noise = torch.rand(len(labels), self.options.noise_dim, generator=rng, device=rng.device).to(self.setup.device)
         return self.generator.model(noise, labels)
 
     def loss(self, ctx, batch, out):
-        self.label_counts += F.one_hot(batch.y, self.setup.num_classes).sum(dim=0)
+        self.label_counts += one_hot(batch.y, self.setup.num_classes, self.label_counts.dtype).sum(dim=0)
         loss = F.cross_entropy(out.logits, batch.y)
         if self.alpha > 0:
-            sampled = torch.randint(self.setup.num_classes, (self.setup.train.batch_size,), generator=ctx.generator)
-            sampled = sampled.to(self.setup.device)
+            sampled = torch.randint(self.setup.num_classes, (self.setup.train.batch_size,), generator=ctx.generator,
+                                    device=ctx.generator.device).to(self.setup.device)
             loss = loss + self.alpha * F.cross_entropy(ctx.model.head(self.generate(sampled, ctx.generator)), sampled)
         if self.beta > 0:
             target = F.softmax(ctx.model.head(self.generate(batch.y, ctx.generator)), dim=1).detach()

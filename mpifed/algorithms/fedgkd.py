@@ -74,6 +74,9 @@ class FedGKDClient(Client):
             return ce + self.options.gamma / 2 * F.mse_loss(out.logits, teacher.detach())
         return ce + self.options.gamma / 2 * kd_loss(out.logits, teacher, self.options.tau)
 
+    def capture_key(self, ctx):
+        return (self.active,)     # with or without the teacher (loaded in place)
+
 
 @ALGORITHMS.register("fedgkd")
 class FedGKD(Algorithm):

@@ -26,6 +26,11 @@ class FedNovaClient(Client):
         linear = sum((p * d).sum() for p, d in zip(ctx.model.parameters(), last))
         return super().loss(ctx, batch, out) - linear
 
+    def capture_key(self, ctx):
+        if self.options.ccvr:
+            return "FedNova with ccvr reads the client's last update, a tensor of its own state"
+        return ()
+
     def uplink(self, ctx):
         p, weight = self.setup.num_params, ctx.weight
         a = effective_steps(ctx.steps, self.setup.train.momentum)

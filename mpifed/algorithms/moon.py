@@ -71,6 +71,9 @@ class MoonClient(Client):
                              self.previous.batch_features(ctx, batch), self.options.tau)
         return ce + self.options.mu * contrast
 
+    def capture_key(self, ctx):
+        return (self.has_previous,)     # with or without the previous model (both loaded in place)
+
 
 @ALGORITHMS.register("moon")
 class Moon(Algorithm):

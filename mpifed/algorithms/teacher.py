@@ -18,6 +18,8 @@ class Teacher:
     :meth:`batch_features` then compute each client's outputs once (in evaluation-sized
     batches) and reuse them for every epoch, instead of running the teacher on every
     training batch. The values equal per-batch computation up to floating-point rounding.
+    Captured steps (``resources.cuda_graphs``) run the teacher per batch inside the graph
+    instead: a per-client cache would move between clients.
     """
 
     def __init__(self, setup: Setup, train_mode: bool = False) -> None:
@@ -54,7 +56,7 @@ class Teacher:
         return self.client_outputs(data, transform)[1]
 
     def _cached(self, ctx: ClientContext) -> bool:
-        return not (ctx.transform.augments or self.train_mode)
+        return not (ctx.transform.augments or self.train_mode or ctx.runner.graphs)
 
     def batch_logits(self, ctx: ClientContext, batch: Batch) -> torch.Tensor:
         """The teacher's logits for the batch being trained on."""

@@ -7,10 +7,12 @@ them alike.
 
 Everything works on whole batches (no per-sample Python), with random numbers drawn
 from the client's own generator so that training is reproducible whichever worker
-runs it. The order is torchvision's in the papers' code: random crop (padding with black
-before normalising, as ``RandomCrop(padding=p)``), horizontal flip, random rotation
-(``RandomRotation(d)``: nearest neighbour, black corners), normalisation, then Cutout
-(zeroing a square after normalising, as FedNTD's Cutout(16) does).
+runs it; they are drawn on the generator's device (a worker on a GPU gets a CUDA
+generator), so augmenting a batch never waits for the host. The order is torchvision's
+in the papers' code: random crop (padding with black before normalising, as
+``RandomCrop(padding=p)``), horizontal flip, random rotation (``RandomRotation(d)``:
+nearest neighbour, black corners), normalisation, then Cutout (zeroing a square after
+normalising, as FedNTD's Cutout(16) does).
 """
 from __future__ import annotations
 
@@ -58,20 +60,21 @@ class BatchTransform:
         b, _, h, w = x.shape
         if self.crop_padding:
             p = self.crop_padding
-            offsets = torch.randint(0, 2 * p + 1, (b, 2), generator=gen).to(self.device)
+            offsets = torch.randint(0, 2 * p + 1, (b, 2), generator=gen, device=gen.device).to(self.device)
             padded = torch.nn.functional.pad(x, (p, p, p, p))
             rows = (offsets[:, :1] + torch.arange(h, device=self.device)).view(b, 1, h, 1)
             cols = (offsets[:, 1:] + torch.arange(w, device=self.device)).view(b, 1, 1, w)
             x = padded[torch.arange(b, device=self.device).view(b, 1, 1, 1),
                        torch.arange(x.shape[1], device=self.device).view(1, -1, 1, 1), rows, cols]
         if self.flip:
-            mirror = (torch.rand(b, generator=gen) < 0.5).to(self.device).view(b, 1, 1, 1)
+            mirror = (torch.rand(b, generator=gen, device=gen.device) < 0.5).to(self.device).view(b, 1, 1, 1)
             x = torch.where(mirror, x.flip(-1), x)
         if self.rotation:
-            x = rotate(x, ((torch.rand(b, generator=gen) * 2 - 1) * self.rotation).to(self.device))
+            x = rotate(x, ((torch.rand(b, generator=gen, device=gen.device) * 2 - 1) * self.rotation).to(self.device))
         x = (x - self.mean) * self.inv_std
         if self.cutout:
-            centre = torch.stack([torch.randint(0, h, (b,), generator=gen), torch.randint(0, w, (b,), generator=gen)], 1).to(self.device)
+            centre = torch.stack([torch.randint(0, h, (b,), generator=gen, device=gen.device),
+                                  torch.randint(0, w, (b,), generator=gen, device=gen.device)], 1).to(self.device)
             half = self.cutout // 2
             ys = torch.arange(h, device=self.device).view(1, h)
             xs = torch.arange(w, device=self.device).view(1, w)

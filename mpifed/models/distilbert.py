@@ -52,7 +52,14 @@ class DistilBertClassifier(Classifier):
         self.max_length = hf.config.max_position_embeddings
 
     def features(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
-        h = self.distilbert(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).last_hidden_state
+        mask = x["attention_mask"]
+        if self.distilbert.config._attn_implementation == "sdpa":
+            # the 4-D boolean mask SDPA takes, built here: given the 2-D mask, Hugging Face first asks
+            # whether any token is padding, which makes the host wait for the GPU on every forward.
+            # The same numbers on the CPU; on a GPU a batch without padding no longer takes the
+            # flash kernel, which takes no mask
+            mask = mask.bool()[:, None, None, :]
+        h = self.distilbert(input_ids=x["input_ids"], attention_mask=mask).last_hidden_state
         return torch.relu(self.pre_classifier(h[:, 0]))
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
