@@ -105,7 +105,8 @@ class Table:
     known: list[TableRun] = field(default_factory=list)       # every run, before select() kept a part
 
     def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
-        """Keep only the runs of the given settings, methods and seeds (None: all); an unknown name is an error."""
+        """Keep only the runs of the given settings, methods and seeds (None: all), and the searches of those
+        settings and methods (a search left out waits for no one); an unknown name is an error."""
         for what, asked, known in (("setting", settings, [r.setting for r in self.runs]),
                                    ("method", methods, [r.method for r in self.runs]),
                                    ("seed", seeds, [r.seed for r in self.runs])):
@@ -114,12 +115,16 @@ class Table:
                 raise config.ConfigError(f"--{what}s {' '.join(map(str, unknown))}: not in this table (its {what}s: "
                                          f"{' '.join(map(str, dict.fromkeys(known)))})")
 
+        def pair(setting: str, method: str) -> bool:
+            return (settings is None or setting in settings) and (methods is None or method in methods)
+
         def keep(r: TableRun, search: bool) -> bool:
-            return ((settings is None or r.setting in settings) and (methods is None or r.method in methods)
-                    and (search or seeds is None or r.seed in seeds))
+            return pair(r.setting, r.method) and (search or seeds is None or r.seed in seeds)
         self.known = self.known or self.search + self.runs
         self.runs = [r for r in self.runs if keep(r, False)]
         self.search = [r for r in self.search if keep(r, True)]
+        self.pending = {p for p in self.pending if pair(*p)}
+        self.choices = {p: c for p, c in self.choices.items() if pair(*p)}
 
 
 # ------------------------------------------------------------------ reading a table file

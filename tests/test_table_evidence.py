@@ -216,6 +216,25 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
     assert t.pending == {("s", "a"), ("s", "b")} and not t.choices
 
 
+def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monkeypatch):
+    table = _table(tmp_path, GRID, seeds="[0, 1]", metric="{kind: last_k, k: 2}")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    for (method, candidate), r in _search_runs(t).items():
+        if method == "a":
+            _write(r.path, r.resolved, [{"round": i + 1, "val_acc": 0.5 + (candidate == "lr=0.1") / 10} for i in range(3)])
+    started = []
+    monkeypatch.setattr("mpifed.table.run_all", lambda runs, *rest: (started.extend(runs), (0, 0))[1])
+    root = ["--runs-root", str(tmp_path / "runs")]
+    assert table_main([str(table), *root, "--methods", "a", "--run", "0"]) == 0      # b's search is not needed
+    assert [(r.method, r.seed, r.candidate) for r in started] == [("a", 0, None), ("a", 1, None)]
+    out = capsys.readouterr().out
+    assert "s x a: lr=0.1" in out and "s x b" not in out
+    started.clear()
+    assert table_main([str(table), *root, "--run", "0"]) == 0                        # the whole table waits for it
+    assert all(r.candidate for r in started) and "b" in {r.method for r in started}   # the search only
+
+
 def test_a_search_needs_a_validation_set(tmp_path, capsys):
     table = _table(tmp_path, GRID)
     setting = table.parent / "s.yaml"
