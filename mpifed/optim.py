@@ -17,12 +17,14 @@ optimiser state each round), so its state never crosses rounds or clients.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from mpifed.config import TrainConfig
 from mpifed.flat import FlatModel
+
+if TYPE_CHECKING:
+    from mpifed.config import TrainConfig
 
 
 class FlatOptimizer(Protocol):

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from mpifed import checkpoint
-from mpifed.config import NoOptions
 from mpifed.data.sets.idx import read_idx, write_idx
 from mpifed.flat import FlatModel
 from mpifed.models import build_model
 from mpifed.optim import FlatSGD
+from mpifed.options import NoOptions
 from mpifed.placement import PlacementError, choose_device, choose_threads
 from mpifed.plan import assign_clients, client_seed, sample_clients, state_moves
 from mpifed.protocol import Layout, ProtocolError

@@ -30,17 +30,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
 
-from mpifed.config import NoOptions, TrainConfig
 from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
 from mpifed.optim import make_optimizer
+from mpifed.options import NoOptions
+
+if TYPE_CHECKING:
+    from mpifed.config import TrainConfig
 
 Shape = tuple[int, ...]
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpifed.config import opt
 from mpifed.data.raw import RawData, stratified_split
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 

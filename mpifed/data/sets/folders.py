@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpifed.config import opt
 from mpifed.data.raw import DataMissing, RawData, stratified_split
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpifed.config import opt
 from mpifed.data.raw import DataMissing, RawData
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 

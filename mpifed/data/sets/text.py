@@ -12,8 +12,8 @@ from typing import Literal
 
 import numpy as np
 
-from mpifed.config import opt
 from mpifed.data.raw import DataMissing, RawText, stratified_split
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 
