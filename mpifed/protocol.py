@@ -201,7 +201,7 @@ class RoundProtocol:
 
         plan = server.plan() if server else None                                    # plan
         world.sync("start of round")
-        plan = world.bcast_object(plan)
+        plan = world.bcast_object(plan, what="plan: broadcast")
         if plan.stop:
             self._stop()
             return False
@@ -211,7 +211,7 @@ class RoundProtocol:
 
         with _timed(times, "downlink"):                                             # downlink
             buf = self.layouts.down.pack(server.downlink(plan)) if server else self._down
-            world.bcast_buffer(buf)
+            world.bcast_buffer(buf, what="downlink: broadcast")
         views = self.layouts.down.views(buf)
 
         with _timed(times, "local_training"):
@@ -220,7 +220,7 @@ class RoundProtocol:
                 if self.layouts.statistics.entries:                                 # statistics
                     sums = self.layouts.statistics.pack(worker.statistics(plan))
                     self.peers.sync("client statistics")
-                    self.peers.allreduce_sum(sums.view(np.float64))
+                    self.peers.allreduce_sum(sums.view(np.float64), what="statistics: all-reduce")
                     worker.use_statistics(self.layouts.statistics.views(sums))
                 trained = worker.train(plan)                                        # (local training)
                 if plan.checkpoint:
@@ -230,9 +230,9 @@ class RoundProtocol:
             world.sync("end of local training")
 
         with _timed(times, "uplink"):
-            totals = world.reduce_sum(trained.sums.view(np.float64))                # uplink
-            rows = self._gather_rows(plan, trained.rows)                            # per-client
-            gathered = world.gather_object((trained.reports, received()))           # reports
+            totals = world.reduce_sum(trained.sums.view(np.float64), what="uplink: reduction")
+            rows = self._gather_rows(plan, trained.rows)
+            gathered = world.gather_object((trained.reports, received()), what="reports: gather")
 
         if server:
             with _timed(times, "aggregate"):
@@ -251,7 +251,7 @@ class RoundProtocol:
     def _stop(self) -> None:
         if self.worker:
             self.worker.flush_states(0)
-        gathered = self.world.gather_object(usage())
+        gathered = self.world.gather_object(usage(), what="stop: gather of the resource usage")
         if self.server:
             self.server.stopped(gathered)
 
@@ -274,7 +274,7 @@ class RoundProtocol:
         counts = [len(a) * row for a in plan.assignment]
         if self.world.size > 1:
             counts = [0] + counts     # rank 0 (the server) trains no client under MPI
-        return self.world.gatherv(mine, counts, self._rows)
+        return self.world.gatherv(mine, counts, self._rows, what="per-client: gather")
 
     def _replies(self, plan: RoundPlan, totals: np.ndarray, rows: np.ndarray | None, gathered: list) -> Replies:
         reports = [r for worker_reports, _ in gathered for r in worker_reports]
@@ -289,13 +289,13 @@ class RoundProtocol:
     def _evaluate(self, plan: RoundPlan) -> None:
         buf = self.layouts.state.pack(self.server.evaluation_state()) if self.server else self._state
         self.world.sync("evaluation")
-        self.world.bcast_buffer(buf)
+        self.world.bcast_buffer(buf, what="evaluation: broadcast of the global model")
         if self.worker:
             views = self.layouts.state.views(buf)
             share = self.worker.evaluate(views["global"], views["global_ints"])
         else:
             share = self.layouts.evaluation.empty()
         self.world.sync("end of evaluation")
-        totals = self.world.reduce_sum(share.view(np.float64))
+        totals = self.world.reduce_sum(share.view(np.float64), what="evaluation: reduction")
         if self.server:
             self.server.evaluated(plan, self.layouts.evaluation.views(totals.view(np.uint8)))

@@ -228,3 +228,11 @@ def test_a_registry_whose_module_failed_to_import_loads_again(tmp_path, monkeypa
         flaky_things.THINGS.names()
     monkeypatch.setenv("FLAKY_THINGS", "ok")
     assert flaky_things.THINGS.names() == ["a", "b"]
+
+
+def test_the_entry_point_imports_no_numerical_library():
+    """mpifed.main blocks the stop signals before numpy or torch start their threads, so importing
+    it must not load them."""
+    code = "import sys, mpifed.main; print(sorted(m for m in ('numpy', 'torch', 'mpi4py') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
