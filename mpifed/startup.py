@@ -113,7 +113,7 @@ class Startup:
         device, threads, host = self._everyone("placement", lambda: place(cfg, self.mpi_world, rank, size))
 
         algo, setup = make_algorithm(cfg, manifest, device)
-        layouts = build_layouts(algo.messages(), setup.num_floats, setup.new_model().ints.numel(), manifest.test_size,
+        layouts = build_layouts(algo.messages(), setup.num_floats, setup.num_ints, manifest.test_size,
                                 cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names),
                                 manifest.val_size)
         transform = make_transform(cfg, manifest, device)
@@ -224,7 +224,8 @@ def make_algorithm(cfg: config.Config, manifest: Manifest, device: torch.device)
     probe = new_model()
     setup = Setup(num_classes=manifest.num_classes, num_clients=manifest.num_clients,
                   clients_per_round=clients_per_round(manifest.num_clients, cfg.train.participation),
-                  num_floats=probe.num_floats, num_params=probe.num_params, feature_dim=probe.model.feature_dim,
+                  num_floats=probe.num_floats, num_params=probe.num_params, num_ints=probe.ints.numel(),
+                  feature_dim=probe.model.feature_dim,
                   train=cfg.train, device=device, new_model=new_model, seed=cfg.run.seed)
     return cls(options, setup), setup
 

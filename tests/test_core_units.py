@@ -148,6 +148,20 @@ def test_checkpoint_round_trip_keep_and_corruption(tmp_path):
         checkpoint.load(path)
 
 
+def test_setup_counts_the_integer_state():
+    """Setup.num_ints is the length of the model's flat integer state (BatchNorm's counters), so
+    nobody builds a model to count it."""
+    from types import SimpleNamespace
+
+    from mpifed import config
+    from mpifed.startup import make_algorithm
+    cfg = config.load(overrides=["model.name=resnet8"])[0]
+    manifest = SimpleNamespace(input_shape=(3, 32, 32), num_classes=10, num_clients=10, vocab_size=0)
+    _, setup = make_algorithm(cfg, manifest, torch.device("cpu"))
+    counters = [b for b in setup.new_model().model.buffers() if b.dtype == torch.int64]
+    assert setup.num_ints == sum(b.numel() for b in counters) and counters
+
+
 def test_default_placement_leaves_the_compiler_stack_unloaded():
     """torch.use_deterministic_algorithms imports torch._inductor (about 1.5 s and 170 MB a rank);
     a rank placed with the default (deterministic off) must not call it, and a switch in the

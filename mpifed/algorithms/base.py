@@ -110,6 +110,7 @@ class Setup:
     clients_per_round: int
     num_floats: int            # length of the flat float32 state (parameters, then float buffers)
     num_params: int            # of which parameters
+    num_ints: int              # length of the flat int64 state (integer buffers: BatchNorm's counters)
     feature_dim: int           # the model's features(x) width
     train: TrainConfig
     device: torch.device
