@@ -122,8 +122,9 @@ class Startup:
                                          "threads": threads, "role": role, **provenance.rank_details(device)})
         peers = w.workers()
 
-        worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, index, workers) if has_worker else None
-        server = None
+        worker, server = None, None
+        if has_worker:
+            worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, index, workers)
         if is_server:
             server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers)
             provenance.record(run.path, ranks, server.rnd)
