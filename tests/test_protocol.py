@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from conftest import REPO, env, run_mpi, tiny
+from mpifed.algorithms.base import Messages, summed
 from mpifed.client_state import ClientStates, discard_from
-from mpifed.protocol import Layout
+from mpifed.comm import Comm
+from mpifed.plan import RoundPlan
+from mpifed.protocol import Layout, RoundProtocol, Trained, build_layouts
 
 BROKEN = '''
 from mpifed.algorithms.base import Algorithm, Client, Server, per_client
@@ -121,3 +124,86 @@ def test_a_damaged_state_file_is_reported(tmp_path):
     (tmp_path / "0" / "r1.bin").write_bytes(b"short")
     with pytest.raises(ClientStateError, match="r1.bin holds 5 bytes"):
         store.get(0, 2)
+
+
+class RecordingComm(Comm):
+    """The single-process group, recording what each buffer broadcast carries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broadcasts: list[tuple[str, int]] = []
+
+    def bcast_buffer(self, buf, *, what, root=0):
+        self.broadcasts.append((what, buf.nbytes))
+
+
+class CountingServer:
+    """A server side whose global model is the round number (aggregation adds one)."""
+
+    def __init__(self, rounds, evaluate, down):
+        self.rounds, self.evaluate, self.down = rounds, evaluate, down
+        self.rnd, self.model = 0, torch.zeros(4)
+
+    def plan(self):
+        if self.rnd == self.rounds:
+            return RoundPlan(round=self.rnd, lr=0.0, stop=True)
+        return RoundPlan(round=self.rnd, lr=0.1, assignment=[[0]], evaluate=self.evaluate[self.rnd])
+
+    def downlink(self, plan):
+        return {"global": self.model, "global_ints": torch.zeros(1, dtype=torch.int64),
+                **({"hint": self.model[:3] * 10} if self.down else {})}
+
+    def aggregate(self, plan, replies):
+        self.model = self.model + 1
+
+    def evaluation_state(self):
+        return {"global": self.model, "global_ints": torch.zeros(1, dtype=torch.int64)}
+
+    def evaluated(self, plan, totals):
+        pass
+
+    def end_round(self, plan, times, stops):
+        self.rnd += 1
+
+    def stopped(self, usage):
+        pass
+
+
+class ReceivingWorker:
+    index = 0
+
+    def __init__(self, layouts):
+        self.layouts = layouts
+        self.received = []
+
+    def start_round(self, plan, down):
+        self.received.append((down.weights.clone(), {k: v.clone() for k, v in down.extra.items()}))
+
+    def train(self, plan):
+        return Trained(self.layouts.sums.empty(), np.zeros(0, np.uint8), [])
+
+    def flush_states(self, keep_from):
+        pass
+
+    def evaluate(self, weights, ints):
+        return self.layouts.evaluation.empty()
+
+
+@pytest.mark.parametrize("down", [True, False])
+def test_after_an_evaluated_round_the_downlink_does_not_send_the_model_again(down):
+    """The evaluation broadcasts the aggregated model; the next round's downlink then carries only
+    the method's tensors, and every worker still trains from the right model."""
+    messages = Messages(down={"hint": (3,)} if down else {}, up={"model": summed(4), "weight": summed(1)})
+    layouts = build_layouts(messages, 4, 1, 10, 5, 2, 0)
+    evaluate = [True, False, True, True]
+    server, worker, comm = CountingServer(4, evaluate, down), ReceivingWorker(layouts), RecordingComm()
+    RoundProtocol(layouts, comm, Comm(), server, worker, 1).run()
+
+    model, tail = layouts.state.nbytes, layouts.down.nbytes - layouts.state.nbytes
+    full, rest = [("downlink: broadcast", model + tail)], [("downlink: broadcast", tail)] if down else []
+    evaluation = [("evaluation: broadcast of the global model", model)]
+    assert comm.broadcasts == full + evaluation + rest + full + evaluation + rest + evaluation
+    for rnd, (weights, extra) in enumerate(worker.received):
+        assert torch.equal(weights, torch.full((4,), float(rnd)))
+        if down:
+            assert torch.equal(extra["hint"], torch.full((3,), 10.0 * rnd))
