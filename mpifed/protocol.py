@@ -10,7 +10,8 @@ laid out once, in :class:`Layouts`, from the method's ``Messages``::
     plan         server -> all       which clients train where, the learning rate, evaluate? stop?
     migrate      worker -> worker    client state held by another worker (point to point)
     downlink     server -> all       the global model and the method's down tensors (Bcast); after an
-                                     evaluated round only the method's tensors (the evaluation sent the model)
+                                     evaluated round only the method's tensors (the evaluation sent the
+                                     model), unless the method evaluates another model (plan.model_held)
     statistics   workers <-> workers sums over the round's clients before training (Allreduce; optional)
     (local training)
     uplink       all -> server       sums over the round's clients (Reduce)
@@ -187,7 +188,7 @@ class RoundProtocol:
         self.worker = worker
         self._down = layouts.down.empty()
         self._state = layouts.state.empty()
-        self._held: np.ndarray | None = None   # the global model every rank already holds (from an evaluation)
+        self._evaluated: np.ndarray | None = None   # the state the last evaluation broadcast
         self._rows = np.zeros(clients_per_round * layouts.rows.nbytes, dtype=np.uint8) if server else None
 
     def run(self) -> None:
@@ -212,7 +213,8 @@ class RoundProtocol:
             self._migrate(plan)
 
         with _timed(times, "downlink"):                                             # downlink
-            down = self._downlink(self.layouts.down.pack(server.downlink(plan)) if server else self._down)
+            down = self._downlink(self.layouts.down.pack(server.downlink(plan)) if server else self._down,
+                                  plan.model_held)
 
         with _timed(times, "local_training"):
             if worker:
@@ -267,16 +269,17 @@ class RoundProtocol:
         for _, cid, message in recvs:
             self.worker.adopt_state(cid, message)
 
-    def _downlink(self, buf: np.ndarray) -> Downlink:
-        """The global model and the method's down tensors, on every rank. After an evaluated round
-        every rank holds the global model already (the evaluation broadcast it, after aggregation,
-        the last change to it), so only the method's tensors travel."""
-        held, self._held = self._held, None
-        if held is None:
+    def _downlink(self, buf: np.ndarray, held: bool) -> Downlink:
+        """The global model and the method's down tensors, on every rank. When every rank ``held`` the
+        global model already (the last evaluation broadcast it, after aggregation, the last change to
+        it, and it was the global model, not another one the method reports), only the method's
+        tensors travel."""
+        evaluated, self._evaluated = self._evaluated, None
+        if not held:
             self.world.bcast_buffer(buf, what="downlink: broadcast")
             model = self.layouts.down.views(buf)
         else:
-            model = self.layouts.state.views(held)
+            model = self.layouts.state.views(evaluated)
             if buf.nbytes > self.layouts.state.nbytes:   # the method's entries follow the model's in the layout
                 self.world.bcast_buffer(buf[self.layouts.state.nbytes:], what="downlink: broadcast")
         extra = {k: v for k, v in self.layouts.down.views(buf).items() if k not in self.layouts.state.entries}
@@ -314,4 +317,4 @@ class RoundProtocol:
         totals = self.world.reduce_sum(share.view(np.float64), what="evaluation: reduction")
         if self.server:
             self.server.evaluated(plan, self.layouts.evaluation.views(totals.view(np.uint8)))
-        self._held = buf
+        self._evaluated = buf

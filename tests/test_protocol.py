@@ -138,26 +138,30 @@ class RecordingComm(Comm):
 
 
 class CountingServer:
-    """A server side whose global model is the round number (aggregation adds one)."""
+    """A server side whose global model is the round number (aggregation adds one); with
+    ``reports_other`` it evaluates another model (as FedDyn's clients_mean does)."""
 
-    def __init__(self, rounds, evaluate, down):
-        self.rounds, self.evaluate, self.down = rounds, evaluate, down
-        self.rnd, self.model = 0, torch.zeros(4)
+    def __init__(self, rounds, evaluate, down, reports_other=False):
+        self.rounds, self.evaluate, self.down, self.reports_other = rounds, evaluate, down, reports_other
+        self.rnd, self.model, self.sent = 0, torch.zeros(4), False
 
     def plan(self):
         if self.rnd == self.rounds:
             return RoundPlan(round=self.rnd, lr=0.0, stop=True)
-        return RoundPlan(round=self.rnd, lr=0.1, assignment=[[0]], evaluate=self.evaluate[self.rnd])
+        return RoundPlan(round=self.rnd, lr=0.1, assignment=[[0]], evaluate=self.evaluate[self.rnd],
+                         model_held=self.sent)
 
     def downlink(self, plan):
         return {"global": self.model, "global_ints": torch.zeros(1, dtype=torch.int64),
                 **({"hint": self.model[:3] * 10} if self.down else {})}
 
     def aggregate(self, plan, replies):
-        self.model = self.model + 1
+        self.model, self.sent = self.model + 1, False
 
     def evaluation_state(self):
-        return {"global": self.model, "global_ints": torch.zeros(1, dtype=torch.int64)}
+        self.sent = not self.reports_other
+        return {"global": -self.model if self.reports_other else self.model,
+                "global_ints": torch.zeros(1, dtype=torch.int64)}
 
     def evaluated(self, plan, totals):
         pass
@@ -207,3 +211,20 @@ def test_after_an_evaluated_round_the_downlink_does_not_send_the_model_again(dow
         assert torch.equal(weights, torch.full((4,), float(rnd)))
         if down:
             assert torch.equal(extra["hint"], torch.full((3,), 10.0 * rnd))
+
+
+def test_when_the_evaluation_sends_another_model_the_downlink_sends_the_global_one():
+    """A method that evaluates another model than the global one (FedDyn's clients_mean): the
+    next round's downlink sends the global model, and the workers train from it."""
+    messages = Messages(up={"model": summed(4), "weight": summed(1)})
+    layouts = build_layouts(messages, 4, 1, 10, 5, 2, 0)
+    server = CountingServer(3, [True, True, True], False, reports_other=True)
+    worker, comm = ReceivingWorker(layouts), RecordingComm()
+    RoundProtocol(layouts, comm, Comm(), server, worker, 1).run()
+
+    full = [("downlink: broadcast", layouts.down.nbytes)]
+    evaluation = [("evaluation: broadcast of the global model", layouts.state.nbytes)]
+    assert comm.broadcasts == (full + evaluation) * 3
+    assert len(worker.received) == 3
+    for rnd, (weights, _) in enumerate(worker.received):
+        assert torch.equal(weights, torch.full((4,), float(rnd)))
