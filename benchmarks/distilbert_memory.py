@@ -113,7 +113,8 @@ def main() -> None:
     flat = new_model()
     eval_copy = InferenceCopy(flat)
     cfg = TrainConfig(local_epochs=1, batch_size=args.batch, optimizer="adam", lr=1e-5, weight_decay=0.0)
-    setup = Setup(args.classes, 1, 1, flat.num_floats, flat.num_params, flat.model.feature_dim, cfg, device, new_model)
+    setup = Setup(args.classes, 1, 1, flat.num_floats, flat.num_params, flat.ints.numel(), flat.model.feature_dim, cfg,
+                  device, new_model)
     n = args.steps * args.batch
     inputs = {"input_ids": torch.randint(1000, 30000, (n, args.length), dtype=torch.int32, device=device),
               "attention_mask": torch.ones(n, args.length, dtype=torch.uint8, device=device)}

@@ -1,5 +1,8 @@
 """Collectives between ranks: buffer-based MPI, or trivial in the single-process debug mode.
 
+Every collective is named by the caller (``what``): the round protocol and the start-up
+name their phases, and a collective that does not complete is reported under that name.
+
 Collectives here never wait on their own. Wherever ranks may arrive at very different
 times (a worker waiting for the next round while the server evaluates, the server
 waiting for the slowest worker), the round code first calls :meth:`Comm.sync`: ranks
@@ -60,25 +63,33 @@ class Comm:
         """Wait (yielding the CPU) until every rank has arrived here; returns the seconds waited."""
         return 0.0
 
-    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
+    def bcast_object(self, obj: Any, *, what: str, root: int = 0) -> Any:
+        """``root``'s small picklable ``obj`` on every rank."""
         return obj
 
-    def bcast_buffer(self, buf: np.ndarray, root: int = 0) -> None:
+    def bcast_buffer(self, buf: np.ndarray, *, what: str, root: int = 0) -> None:
         """Broadcast a contiguous numpy buffer in place."""
 
-    def reduce_sum(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+    def reduce_sum(self, buf: np.ndarray, *, what: str, root: int = 0) -> np.ndarray | None:
         """Element-wise sum of every rank's ``buf`` (float64 or int64) on ``root``; None elsewhere."""
         return _summable(buf)
 
-    def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
+    def allreduce_sum(self, buf: np.ndarray, *, what: str) -> np.ndarray:
         return _summable(buf)
 
-    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+    def gather_object(self, obj: Any, *, what: str, root: int = 0) -> list[Any] | None:
+        """Every rank's small picklable ``obj``, in rank order, on ``root``; None elsewhere."""
         return [obj]
 
-    def gatherv(self, buf: np.ndarray, counts: list[int], recv: np.ndarray | None, root: int = 0) -> np.ndarray | None:
+    def gatherv(self, buf: np.ndarray, counts: list[int], recv: np.ndarray | None, *, what: str,
+                root: int = 0) -> np.ndarray | None:
         """Rank r's ``buf`` (``counts[r]`` bytes, uint8) concatenated in rank order into ``recv`` on ``root``."""
         return buf
+
+    def workers(self) -> "Comm":
+        """The group of the worker ranks (1..N-1), for their exchanges among themselves; every rank
+        calls it. In the debug mode, and on the server rank, a single-process stand-in."""
+        return Comm(self.timeout_s, self.poll_s * 1000.0)
 
     def exchange(self, sends: list[tuple[int, int, np.ndarray]], recvs: list[tuple[int, int, np.ndarray]]) -> None:
         """Point to point: each (peer, key, buffer) of ``sends`` goes to that peer, each of ``recvs`` is
@@ -168,37 +179,38 @@ class MpiComm(Comm):
         finally:
             timer.cancel()
 
-    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
-        with self._watchdog("broadcast of the round plan"):
+    def bcast_object(self, obj: Any, *, what: str, root: int = 0) -> Any:
+        with self._watchdog(what):
             return self.comm.bcast(obj, root=root)
 
-    def bcast_buffer(self, buf: np.ndarray, root: int = 0) -> None:
-        with self._watchdog("broadcast of the model"):
+    def bcast_buffer(self, buf: np.ndarray, *, what: str, root: int = 0) -> None:
+        with self._watchdog(what):
             self.comm.Bcast(buf, root=root)
 
-    def reduce_sum(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+    def reduce_sum(self, buf: np.ndarray, *, what: str, root: int = 0) -> np.ndarray | None:
         _summable(buf)
-        with self._watchdog("reduction of the sums"):
+        with self._watchdog(what):
             if self.rank == root:
                 self.comm.Reduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM, root=root)
                 return buf
             self.comm.Reduce(buf, None, op=self._mpi.SUM, root=root)
         return None
 
-    def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
+    def allreduce_sum(self, buf: np.ndarray, *, what: str) -> np.ndarray:
         _summable(buf)
-        with self._watchdog("all-reduce of the statistics"):
+        with self._watchdog(what):
             self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
         return buf
 
-    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
-        with self._watchdog("gather of the client reports"):
+    def gather_object(self, obj: Any, *, what: str, root: int = 0) -> list[Any] | None:
+        with self._watchdog(what):
             return self.comm.gather(obj, root=root)
 
-    def gatherv(self, buf: np.ndarray, counts: list[int], recv: np.ndarray | None, root: int = 0) -> np.ndarray | None:
+    def gatherv(self, buf: np.ndarray, counts: list[int], recv: np.ndarray | None, *, what: str,
+                root: int = 0) -> np.ndarray | None:
         if buf.nbytes != counts[self.rank]:
             raise RuntimeError(f"rank {self.rank} sends {buf.nbytes} bytes where the layout expects {counts[self.rank]}")
-        with self._watchdog("gather of the per-client rows"):
+        with self._watchdog(what):
             if self.rank == root:
                 total = sum(counts)
                 displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
@@ -213,6 +225,14 @@ class MpiComm(Comm):
         requests = [self.comm.Isend(buf, dest=peer, tag=_MOVE_TAG) for peer, _, buf in sends]
         requests += [self.comm.Irecv(buf, source=peer, tag=_MOVE_TAG) for peer, _, buf in recvs]
         self._poll(requests, "moves of client state between workers", lambda: sorted({p for p, _, _ in sends + recvs}))
+
+    def workers(self) -> Comm:
+        sub = self.comm.Split(1 if self.rank > 0 else self._mpi.UNDEFINED, self.rank)
+        if self.rank == 0:
+            return Comm(self.timeout_s, self.poll_s * 1000.0)
+        group = MpiComm(sub, self.timeout_s, self.poll_s * 1000.0)
+        group.on_abort = self.on_abort
+        return group
 
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()

@@ -4,12 +4,13 @@ A configuration is a tree of dataclasses (a dataclass may define ``check() -> li
 for rules between its own keys). Some sections are *choices*: a ``name``
 picks an entry of a registry (an algorithm, a partition, a data set, a model) and the
 remaining keys are that entry's own options, validated against its ``Options``
-dataclass. Everything is checked before any work starts; every problem is reported
-with the key that has it, what is allowed, and the nearest valid key for a typo.
+dataclass (made with :mod:`mpifed.options`); an entry may also check the rest of the
+configuration (its ``check_config(cfg)`` hook). Everything is checked before any work
+starts; every problem is reported with the key that has it, what is allowed, and the
+nearest valid key for a typo.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import hashlib
@@ -23,30 +24,9 @@ from typing import Any, Callable, Literal, Union
 
 import yaml
 
+from mpifed.options import ConfigError, NoOptions, opt
 from mpifed.packaged import find_config
-from mpifed.registry import nearest
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with a message that names the key and the fix."""
-
-
-def opt(default: Any, help: str, *, min: float | None = None, max: float | None = None,
-        exclusive_min: bool = False, math: bool = True) -> Any:
-    """A config field with its help text and allowed range.
-
-    ``math=False`` marks keys that do not change the numbers a run produces (logging,
-    checkpoint frequency, resources); a resumed run may change them.
-    """
-    meta = {"help": help, "min": min, "max": max, "exclusive_min": exclusive_min, "math": math}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-@dataclass
-class NoOptions:
-    """For registry entries without options."""
+from mpifed.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, Registry, nearest
 
 
 @dataclass
@@ -77,17 +57,16 @@ def choice(registry: Callable[[], dict[str, type]], default: str, help: str,
 
 
 # --------------------------------------------------------------------- registries
-def _options_of(kind: str) -> Callable[[], dict[str, type]]:
+def _options_of(registry: Registry) -> Callable[[], dict[str, type]]:
     def options() -> dict[str, type]:
-        from mpifed import registry
-        return {name: entry.Options for name, entry in getattr(registry, kind).items().items()}
+        return {name: entry.Options for name, entry in registry.items().items()}
     return options
 
 
-_algorithms = _options_of("ALGORITHMS")
-_partitions = _options_of("PARTITIONS")
-_datasets = _options_of("DATASETS")
-_models = _options_of("MODELS")
+_algorithms = _options_of(ALGORITHMS)
+_partitions = _options_of(PARTITIONS)
+_datasets = _options_of(DATASETS)
+_models = _options_of(MODELS)
 
 
 # ------------------------------------------------------------------------ schema
@@ -499,19 +478,30 @@ def cross_checks(cfg: Config) -> list[str]:
     sampled = round(cfg.train.participation * cfg.data.num_clients)
     if sampled < 1:
         errors.append(f"train.participation: {cfg.train.participation} of {cfg.data.num_clients} clients samples no client; raise it to at least {1 / cfg.data.num_clients:.3g}")
-    from mpifed.registry import ALGORITHMS
     method = ALGORITHMS.get(cfg.algorithm.name)
     if method.needs_server_data and cfg.data.server_holdout_per_class <= 0:
         errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
-    errors.extend(method.check_config(cfg))
+    errors.extend(entry_checks(cfg))
     errors.extend(_modality_checks(cfg))
+    return errors
+
+
+def entry_checks(cfg: Config) -> list[str]:
+    """The chosen entries' own checks of the rest of the configuration: the ``check_config(cfg)``
+    hook an algorithm, model, data set or partition may define (FedNova needs SGD, say)."""
+    chosen = [(ALGORITHMS, cfg.algorithm), (MODELS, cfg.model), (DATASETS, cfg.data.dataset),
+              (PARTITIONS, cfg.data.partition)]
+    errors = []
+    for registry, picked in chosen:
+        check = getattr(registry.get(picked.name), "check_config", None)
+        if check is not None:
+            errors.extend(check(cfg))
     return errors
 
 
 def _modality_checks(cfg: Config) -> list[str]:
     """The model takes what the data set holds (images or text); text needs a tokenizer."""
     from mpifed.data.raw import modality
-    from mpifed.registry import DATASETS, MODELS
     data = modality(DATASETS.get(cfg.data.dataset.name))
     model = modality(MODELS.get(cfg.model.name))
     errors = []

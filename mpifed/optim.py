@@ -22,12 +22,14 @@ rounding (the learning rate multiplies as a tensor instead of scaling inside one
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from mpifed.config import TrainConfig
 from mpifed.flat import FlatModel
+
+if TYPE_CHECKING:
+    from mpifed.config import TrainConfig
 
 
 class FlatOptimizer(Protocol):

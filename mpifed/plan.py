@@ -18,6 +18,7 @@ class RoundPlan:
     stop: bool = False
     keep_states_from: int = 0   # a resume may start at this round or later (client-state versions it needs are kept)
     moves: list[tuple[int, int, int]] = field(default_factory=list)   # (client, from worker, to worker): client state to move
+    model_held: bool = False    # every rank holds the global model already (the last round's evaluation sent it)
 
 
 def clients_per_round(num_clients: int, participation: float) -> int:

@@ -18,6 +18,7 @@ from mpifed import __version__, config
 from mpifed.data.download import MIRROR_ENV, DownloadError, fetch
 from mpifed.data.prepared import Manifest, ensure_prepared, prepare, prepared_dir
 from mpifed.data.raw import class_names
+from mpifed.registry import DATASETS
 
 
 def _dataset_root(cfg: config.Config) -> str:
@@ -54,7 +55,7 @@ def plot_partition(m: Manifest) -> Path:
     shown = ", ".join(f"{k} {v}" for k, v in spec.items() if k not in ("name", "fingerprint", *_TUNING))
     title = f"{m.spec['dataset']['name']}: {m.num_clients} clients, {spec['name']} partition{f' ({shown})' if shown else ''}"
     return plots.heatmap(m.root / "partition.png", title, "training samples per client and class (blank: none)", counts,
-                         [str(k) for k in range(m.num_clients)], class_names(m.spec["dataset"]["name"], m.num_classes),
+                         [str(k) for k in range(m.num_clients)], class_names(DATASETS.get(m.spec["dataset"]["name"]), m.num_classes),
                          "class", "client", "samples", fmt="{:.0f}")
 
 

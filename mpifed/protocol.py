@@ -9,7 +9,9 @@ laid out once, in :class:`Layouts`, from the method's ``Messages``::
 
     plan         server -> all       which clients train where, the learning rate, evaluate? stop?
     migrate      worker -> worker    client state held by another worker (point to point)
-    downlink     server -> all       the global model and the method's down tensors (Bcast)
+    downlink     server -> all       the global model and the method's down tensors (Bcast); after an
+                                     evaluated round only the method's tensors (the evaluation sent the
+                                     model), unless the method evaluates another model (plan.model_held)
     statistics   workers <-> workers sums over the round's clients before training (Allreduce; optional)
     (local training)
     uplink       all -> server       sums over the round's clients (Reduce)
@@ -186,6 +188,7 @@ class RoundProtocol:
         self.worker = worker
         self._down = layouts.down.empty()
         self._state = layouts.state.empty()
+        self._evaluated: np.ndarray | None = None   # the state the last evaluation broadcast
         self._rows = np.zeros(clients_per_round * layouts.rows.nbytes, dtype=np.uint8) if server else None
 
     def run(self) -> None:
@@ -201,7 +204,7 @@ class RoundProtocol:
 
         plan = server.plan() if server else None                                    # plan
         world.sync("start of round")
-        plan = world.bcast_object(plan)
+        plan = world.bcast_object(plan, what="plan: broadcast")
         if plan.stop:
             self._stop()
             return False
@@ -210,17 +213,16 @@ class RoundProtocol:
             self._migrate(plan)
 
         with _timed(times, "downlink"):                                             # downlink
-            buf = self.layouts.down.pack(server.downlink(plan)) if server else self._down
-            world.bcast_buffer(buf)
-        views = self.layouts.down.views(buf)
+            down = self._downlink(self.layouts.down.pack(server.downlink(plan)) if server else self._down,
+                                  plan.model_held)
 
         with _timed(times, "local_training"):
             if worker:
-                worker.start_round(plan, Downlink(views.pop("global"), views.pop("global_ints"), views))
+                worker.start_round(plan, down)
                 if self.layouts.statistics.entries:                                 # statistics
                     sums = self.layouts.statistics.pack(worker.statistics(plan))
                     self.peers.sync("client statistics")
-                    self.peers.allreduce_sum(sums.view(np.float64))
+                    self.peers.allreduce_sum(sums.view(np.float64), what="statistics: all-reduce")
                     worker.use_statistics(self.layouts.statistics.views(sums))
                 trained = worker.train(plan)                                        # (local training)
                 if plan.checkpoint:
@@ -230,9 +232,9 @@ class RoundProtocol:
             world.sync("end of local training")
 
         with _timed(times, "uplink"):
-            totals = world.reduce_sum(trained.sums.view(np.float64))                # uplink
-            rows = self._gather_rows(plan, trained.rows)                            # per-client
-            gathered = world.gather_object((trained.reports, received()))           # reports
+            totals = world.reduce_sum(trained.sums.view(np.float64), what="uplink: reduction")
+            rows = self._gather_rows(plan, trained.rows)
+            gathered = world.gather_object((trained.reports, received()), what="reports: gather")
 
         if server:
             with _timed(times, "aggregate"):
@@ -251,7 +253,7 @@ class RoundProtocol:
     def _stop(self) -> None:
         if self.worker:
             self.worker.flush_states(0)
-        gathered = self.world.gather_object(usage())
+        gathered = self.world.gather_object(usage(), what="stop: gather of the resource usage")
         if self.server:
             self.server.stopped(gathered)
 
@@ -267,6 +269,22 @@ class RoundProtocol:
         for _, cid, message in recvs:
             self.worker.adopt_state(cid, message)
 
+    def _downlink(self, buf: np.ndarray, held: bool) -> Downlink:
+        """The global model and the method's down tensors, on every rank. When every rank ``held`` the
+        global model already (the last evaluation broadcast it, after aggregation, the last change to
+        it, and it was the global model, not another one the method reports), only the method's
+        tensors travel."""
+        evaluated, self._evaluated = self._evaluated, None
+        if not held:
+            self.world.bcast_buffer(buf, what="downlink: broadcast")
+            model = self.layouts.down.views(buf)
+        else:
+            model = self.layouts.state.views(evaluated)
+            if buf.nbytes > self.layouts.state.nbytes:   # the method's entries follow the model's in the layout
+                self.world.bcast_buffer(buf[self.layouts.state.nbytes:], what="downlink: broadcast")
+        extra = {k: v for k, v in self.layouts.down.views(buf).items() if k not in self.layouts.state.entries}
+        return Downlink(model["global"], model["global_ints"], extra)
+
     def _gather_rows(self, plan: RoundPlan, mine: np.ndarray) -> np.ndarray | None:
         row = self.layouts.rows.nbytes
         if not row:
@@ -274,7 +292,7 @@ class RoundProtocol:
         counts = [len(a) * row for a in plan.assignment]
         if self.world.size > 1:
             counts = [0] + counts     # rank 0 (the server) trains no client under MPI
-        return self.world.gatherv(mine, counts, self._rows)
+        return self.world.gatherv(mine, counts, self._rows, what="per-client: gather")
 
     def _replies(self, plan: RoundPlan, totals: np.ndarray, rows: np.ndarray | None, gathered: list) -> Replies:
         reports = [r for worker_reports, _ in gathered for r in worker_reports]
@@ -289,13 +307,14 @@ class RoundProtocol:
     def _evaluate(self, plan: RoundPlan) -> None:
         buf = self.layouts.state.pack(self.server.evaluation_state()) if self.server else self._state
         self.world.sync("evaluation")
-        self.world.bcast_buffer(buf)
+        self.world.bcast_buffer(buf, what="evaluation: broadcast of the global model")
         if self.worker:
             views = self.layouts.state.views(buf)
             share = self.worker.evaluate(views["global"], views["global_ints"])
         else:
             share = self.layouts.evaluation.empty()
         self.world.sync("end of evaluation")
-        totals = self.world.reduce_sum(share.view(np.float64))
+        totals = self.world.reduce_sum(share.view(np.float64), what="evaluation: reduction")
         if self.server:
             self.server.evaluated(plan, self.layouts.evaluation.views(totals.view(np.uint8)))
+        self._evaluated = buf

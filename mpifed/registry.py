@@ -7,7 +7,13 @@ An entry registers itself where it is defined, with an explicit name::
 
 A registry fills itself on first use by importing the modules it is told about (every
 module of a package, or a single module), so a new entry is one new file in that
-package. A name registered twice is an error at import time.
+package. A name registered twice is an error at import time. Registering is all a plug-in
+module does with a registry while it is imported: a look-up then (which would need the
+entries still being imported) is an error.
+
+An entry may define ``check_config(cfg) -> list[str]``: the problems of the rest of the
+run's configuration for this entry, each naming the fix (:func:`mpifed.config.entry_checks`).
+This module imports nothing of mpifed; reading a registry imports its plug-ins.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ class Registry(Generic[T]):
         self.modules = modules
         self._entries: dict[str, T] = {}
         self._loaded = False
+        self._loading = False
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator: add the decorated object under ``name`` (lower-case letters, digits, '_')."""
@@ -52,12 +59,20 @@ class Registry(Generic[T]):
     def _load(self) -> None:
         if self._loaded:
             return
+        if self._loading:
+            raise RegistryError(f"the {self.kind} registry was read while its modules were being imported; a module "
+                                f"of {', '.join(self.modules)} must not look {self.kind}s up at import time "
+                                f"(do it inside a function)")
+        self._loading = True
+        try:
+            for name in self.modules:
+                module = importlib.import_module(name)
+                if hasattr(module, "__path__"):
+                    for info in pkgutil.iter_modules(module.__path__):
+                        importlib.import_module(f"{name}.{info.name}")
+        finally:
+            self._loading = False
         self._loaded = True
-        for name in self.modules:
-            module = importlib.import_module(name)
-            if hasattr(module, "__path__"):
-                for info in pkgutil.iter_modules(module.__path__):
-                    importlib.import_module(f"{name}.{info.name}")
 
     def get(self, name: str) -> T:
         """The entry ``name``; an unknown name raises KeyError naming the nearest known one."""

@@ -37,7 +37,7 @@ import yaml
 from mpifed import config, results
 from mpifed.data.raw import class_names
 from mpifed.pipes import quiet_when_pipe_closes
-from mpifed.registry import ALGORITHMS
+from mpifed.registry import ALGORITHMS, DATASETS
 from mpifed.rundir import RunDir
 from mpifed.summary import Summary, tabulate
 from mpifed.table import finished_runs, load_table, resolve, stored_identity
@@ -262,10 +262,10 @@ def figures(c: Collection, out: Path, fmt: str) -> dict[str, list[Path]]:
 
 def _class_names(run: Path, num_classes: int) -> list[str] | None:
     try:
-        name = yaml.safe_load((run / "config.yaml").read_text())["data"]["dataset"]["name"]
+        dataset = DATASETS.get(yaml.safe_load((run / "config.yaml").read_text())["data"]["dataset"]["name"])
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return None
-    return class_names(name, num_classes)
+    return class_names(dataset, num_classes)
 
 
 def _slug(text: str) -> str:

@@ -277,6 +277,20 @@ class RunDir:
             return None
         return data if isinstance(data, dict) else None
 
+    def mark_failed(self, error: str, checkpoint: Path | None) -> None:
+        """Record in status.json (and log.txt) that the run failed, with the reason and the checkpoint to
+        resume from. Best effort: a failure to write (a full disk) is reported, never raised."""
+        if not self.path.is_dir():
+            return
+        try:
+            with open(self.path / "log.txt", "a") as log:
+                log.write(f"{time.strftime('%H:%M:%S')} [mpifed] failed: {error}\n")
+            self.write_json("status.json", {"state": "failed", "error": error,
+                                            "checkpoint": str(checkpoint) if checkpoint else None})
+        except OSError as exc:
+            sys.stderr.write(f"[mpifed] could not record the failure in {self.path}/status.json ({exc.strerror}); "
+                             f"readers treat the run as failed once its processes have ended\n")
+
     def close(self) -> None:
         if self._log is not None:
             self._log.close()

@@ -43,6 +43,7 @@ class RoundServer:
         self.device = flat.floats.device
         self.metrics: list[dict[str, Any]] = []
         self.rnd = 0                       # the next round to run (0-based)
+        self.model_sent = False            # the last evaluation broadcast the global model as it is now
         self.holders: dict[int, int] = {}  # client -> the worker holding its state in memory
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_round = 0
@@ -89,7 +90,7 @@ class RoundServer:
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
                          evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
-                         keep_states_from=self._oldest_resume_round(rnd), moves=moves)
+                         keep_states_from=self._oldest_resume_round(rnd), moves=moves, model_held=self.model_sent)
 
     def downlink(self, plan: RoundPlan) -> dict[str, torch.Tensor]:
         return {"global": self.global_floats, "global_ints": self.global_ints,
@@ -100,11 +101,14 @@ class RoundServer:
         ints, samples = sums.pop("_ints"), sums.pop("_samples")
         mine = Replies(sums, {k: v.to(self.device) for k, v in replies.rows.items()}, replies.clients)
         self.global_floats = self.method.aggregate(plan.round, self.global_floats, mine).to(torch.float32)
+        self.model_sent = False
         self.global_ints = torch.round(ints / samples).to(torch.int64)
         self.replies = mine
 
     def evaluation_state(self) -> dict[str, torch.Tensor]:
-        return {"global": self.method.reported(self.global_floats), "global_ints": self.global_ints}
+        reported = self.method.reported(self.global_floats)
+        self.model_sent = reported is self.global_floats     # so the next downlink need not send it
+        return {"global": reported, "global_ints": self.global_ints}
 
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None:
         m = self.manifest

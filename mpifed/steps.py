@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable
 
 import torch
 
-from mpifed.config import ConfigError, TrainConfig
 from mpifed.flat import FlatModel
 from mpifed.optim import FlatOptimizer, make_optimizer
+from mpifed.options import ConfigError
 
 if TYPE_CHECKING:
     from mpifed.algorithms.base import Batch, Client, ClientContext
+    from mpifed.config import TrainConfig
 
 WARMUP_STEPS = 3   # eager steps (on a side stream) before a graph is captured, as CUDA graph capture requires
 

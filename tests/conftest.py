@@ -49,8 +49,8 @@ def small_setup(classes: int = 3, clients: int = 4, in_features: int = 4):
     def new_model():
         return FlatModel(SplitNet(torch.nn.Flatten(), torch.nn.Linear(in_features, classes)))
     flat = new_model()
-    return Setup(classes, clients, clients, flat.num_floats, flat.num_params, in_features, TrainConfig(),
-                 torch.device("cpu"), new_model)
+    return Setup(classes, clients, clients, flat.num_floats, flat.num_params, flat.ints.numel(), in_features,
+                 TrainConfig(), torch.device("cpu"), new_model)
 
 
 def env() -> dict[str, str]:

@@ -43,7 +43,7 @@ def bn_setup():
     def new_model():
         return FlatModel(SplitNet(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(4)), torch.nn.Linear(4, 3)))
     flat = new_model()
-    return Setup(3, 4, 4, flat.num_floats, flat.num_params, 4, TrainConfig(), torch.device("cpu"), new_model)
+    return Setup(3, 4, 4, flat.num_floats, flat.num_params, flat.ints.numel(), 4, TrainConfig(), torch.device("cpu"), new_model)
 
 
 def fedavgm_rounds(**options):

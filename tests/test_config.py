@@ -1,4 +1,6 @@
 import copy
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -107,6 +109,24 @@ def test_participation_that_samples_nobody():
 def test_algorithm_needing_server_data_says_how():
     with pytest.raises(ConfigError, match="data.server_holdout_per_class"):
         config.load(overrides=["algorithm.name=fedcad"])
+
+
+def test_any_chosen_entry_checks_the_rest_of_the_config(tmp_path):
+    """A model, data set or partition may define check_config(cfg), like an algorithm."""
+    (tmp_path / "picky_model.py").write_text(
+        "from mpifed.models.cnn import DigitsCNN\n"
+        "from mpifed.registry import MODELS\n\n\n"
+        "@MODELS.register('picky_cnn')\n"
+        "class Picky(DigitsCNN):\n"
+        "    @staticmethod\n"
+        "    def check_config(cfg):\n"
+        "        return [] if cfg.train.batch_size <= 8 else ['train.batch_size: picky_cnn takes at most 8']\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import picky_model; from mpifed import config\n"
+            "config.load(overrides=['model.name=picky_cnn', 'train.batch_size=8'])\n"
+            "try:\n    config.load(overrides=['model.name=picky_cnn'])\n"
+            "except config.ConfigError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert "train.batch_size: picky_cnn takes at most 8" in out
 
 
 def test_math_fingerprint_ignores_bookkeeping():

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from mpifed import checkpoint
-from mpifed.config import NoOptions
 from mpifed.data.sets.idx import read_idx, write_idx
 from mpifed.flat import FlatModel
 from mpifed.models import build_model
 from mpifed.optim import FlatSGD
+from mpifed.options import NoOptions
 from mpifed.placement import PlacementError, choose_device, choose_threads
 from mpifed.plan import assign_clients, client_seed, sample_clients, state_moves
 from mpifed.protocol import Layout, ProtocolError
@@ -148,15 +148,29 @@ def test_checkpoint_round_trip_keep_and_corruption(tmp_path):
         checkpoint.load(path)
 
 
+def test_setup_counts_the_integer_state():
+    """Setup.num_ints is the length of the model's flat integer state (BatchNorm's counters), so
+    nobody builds a model to count it."""
+    from types import SimpleNamespace
+
+    from mpifed import config
+    from mpifed.startup import make_algorithm
+    cfg = config.load(overrides=["model.name=resnet8"])[0]
+    manifest = SimpleNamespace(input_shape=(3, 32, 32), num_classes=10, num_clients=10, vocab_size=0)
+    _, setup = make_algorithm(cfg, manifest, torch.device("cpu"))
+    counters = [b for b in setup.new_model().model.buffers() if b.dtype == torch.int64]
+    assert setup.num_ints == sum(b.numel() for b in counters) and counters
+
+
 def test_default_placement_leaves_the_compiler_stack_unloaded():
     """torch.use_deterministic_algorithms imports torch._inductor (about 1.5 s and 170 MB a rank);
     a rank placed with the default (deterministic off) must not call it, and a switch in the
     same process (the re-entrant main) must still take effect."""
     code = ("import sys, torch\n"
             "from mpifed import config\n"
-            "from mpifed.main import _place\n"
+            "from mpifed.startup import place\n"
             "from mpifed.placement import set_deterministic\n"
-            "_place(config.load()[0], None, 0, 1)\n"
+            "place(config.load()[0], None, 0, 1)\n"
             "print('torch._inductor' in sys.modules)\n"
             "set_deterministic(True)\n"
             "print(torch.are_deterministic_algorithms_enabled())\n"

@@ -1,13 +1,14 @@
 """Each loader on small files written here in the data set's real on-disk format."""
 import json
 import pickle
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from mpifed import config
-from mpifed.data.raw import DataMissing
+from mpifed.data.raw import DataMissing, Dataset
 from mpifed.data.sets.idx import write_idx
 from mpifed.registry import DATASETS
 from mpifed.data.prepared import prepare
@@ -64,6 +65,37 @@ def test_folder_data_sets_missing_say_where(tmp_path, name):
     assert DATASETS.get(name).raw_missing(DATASETS.get(name).Options(root=str(tmp_path))) == tmp_path
     with pytest.raises(DataMissing, match="data.dataset.root"):
         load(name, root=str(tmp_path))
+
+
+def test_every_data_set_is_a_dataset():
+    assert [n for n in DATASETS.names() if not issubclass(DATASETS.get(n), Dataset)] == []
+
+
+def test_a_data_set_names_the_files_it_needs(tmp_path):
+    class Files(Dataset):
+        title = "Files"
+        needs = ("train/", "labels.txt")
+        how_to_get = "Put them there."
+
+    options = SimpleNamespace(root=str(tmp_path))
+    assert Files.raw_missing(options) == tmp_path
+    with pytest.raises(DataMissing, match=r"^Files: train/, labels.txt not found in .*\. Put them there\.$"):
+        Files.root(options)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "labels.txt").mkdir()           # a folder where a file is needed
+    with pytest.raises(DataMissing, match="Files: labels.txt not found"):
+        Files.root(options)
+    (tmp_path / "labels.txt").rmdir()
+    (tmp_path / "labels.txt").write_text("")
+    assert Files.raw_missing(options) is None and Files.root(options) == tmp_path
+
+
+def test_cinic_with_its_validation_split_needs_that_folder_too(tmp_path):
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+    assert DATASETS.get("cinic10").raw_missing(DATASETS.get("cinic10").Options(root=str(tmp_path))) is None
+    with pytest.raises(DataMissing, match="CINIC-10: valid/ not found"):
+        load("cinic10", root=str(tmp_path), include_valid=True)
 
 
 def test_mnist_idx_files(tmp_path):

@@ -73,3 +73,43 @@ def test_hung_worker_is_named_after_the_timeout(has_mpirun, tmp_path):
     assert took < 60 and proc.returncode != 0
     assert "rank 0: rank(s) 2 did not reach 'end of local training'" in text and "comm.timeout_s=5" in text, text
     assert "Last checkpoint:" in text and "--resume" in text
+
+
+STALLING_MODEL = '''
+import os
+import signal
+from pathlib import Path
+
+from mpifed.models.cnn import DigitsCNN
+from mpifed.registry import MODELS
+
+
+@MODELS.register("stalling_cnn")
+class StallingCNN(DigitsCNN):
+    """DigitsCNN, except that rank 2 stops (SIGSTOP) the first time it builds one."""
+
+    @staticmethod
+    def build(options, image_shape, num_classes):
+        if os.environ.get("OMPI_COMM_WORLD_RANK") == "2":
+            Path(__file__).with_suffix(".pid").write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return DigitsCNN.build(options, image_shape, num_classes)
+'''
+
+
+def test_a_rank_hung_in_start_up_is_named_under_the_start_up_phase(has_mpirun, tmp_path):
+    plugin = tmp_path / "stalling.py"
+    plugin.write_text(STALLING_MODEL)
+    out = []
+    proc = start_mpi(tiny(tmp_path, "model.name=stalling_cnn", "comm.timeout_s=5") + ["--plugin", str(plugin)])
+    try:
+        took, text = finish(proc, out, timeout=120)
+    finally:
+        pid = plugin.with_suffix(".pid")
+        if pid.exists():
+            try:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    assert "rank 0: rank(s) 2 did not reach 'start-up: ranks'" in text and "comm.timeout_s=5" in text, text

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from mpifed.config import NoOptions, TrainConfig
+from mpifed.config import TrainConfig
 from mpifed.flat import FlatModel
 from mpifed.models import build_model
 from mpifed.optim import make_optimizer, round_lr
+from mpifed.options import NoOptions
 
 
 @pytest.mark.parametrize("kind,wd", [("adam", 0.0), ("adam", 1e-2), ("adamw", 1e-2)])

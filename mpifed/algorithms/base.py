@@ -31,18 +31,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Hashable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
 
-from mpifed.config import NoOptions, TrainConfig
 from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
 from mpifed.optim import FlatOptimizer
+from mpifed.options import NoOptions
 from mpifed.steps import LocalSteps
+
+if TYPE_CHECKING:
+    from mpifed.config import TrainConfig
 
 Shape = tuple[int, ...]
 
@@ -109,6 +112,7 @@ class Setup:
     clients_per_round: int
     num_floats: int            # length of the flat float32 state (parameters, then float buffers)
     num_params: int            # of which parameters
+    num_ints: int              # length of the flat int64 state (integer buffers: BatchNorm's counters)
     feature_dim: int           # the model's features(x) width
     train: TrainConfig
     device: torch.device

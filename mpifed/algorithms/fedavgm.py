@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 
 from mpifed.algorithms.base import Algorithm, Server
-from mpifed.config import opt
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

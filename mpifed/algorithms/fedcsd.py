@@ -8,8 +8,8 @@ import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Server
 from mpifed.algorithms.teacher import Teacher
-from mpifed.config import opt
 from mpifed.losses import class_sums, csd_loss
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, ClientContext, Server, forward, summed
-from mpifed.config import opt
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

@@ -7,8 +7,8 @@ from typing import Any, Literal
 import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Server
-from mpifed.config import opt
 from mpifed.optim import FlatSGD
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

@@ -13,9 +13,9 @@ from torch import nn
 from torch.func import functional_call
 
 from mpifed.algorithms.base import Algorithm, Client, Server, Setup, per_client
-from mpifed.config import opt
 from mpifed.flat import FlatModel
 from mpifed.losses import one_hot
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 WEIGHT_FLOOR = 1e-4          # the decayed client weights never fall below this (official code)

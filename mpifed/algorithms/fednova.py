@@ -7,7 +7,7 @@ import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Messages, Server, summed
 from mpifed.algorithms.scaffold import effective_steps
-from mpifed.config import opt
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 from mpifed.algorithms.base import Algorithm, Client
 from mpifed.algorithms.teacher import Teacher
-from mpifed.config import opt
 from mpifed.losses import kd_loss, ntd_loss
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, Server, summed
-from mpifed.config import opt
 from mpifed.losses import class_sums
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpifed.algorithms.base import Algorithm, Client
-from mpifed.config import opt
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, Setup
 from mpifed.algorithms.teacher import Teacher
-from mpifed.config import opt
 from mpifed.losses import moon_loss
 from mpifed.models.base import ProjectionHead
+from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
 

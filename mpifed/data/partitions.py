@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mpifed.config import NoOptions, opt
+from mpifed.options import NoOptions, opt
 from mpifed.registry import PARTITIONS
 
 

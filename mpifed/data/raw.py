@@ -1,39 +1,72 @@
-"""The in-memory forms data-set loaders return, before partitioning: decoded images
-(:class:`RawData`) or labelled texts (:class:`RawText`, tokenized by the prepare step into a
-:class:`RawData` of token-id arrays)."""
+"""What a data set is (:class:`Dataset`, the base of every registered one) and the in-memory
+forms its loader returns, before partitioning: decoded images (:class:`RawData`) or labelled
+texts (:class:`RawText`, tokenized by the prepare step into a :class:`RawData` of token-id
+arrays)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ClassVar
 
 import numpy as np
+
+from mpifed.options import NoOptions
 
 
 class DataMissing(FileNotFoundError):
     """The raw files of a data set are not where the config says."""
 
 
-class Dataset(Protocol):
-    """What a registered data set provides (see :mod:`mpifed.data.sets`); ``modality`` is
-    "image" (the default when absent) or "text"; ``class_names`` (optional) names the classes
-    in label order, for figures."""
+class Dataset:
+    """A registered data set (see :mod:`mpifed.data.sets`): its config keys (``Options``), what
+    it holds (``modality``: "image" or "text"), the augmentation its papers use by default
+    (``crop_padding``, ``flip``), the names of its classes in label order when it has them
+    (``class_names``, for figures), and ``load(options) -> RawData | RawText``.
 
-    Options: type
-    crop_padding: int
-    flip: bool
+    A data set read from files under ``options.root`` names them in ``needs`` (``"train/"`` a
+    folder, ``"train.csv"`` a file; :meth:`needed` when they depend on the options). It then
+    has :meth:`raw_missing`, a cheap check that reads nothing (``python -m mpifed.table
+    --list`` marks the runs whose data is missing), and :meth:`root`, the folder once the files
+    are there, else a :class:`DataMissing` that names the missing ones and ``how_to_get``.
+    """
 
-    @staticmethod
-    def load(options) -> "RawData | RawText": ...
+    Options: ClassVar[type] = NoOptions
+    title: ClassVar[str] = ""            # the data set's name in messages
+    modality: ClassVar[str] = "image"
+    crop_padding: ClassVar[int] = 0
+    flip: ClassVar[bool] = False
+    class_names: ClassVar[tuple[str, ...] | None] = None
+    needs: ClassVar[tuple[str, ...]] = ()
+    how_to_get: ClassVar[str] = ""       # the end of the DataMissing message: where the files come from
+
+    @classmethod
+    def needed(cls, options: Any) -> list[str]:
+        """The files and folders (ending in ``/``) that ``options.root`` must hold."""
+        return list(cls.needs)
+
+    @classmethod
+    def raw_missing(cls, options: Any) -> Path | None:
+        """The folder expected to hold the raw files when some are not there; None when they all are."""
+        return Path(options.root) if cls._absent(options) else None
+
+    @classmethod
+    def root(cls, options: Any) -> Path:
+        """``options.root``, once every needed file is there."""
+        absent = cls._absent(options)
+        if absent:
+            raise DataMissing(f"{cls.title}: {', '.join(absent)} not found in {options.root}. {cls.how_to_get}")
+        return Path(options.root)
+
+    @classmethod
+    def _absent(cls, options: Any) -> list[str]:
+        needed = cls.needed(options)
+        root = Path(options.root) if needed else None
+        return [n for n in needed if not ((root / n).is_dir() if n.endswith("/") else (root / n).is_file())]
 
 
-def class_names(dataset: str, num_classes: int) -> list[str] | None:
-    """The class names of the registered data set ``dataset``, when it has them for this many classes."""
-    from mpifed.registry import DATASETS
-    try:
-        names = getattr(DATASETS.get(dataset), "class_names", None)
-    except KeyError:
-        return None
+def class_names(dataset: object, num_classes: int) -> list[str] | None:
+    """The class names of a data set's entry, when it has them for this many classes."""
+    names = getattr(dataset, "class_names", None)
     return list(names) if names is not None and len(names) == num_classes else None
 
 
@@ -70,10 +103,6 @@ class RawText:
                 raise ValueError(f"{name} labels must be int64 of length {len(texts)}, got {y.dtype} {y.shape}")
             if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
                 raise ValueError(f"{name} labels must lie in [0, {self.num_classes}), got [{y.min()}, {y.max()}]")
-
-    # Data sets read from files also define ``raw_missing(options) -> Path | None``: the folder
-    # they expect when their files are not there (None when present or fetched on demand), a
-    # cheap check that reads nothing (``python -m mpifed.table --list`` marks such runs).
 
 
 @dataclass

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from mpifed.data.prepared import Manifest
 from mpifed.data.shards import Inputs, read_rows, read_shard
+
+if TYPE_CHECKING:
+    from mpifed.data.prepared import Manifest
 
 
 def take(inputs: Any, idx: torch.Tensor) -> Any:

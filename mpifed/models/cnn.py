@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mpifed.config import NoOptions
 from mpifed.models.base import SplitNet
+from mpifed.options import NoOptions
 from mpifed.registry import MODELS
 
 

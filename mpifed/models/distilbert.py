@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mpifed.config import opt
 from mpifed.models.base import Classifier
+from mpifed.options import opt
 from mpifed.registry import MODELS
 
 HOW_TO_GET = (

@@ -11,8 +11,8 @@ from typing import Callable, Literal
 import torch
 from torch import nn
 
-from mpifed.config import opt
 from mpifed.models.base import Classifier
+from mpifed.options import opt
 from mpifed.registry import MODELS
 
 

@@ -6,8 +6,8 @@ from typing import Literal
 
 from torch import nn
 
-from mpifed.config import NoOptions, opt
 from mpifed.models.base import SplitNet
+from mpifed.options import NoOptions, opt
 from mpifed.registry import MODELS
 
 

@@ -5,13 +5,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpifed.config import opt
-from mpifed.data.raw import RawData, stratified_split
+from mpifed.data.raw import Dataset, RawData, stratified_split
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 
 @DATASETS.register("digits")
-class Digits:
+class Digits(Dataset):
     """scikit-learn's 8x8 handwritten digits (1,797 images, shipped with scikit-learn; no download).
 
     Pixel values 0..16 are scaled to 0..255. There is no official test split: a
@@ -22,9 +22,6 @@ class Digits:
     class Options:
         test_fraction: float = opt(0.2, "fraction of each class held out as the test set", min=0, max=1, exclusive_min=True)
         split_seed: int = opt(0, "seed of the train/test split", min=0)
-
-    crop_padding = 0
-    flip = False
 
     @staticmethod
     def load(options: "Digits.Options") -> RawData:
@@ -37,7 +34,7 @@ class Digits:
 
 
 @DATASETS.register("synthetic")
-class Synthetic:
+class Synthetic(Dataset):
     """Class-dependent random patterns plus noise: tiny, learnable, for tests and benchmarks."""
 
     @dataclass
@@ -49,9 +46,6 @@ class Synthetic:
         size: int = opt(8, "image height and width", min=4)
         noise: float = opt(40.0, "standard deviation of the pixel noise (0..255 scale)", min=0)
         data_seed: int = opt(0, "seed of the class patterns and samples", min=0)
-
-    crop_padding = 0
-    flip = False
 
     @staticmethod
     def load(options: "Synthetic.Options") -> RawData:

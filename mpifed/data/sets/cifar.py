@@ -8,8 +8,8 @@ from typing import Literal
 
 import numpy as np
 
-from mpifed.config import opt
-from mpifed.data.raw import DataMissing, RawData
+from mpifed.data.raw import DataMissing, Dataset, RawData
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 
@@ -53,7 +53,7 @@ CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 
 
 @DATASETS.register("cifar10")
-class Cifar10:
+class Cifar10(Dataset):
     """CIFAR-10 (50,000 + 10,000 32x32 colour images, 10 classes) from ``cifar-10-batches-py``."""
 
     @dataclass
@@ -76,7 +76,7 @@ class Cifar10:
 
 
 @DATASETS.register("cifar100")
-class Cifar100:
+class Cifar100(Dataset):
     """CIFAR-100 (50,000 + 10,000 32x32 colour images) from ``cifar-100-python``: 100 fine or 20 coarse classes."""
 
     @dataclass

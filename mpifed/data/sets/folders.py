@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mpifed.config import opt
-from mpifed.data.raw import DataMissing, RawData, stratified_split
+from mpifed.data.raw import DataMissing, Dataset, RawData, stratified_split
 from mpifed.data.sets.cifar import CIFAR10_CLASSES
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
@@ -43,7 +43,7 @@ def class_names(root: Path) -> list[str]:
 
 
 @DATASETS.register("cinic10")
-class Cinic10:
+class Cinic10(Dataset):
     """CINIC-10 (Darlow et al.): 32x32 images in ``train/``, ``valid/``, ``test/`` with a folder per
     class (90,000 each). FedNTD trains on ``train`` (90,000) and tests on ``test``."""
 
@@ -52,20 +52,19 @@ class Cinic10:
         root: str = opt("data/raw/cinic-10", "folder with train/, valid/ and test/")
         include_valid: bool = opt(False, "add valid/ to the training set")
 
+    title = "CINIC-10"
     crop_padding = 4
     flip = True
     class_names = CIFAR10_CLASSES     # its class folders, sorted, are CIFAR-10's classes in label order
+    how_to_get = "Set data.dataset.root to the folder that holds CINIC-10's train/, valid/ and test/"
 
-    @staticmethod
-    def raw_missing(options) -> Path | None:
-        root = Path(options.root)
-        return None if (root / "train").is_dir() and (root / "test").is_dir() else root
+    @classmethod
+    def needed(cls, options) -> list[str]:
+        return ["train/", "test/"] + (["valid/"] if options.include_valid else [])
 
-    @staticmethod
-    def load(options) -> RawData:
-        root = Path(options.root)
-        if Cinic10.raw_missing(options) is not None:
-            raise DataMissing(f"CINIC-10: {root} must hold the train/ and test/ class folders; set data.dataset.root")
+    @classmethod
+    def load(cls, options) -> RawData:
+        root = cls.root(options)
         classes = class_names(root / "train")
         trx, try_ = read_class_folders(root / "train", classes, 32)
         if options.include_valid:
@@ -78,7 +77,7 @@ class Cinic10:
 
 
 @DATASETS.register("tiny_imagenet")
-class TinyImageNet:
+class TinyImageNet(Dataset):
     """Tiny-ImageNet-200: 64x64 images; ``train/<wnid>/images/*.JPEG`` (500 per class) and
     ``val/images`` labelled by ``val/val_annotations.txt`` (50 per class), used as the test set
     (the official test labels are not public)."""
@@ -87,19 +86,15 @@ class TinyImageNet:
     class Options:
         root: str = opt("data/raw/tiny-imagenet-200", "folder with wnids.txt, train/ and val/")
 
+    title = "Tiny-ImageNet"
     crop_padding = 4
     flip = True
+    needs = ("wnids.txt",)
+    how_to_get = "Set data.dataset.root to the folder tiny-imagenet-200.zip unpacks to"
 
-    @staticmethod
-    def raw_missing(options) -> Path | None:
-        root = Path(options.root)
-        return None if (root / "wnids.txt").is_file() else root
-
-    @staticmethod
-    def load(options) -> RawData:
-        root = Path(options.root)
-        if TinyImageNet.raw_missing(options) is not None:
-            raise DataMissing(f"Tiny-ImageNet: {root}/wnids.txt not found; set data.dataset.root")
+    @classmethod
+    def load(cls, options) -> RawData:
+        root = cls.root(options)
         wnids = (root / "wnids.txt").read_text().split()
         xs, ys = [], []
         for label, wnid in enumerate(wnids):
@@ -121,7 +116,7 @@ class TinyImageNet:
 
 
 @DATASETS.register("office_caltech")
-class OfficeCaltech:
+class OfficeCaltech(Dataset):
     """Office-Caltech-10: four domains (amazon, caltech, dslr, webcam), each ``<domain>/<class>/<image>``
     with the same 10 classes. Every domain keeps its own stratified test split (FedCSD Table II
     reports accuracy per domain and their mean); samples carry their domain for the ``domain``
@@ -143,20 +138,14 @@ class OfficeCaltech:
         split_seed: int = opt(0, "seed of the per-domain train/test split", min=0)
         train_cut: float = opt(0.0, "train every domain on train_cut x the smallest domain's training split (FedBN: 0.5; 0: all)", min=0, max=1)
 
-    crop_padding = 0
+    title = "Office-Caltech-10"
     flip = True
+    needs = tuple(f"{d}/" for d in DOMAINS)
+    how_to_get = "Set data.dataset.root to the folder that holds the four domain folders"
 
-    @staticmethod
-    def raw_missing(options) -> Path | None:
-        root = Path(options.root)
-        return None if all((root / d).is_dir() for d in OfficeCaltech.DOMAINS) else root
-
-    @staticmethod
-    def load(options) -> RawData:
-        root = Path(options.root)
-        missing = [d for d in OfficeCaltech.DOMAINS if not (root / d).is_dir()]
-        if missing:
-            raise DataMissing(f"Office-Caltech-10: domain folder(s) {', '.join(missing)} not found under {root}; set data.dataset.root")
+    @classmethod
+    def load(cls, options) -> RawData:
+        root = cls.root(options)
         classes = class_names(root / OfficeCaltech.DOMAINS[0])
         parts = {"trx": [], "try": [], "trg": [], "tex": [], "tey": [], "teg": []}
         domains = [read_class_folders(root / d, classes, options.size) for d in OfficeCaltech.DOMAINS]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpifed.config import opt
-from mpifed.data.raw import DataMissing, RawData
+from mpifed.data.raw import DataMissing, Dataset, RawData
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -67,10 +67,8 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str, classes: 
         root: str = opt(default_root, f"folder with the {title} IDX files (train-images-idx3-ubyte[.gz], ...)")
         download: bool = opt(False, "fetch the files with torchvision when they are missing (needs internet)", math=False)
 
-    class IdxDataset:
+    class IdxDataset(Dataset):
         __doc__ = f"{title} from its IDX files (60,000 training and 10,000 test 28x28 grey images)."
-        crop_padding = 0
-        flip = False
         class_names = classes
 
         @staticmethod

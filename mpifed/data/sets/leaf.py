@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpifed.config import opt
-from mpifed.data.raw import DataMissing, RawData
+from mpifed.data.raw import DataMissing, Dataset, RawData
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 
@@ -37,7 +37,7 @@ def read_leaf(folder: Path, writer_ids: dict[str, int]) -> tuple[np.ndarray, np.
 
 
 @DATASETS.register("femnist")
-class Femnist:
+class Femnist(Dataset):
     """FEMNIST (LEAF): 28x28 handwritten characters of ~3,500 writers, 62 classes (10 digits, 52
     letters). Every training sample keeps its writer, for the ``natural`` partition (writers
     grouped into clients, as FedCAD groups ~2,000 writers into 10 clients). ``digits_only``
@@ -48,21 +48,15 @@ class Femnist:
         root: str = opt("data/raw/femnist", "folder with LEAF's train/ and test/ JSON folders (leaf/data/femnist/data)")
         digits_only: bool = opt(False, "keep only the digit classes 0-9")
 
-    crop_padding = 0
-    flip = False
+    title = "FEMNIST"
     class_names = tuple("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")   # LEAF's label order
+    needs = ("train/", "test/")
+    how_to_get = ("Make LEAF's train/ and test/ folders of JSON files with LEAF's preprocess.sh and set "
+                  "data.dataset.root to the folder that holds them")
 
-    @staticmethod
-    def raw_missing(options) -> Path | None:
-        root = Path(options.root)
-        return None if (root / "train").is_dir() and (root / "test").is_dir() else root
-
-    @staticmethod
-    def load(options) -> RawData:
-        root = Path(options.root)
-        if Femnist.raw_missing(options) is not None:
-            raise DataMissing(f"FEMNIST: {root} must hold LEAF's train/ and test/ folders of JSON files "
-                              f"(made by LEAF's preprocess.sh); set data.dataset.root")
+    @classmethod
+    def load(cls, options) -> RawData:
+        root = cls.root(options)
         writers: dict[str, int] = {}
         trx, try_, trg = read_leaf(root / "train", writers)
         tex, tey, _ = read_leaf(root / "test", writers)

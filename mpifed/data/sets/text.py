@@ -12,8 +12,8 @@ from typing import Literal
 
 import numpy as np
 
-from mpifed.config import opt
-from mpifed.data.raw import DataMissing, RawText, stratified_split
+from mpifed.data.raw import DataMissing, Dataset, RawText, stratified_split
+from mpifed.options import opt
 from mpifed.registry import DATASETS
 
 
@@ -44,15 +44,10 @@ def read_ag_news_csv(path: Path) -> tuple[list[str], np.ndarray]:
 
 
 @DATASETS.register("ag_news")
-class AgNews:
+class AgNews(Dataset):
     """AG News (Zhang et al., 2015): 4 news topics (World, Sports, Business, Sci/Tech), 120,000
     training and 7,600 test texts, from the original ``train.csv`` and ``test.csv``. FedGKD
     (Table 2) trains on 60,000: ``train_fraction: 0.5``, a seeded half of every class."""
-
-    modality = "text"
-    crop_padding = 0
-    flip = False
-    class_names = ("World", "Sports", "Business", "Sci/Tech")
 
     @dataclass
     class Options:
@@ -60,18 +55,16 @@ class AgNews:
         train_fraction: float = opt(1.0, "keep this fraction of every class of the training texts (FedGKD: 0.5)", min=0, max=1, exclusive_min=True)
         fraction_seed: int = opt(0, "seed of the kept fraction", min=0)
 
-    @staticmethod
-    def raw_missing(options: "AgNews.Options") -> Path | None:
-        root = Path(options.root)
-        return None if all((root / n).is_file() for n in ("train.csv", "test.csv")) else root
+    title = "AG News"
+    modality = "text"
+    class_names = ("World", "Sports", "Business", "Sci/Tech")
+    needs = ("train.csv", "test.csv")
+    how_to_get = ("Get the ag_news_csv archive (Zhang et al. 2015: train.csv, test.csv, classes.txt) and point "
+                  "data.dataset.root at it")
 
-    @staticmethod
-    def load(options: "AgNews.Options") -> RawText:
-        root = Path(options.root)
-        missing = [n for n in ("train.csv", "test.csv") if not (root / n).is_file()]
-        if missing:
-            raise DataMissing(f"AG News: {', '.join(missing)} not found in {root}. Get the ag_news_csv archive "
-                              f"(Zhang et al. 2015: train.csv, test.csv, classes.txt) and point data.dataset.root at it")
+    @classmethod
+    def load(cls, options: "AgNews.Options") -> RawText:
+        root = cls.root(options)
         train, ytr = read_ag_news_csv(root / "train.csv")
         test, yte = read_ag_news_csv(root / "test.csv")
         train, ytr = _keep_fraction(train, ytr, options.train_fraction, options.fraction_seed)
@@ -145,7 +138,7 @@ _SST_READERS = {"ptb": (".txt", read_ptb), "jsonl": (".jsonl", read_jsonl), "tsv
 
 
 @DATASETS.register("sst5")
-class SST5:
+class SST5(Dataset):
     """SST-5, the Stanford Sentiment Treebank's five-class sentence-level task (labels 0-4, very
     negative to very positive). Reads the PTB trees (``train.txt``, ``test.txt``: the root's label
     and the sentence), or one sentence per line as ``train.jsonl``/``test.jsonl`` or
@@ -154,8 +147,6 @@ class SST5:
     phrases); the common JSONL/TSV exports hold the same sentences. The dev split is not used."""
 
     modality = "text"
-    crop_padding = 0
-    flip = False
     class_names = ("very negative", "negative", "neutral", "positive", "very positive")
 
     @dataclass
@@ -206,15 +197,11 @@ def read_fortunes(path: Path) -> list[str]:
 
 
 @DATASETS.register("fortunes")
-class Fortunes:
+class Fortunes(Dataset):
     """Debian's ``fortunes`` package (``apt-get install fortunes``): short English texts filed by
     topic; each chosen category file is a class. The default four categories hold 2,961 texts (2,369 training, 592 test).
     A stratified ``test_fraction`` is held out with ``split_seed``. A small, real, offline
     topic-classification task for demonstrations, not a benchmark from a paper."""
-
-    modality = "text"
-    crop_padding = 0
-    flip = False
 
     @dataclass
     class Options:
@@ -223,20 +210,20 @@ class Fortunes:
         test_fraction: float = opt(0.2, "fraction of each class held out as the test set", min=0, max=1, exclusive_min=True)
         split_seed: int = opt(0, "seed of the train/test split", min=0)
 
-    @staticmethod
-    def raw_missing(options: "Fortunes.Options") -> Path | None:
-        root = Path(options.root)
-        return None if all((root / c).is_file() for c in options.categories) else root
+    title = "fortunes"
+    modality = "text"
+    how_to_get = ("Install Debian's fortune files (apt-get install fortunes) or point data.dataset.root at a folder "
+                  "holding them")
 
-    @staticmethod
-    def load(options: "Fortunes.Options") -> RawText:
-        root = Path(options.root)
+    @classmethod
+    def needed(cls, options: "Fortunes.Options") -> list[str]:
+        return list(options.categories)
+
+    @classmethod
+    def load(cls, options: "Fortunes.Options") -> RawText:
         if len(options.categories) < 2:
             raise ValueError("data.dataset.categories: name at least two fortune files (classes)")
-        missing = [c for c in options.categories if not (root / c).is_file()]
-        if missing:
-            raise DataMissing(f"fortunes: {', '.join(missing)} not found in {root}. Install Debian's fortune files "
-                              f"(apt-get install fortunes) or point data.dataset.root at a folder holding them")
+        root = cls.root(options)
         texts: list[str] = []
         labels: list[int] = []
         for c, name in enumerate(options.categories):

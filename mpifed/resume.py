@@ -1,0 +1,174 @@
+"""What a run directory that already holds a run allows: continue it, refuse, or nothing to do.
+
+The policy, from the run's status.json and its latest complete checkpoint (rank 0 decides it
+at start-up, with the run's lock held):
+
+    --resume, a checkpoint        continue after the checkpoint's round, unless the settings that
+                                  change the numbers (``math`` keys) or the prepared data differ
+                                  (refused, naming them) or train.rounds is below the rounds done
+                                  (refused); a checkpoint that predates a setting takes its default
+    --resume, finished            nothing to do when train.rounds is the rounds done; more rounds
+                                  train further from the last checkpoint; with the checkpoints
+                                  deleted, more rounds are refused
+    --resume, no checkpoint       start from round 1
+    --resume, failed              as above, saying that it had failed; temporary files a failed
+                                  write left are removed
+    a new run, directory taken    refused, unless --overwrite, which deletes only a directory
+                                  mpifed made (it holds the ``.mpifed-run`` marker)
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mpifed import checkpoint, config
+from mpifed.progress import count
+from mpifed.rundir import MARKER, RunDir, RunLocked
+
+
+class RunError(RuntimeError):
+    """A problem with the run directory or resume request."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How a run starts: after a checkpoint, from round 1, or not at all (``nothing_to_do`` says why)."""
+
+    resume_from: Path | None = None
+    nothing_to_do: str | None = None
+
+
+def saved_config(run: RunDir) -> dict[str, Any]:
+    """The config.yaml of a run to resume, or a RunError that says how to restore it."""
+    if not run.holds_run():
+        raise RunError(f"--resume {run.path}: no run there (no config.yaml); give the run directory, e.g. runs/<name>")
+    try:
+        saved = run.read_config()
+    except yaml.YAMLError as exc:
+        problem = f"is not valid YAML ({exc})"
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror})"
+    else:
+        if isinstance(saved, dict):
+            return saved
+        problem = "is empty" if saved is None else f"holds a {type(saved).__name__}, not a mapping of sections"
+    latest = checkpoint.latest(run.checkpoints)
+    if latest is None:
+        fix = "Restore it from a copy, or start the run again with --overwrite (it has no checkpoint)"
+    else:
+        fix = (f"Restore it from the run's checkpoint, which holds the resolved config under the key 'config': "
+               f"python -c \"import sys, yaml; from pathlib import Path; from mpifed.checkpoint import load; "
+               f"print(yaml.safe_dump(load(Path(sys.argv[1]))['config'], sort_keys=False), end='')\" "
+               f"{latest} > {run.path / 'config.yaml'}")
+    raise RunError(f"--resume {run.path}: its config.yaml {problem}, so the run's settings are unknown; nothing "
+                   f"was changed. {fix}")
+
+
+def take_lock(run: RunDir) -> None:
+    """Hold the run directory's lock (for this process's life), or say plainly why not."""
+    try:
+        warning = run.lock()
+    except RunLocked as exc:
+        raise RunError(str(exc)) from None
+    except OSError as exc:
+        raise RunError(unwritable_root(run.path, exc)) from None
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
+def unwritable_root(run_path: Path, exc: OSError) -> str:
+    return (f"cannot create the run directory {run_path} ({exc.strerror}): run.root={run_path.parent} must be a "
+            f"folder you can write to (not a file, not under /proc or /sys); set run.root=<folder>")
+
+
+def make_room(run: RunDir, overwrite: bool) -> None:
+    """For a new run: refuse a directory that holds a run, or clear it for ``--overwrite``."""
+    if not run.holds_run():
+        return
+    if not overwrite:
+        raise RunError(f"{run.path} already holds a run. Continue it with --resume {run.path}, start a new one "
+                       f"with --set run.name=<new name>, or replace it with --overwrite")
+    if not run.made_by_mpifed():
+        raise RunError(f"--overwrite refused: {run.path} lacks the {MARKER} file that marks a directory mpifed "
+                       f"made, so it is not deleted. Remove it yourself if it is a run, or choose another run.name")
+    run.clear()
+
+
+def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None) -> Decision:
+    """For ``--resume``: where the run continues from, given its state and the config now
+    (``resolved``; ``saved`` is the run's config.yaml), or a RunError saying why it cannot."""
+    status = run.status()
+    latest = checkpoint.latest(run.checkpoints)
+    if latest is not None:
+        decision = _from_checkpoint(run, cfg, resolved, saved, checkpoint.load(latest), status)
+        if decision.nothing_to_do:
+            return decision
+    elif status is not None and status["state"] == "finished":
+        return _finished_without_checkpoint(run, cfg, status)
+    if status is not None and status.get("error"):
+        print(f"[mpifed] {run.path} had failed ({status['error']}); resuming it", flush=True)
+    removed = run.remove_temporary()
+    if removed:
+        print(f"[mpifed] removed {len(removed)} temporary file(s) a failed write left in {run.path}", flush=True)
+    return Decision(resume_from=latest)
+
+
+def _from_checkpoint(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
+                     state: dict[str, Any], status: dict[str, Any] | None) -> Decision:
+    rounds = cfg.train.rounds
+    if state["rounds_done"] > rounds:
+        raise RunError(f"cannot resume {run.path} with train.rounds={rounds}: it has already completed "
+                       f"{count(state['rounds_done'], 'round')}. Set train.rounds to at least that")
+    changed, predates = config.checkpoint_changes(state["config_math"], resolved, saved)
+    if changed:
+        raise RunError(f"cannot resume {run.path}: these settings differ from the checkpoint and change the results: "
+                       f"{', '.join(changed)}. Undo them, or start a new run (another run.name)")
+    if predates:
+        shown = ", ".join(f"{k}={config.lookup(resolved, k)!r}" for k in predates)
+        print(f"[mpifed] {run.path}'s checkpoint predates the settings {shown}: resuming with these defaults",
+              flush=True)
+    if status is not None and status["state"] == "finished" and state["rounds_done"] == rounds:
+        return Decision(nothing_to_do=f"[mpifed] {run.path} is finished ({count(rounds, 'round')}): nothing to resume, "
+                                      f"nothing changed. To train it further, resume with "
+                                      f"--set train.rounds=<more than {rounds}>")
+    check_same_data(run.path, state, cfg)
+    return Decision()
+
+
+def _finished_without_checkpoint(run: RunDir, cfg: config.Config, status: dict[str, Any]) -> Decision:
+    done = status.get("rounds_done")
+    if done != cfg.train.rounds:
+        raise RunError(f"cannot resume {run.path} with train.rounds={cfg.train.rounds}: it is finished ({done} "
+                       f"rounds) and has no checkpoint left in {run.checkpoints}, so it cannot be trained further; "
+                       f"nothing was changed. Start a new run (another run.name) instead")
+    return Decision(nothing_to_do=f"[mpifed] {run.path} is finished ({done} rounds; its checkpoints were deleted): "
+                                  f"nothing to resume, nothing changed")
+
+
+def check_same_data(run_path: Path, state: dict[str, Any], cfg: config.Config) -> None:
+    """Refuse to resume when the prepared data the checkpoint was trained on would differ now (a
+    ``from_file`` partition edited since, another tokenizer). A checkpoint that predates this
+    record is not checked."""
+    from mpifed.data.partitions import PartitionError
+    from mpifed.data.prepared import prepare_spec
+    stored = state.get("data_spec")
+    if stored is None:
+        return
+    try:
+        now = prepare_spec(cfg)
+    except (PartitionError, FileNotFoundError):
+        return  # the file is gone: preparing the data reports it
+    changed = config.diff_keys(stored, now)
+    if any(k.startswith("partition.fingerprint") for k in changed):
+        raise RunError(f"cannot resume {run_path}: the partition file {cfg.data.partition.options.path} changed since "
+                       f"the run started (its content differs from the file the checkpoint was trained on), so the "
+                       f"clients would not hold the same samples. Put back the file the run started with, or start "
+                       f"a new run (another run.name)")
+    if changed:
+        raise RunError(f"cannot resume {run_path}: the data it was trained on changed since it started (differing: "
+                       f"{', '.join(changed)}). Put back what the run started with, or start a new run "
+                       f"(another run.name)")
