@@ -65,10 +65,9 @@ class FedCSDClient(Client):
         holders = totals["holders"].clamp(min=1)[:, None]
         self.prototypes = (totals["prototype_sum"] / holders).float()
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         if self.options.prototypes == "local":
             self.prototypes = self.client_prototypes(ctx.data, ctx.transform)[0].float()
-        super().train(ctx)
 
     def loss(self, ctx, batch, out):
         o = self.options

@@ -44,12 +44,11 @@ class FedCurvClient(Client):
         zeros = torch.zeros(self.setup.num_params, device=self.setup.device)
         return {"fisher": zeros, "fisher_weights": zeros.clone()}
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         others = self.fisher_sum - ctx.state["fisher"]
         self.active = bool(others.any())
         self._p = ctx.flat.param_views(others)
         self._q = ctx.flat.param_views(self.fisher_weights_sum - ctx.state["fisher_weights"])
-        super().train(ctx)
 
     def loss(self, ctx, batch, out):
         ce = super().loss(ctx, batch, out)
@@ -58,14 +57,14 @@ class FedCurvClient(Client):
         penalty = sum((p * w * w).sum() - 2 * (q * w).sum() for w, p, q in zip(ctx.model.parameters(), self._p, self._q))
         return ce + self.options.lam * penalty
 
-    def uplink(self, ctx):
-        up = super().uplink(ctx)
+    def end_client(self, ctx):
         fisher = empirical_fisher(ctx, self.options.fisher_samples)
-        fisher_weights = fisher * ctx.flat.floats[: self.setup.num_params]
-        old = ctx.state
-        ctx.state = {"fisher": fisher, "fisher_weights": fisher_weights}
-        return {**up, "delta_fisher": (fisher - old["fisher"]).double(),
-                "delta_fisher_weights": (fisher_weights - old["fisher_weights"]).double()}
+        return {"fisher": fisher, "fisher_weights": fisher * ctx.flat.floats[: self.setup.num_params]}
+
+    def uplink(self, ctx):
+        old, new = ctx.state, ctx.new_state
+        return {**super().uplink(ctx), "delta_fisher": (new["fisher"] - old["fisher"]).double(),
+                "delta_fisher_weights": (new["fisher_weights"] - old["fisher_weights"]).double()}
 
 
 class FedCurvServer(Server):

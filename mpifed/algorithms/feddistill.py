@@ -42,17 +42,17 @@ class FedDistillClient(Client):
         self.known = down["known"] > 0
         self.active = bool(self.known.any())
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         c = self.setup.num_classes
         self.sums = torch.zeros(c, c, device=self.setup.device)
         self.counts = torch.zeros(c, device=self.setup.device)
-        super().train(ctx)
+
+    def on_batch(self, ctx, batch, out):
+        sums, counts = class_sums(out.logits.float(), batch.y, self.setup.num_classes)
+        self.sums += sums
+        self.counts += counts
 
     def loss(self, ctx, batch, out):
-        with torch.no_grad():
-            sums, counts = class_sums(out.logits.detach().float(), batch.y, self.setup.num_classes)
-            self.sums += sums
-            self.counts += counts
         ce = F.cross_entropy(out.logits, batch.y)
         if not self.active:
             return ce

@@ -17,10 +17,9 @@ class FedDynClient(Client):
     only), then updates its gradient state g_k <- g_k - alpha (theta_k - w). With the official
     optimiser, alpha theta is the optimiser's weight decay and the loss keeps -alpha <w, theta>."""
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         self._grad = ctx.flat.param_views(ctx.state["grad"])
         self._anchor = ctx.flat.param_views(ctx.global_weights)
-        super().train(ctx)
 
     def optimizer(self, ctx):
         if self.options.optimizer == "train":
@@ -39,10 +38,12 @@ class FedDynClient(Client):
     def init_state(self, ctx):
         return {"grad": torch.zeros(self.setup.num_params, device=self.setup.device)}
 
-    def uplink(self, ctx):
+    def end_client(self, ctx):
         p = self.setup.num_params
         drift = ctx.flat.floats[:p] - ctx.global_weights[:p]
-        ctx.state = {"grad": ctx.state["grad"] - self.options.alpha * drift}
+        return {"grad": ctx.state["grad"] - self.options.alpha * drift}
+
+    def uplink(self, ctx):
         return {"model": ctx.flat.floats.double(), "weight": torch.ones(1, dtype=torch.float64)}
 
 

@@ -39,17 +39,18 @@ class FedProtoClient(Client):
         self.prototypes, self.known = down["prototypes"], down["known"]
         self.active = self.options.lam > 0 and bool(self.known.any())
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         c, d = self.setup.num_classes, self.setup.feature_dim
         self.feature_sums = torch.zeros(c, d, dtype=torch.float64, device=self.setup.device)
         self.counts = torch.zeros(c, dtype=torch.float64, device=self.setup.device)
-        super().train(ctx)
 
-    def loss(self, ctx, batch, out):
+    def on_batch(self, ctx, batch, out):
         if ctx.epoch == self.setup.train.local_epochs - 1:
-            sums, counts = class_sums(out.features.detach().double(), batch.y, self.setup.num_classes)
+            sums, counts = class_sums(out.features.double(), batch.y, self.setup.num_classes)
             self.feature_sums += sums
             self.counts += counts
+
+    def loss(self, ctx, batch, out):
         ce = F.cross_entropy(out.logits, batch.y)
         if not self.active:
             return ce

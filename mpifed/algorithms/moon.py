@@ -44,15 +44,16 @@ class MoonClient(Client):
         return {"previous": torch.zeros(self.setup.num_floats, device=self.setup.device),
                 "trained": torch.zeros(1, device=self.setup.device)}
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         trained = bool(ctx.state["trained"].item())
         self.has_previous = trained or (self.options.first_negative != "none" and ctx.round > 0)
         if trained:
             self.previous.load(ctx.state["previous"])
         elif self.has_previous:
             self.previous.load(self.stand_in(ctx.cid))
-        super().train(ctx)
-        ctx.state = {"previous": ctx.flat.floats.detach().clone(), "trained": torch.ones(1, device=self.setup.device)}
+
+    def end_client(self, ctx):
+        return {"previous": ctx.flat.floats.detach().clone(), "trained": torch.ones(1, device=self.setup.device)}
 
     def stand_in(self, cid: int) -> torch.Tensor:
         """The negative of a client that has not trained yet (``first_negative``)."""

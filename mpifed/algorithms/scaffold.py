@@ -59,12 +59,13 @@ class ScaffoldClient(Client):
         linear = sum((p * c).sum() for p, c in zip(ctx.model.parameters(), correction))
         return super().loss(ctx, batch, out) + linear
 
-    def uplink(self, ctx):
+    def end_client(self, ctx):
         n = self.setup.num_params
         drift = (ctx.global_weights[:n] - ctx.flat.floats[:n]) / (effective_steps(ctx.steps, self.setup.train.momentum) * ctx.lr)
-        new_control = ctx.state["control"] - self.server_control + drift
-        delta = new_control - ctx.state["control"]
-        ctx.state = {"control": new_control}
+        return {"control": ctx.state["control"] - self.server_control + drift}
+
+    def uplink(self, ctx):
+        delta = ctx.new_state["control"] - ctx.state["control"]
         return {**super().uplink(ctx), "delta_control": delta.double()}
 
 
