@@ -262,6 +262,19 @@ class ServerTools:
                           for i in range(0, self.data.num_samples, size)])
 
 
+# ------------------------------------------------------------------- behaviour checks
+@dataclass(frozen=True)
+class Switches:
+    """``--set`` overrides under which tests/test_method_behaviour.py checks a method: ``on``
+    switches its own term on (the MPI-equals-debug run uses them too; the run must differ from
+    ``reference``'s); ``off`` reduces the method exactly to the run of ``reference`` (``None``:
+    no setting does, and the method's own tests say why)."""
+
+    on: tuple[str, ...] = ()
+    off: tuple[str, ...] | None = None
+    reference: tuple[str, ...] = ("algorithm.name=fedavg",)
+
+
 # ------------------------------------------------------------------- the roles
 class Server:
     """FedAvg's server role: the new global model is sum_k w_k n_k / sum_k n_k."""
@@ -423,14 +436,16 @@ class Algorithm:
 
     Subclasses set ``Options`` (a dataclass of the method's config keys), ``Server`` and
     ``Client`` (role classes), ``needs_server_data`` (why the method needs
-    ``data.server_holdout_per_class``; empty if it does not), and override
-    :meth:`messages` and :meth:`extend_model` where they add to FedAvg's.
+    ``data.server_holdout_per_class``; empty if it does not), ``switches`` (the settings its
+    behaviour tests use), and override :meth:`messages` and :meth:`extend_model` where they add
+    to FedAvg's.
     """
 
     Options: ClassVar[type] = NoOptions
     Server: ClassVar[type[Server]] = Server
     Client: ClassVar[type[Client]] = Client
     needs_server_data: ClassVar[str] = ""
+    switches: ClassVar[Switches] = Switches()
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options

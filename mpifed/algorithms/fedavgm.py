@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Server
+from mpifed.algorithms.base import Algorithm, Server, Switches
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
@@ -67,3 +67,4 @@ class FedAvgM(Algorithm):
                         "or the clients' plain average")
 
     Server = FedAvgMServer
+    switches = Switches(on=("algorithm.beta=0.9",), off=("algorithm.beta=0", "algorithm.server_lr=1"))

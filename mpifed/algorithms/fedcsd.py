@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import class_sums, csd_loss
 from mpifed.options import opt
@@ -131,6 +131,7 @@ class FedCSD(Algorithm):
 
     Server = FedCSDServer
     Client = FedCSDClient
+    switches = Switches(on=("algorithm.mu=0.5",), off=("algorithm.mu=0",))
 
     def messages(self):
         c = self.setup.num_classes

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, ClientContext, Server, forward, summed
+from mpifed.algorithms.base import Algorithm, Client, ClientContext, Server, Switches, forward, summed
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
@@ -134,6 +134,7 @@ class FedCurv(Algorithm):
 
     Client = FedCurvClient
     Server = FedCurvServer
+    switches = Switches(on=("algorithm.lam=1",), off=("algorithm.lam=0",))
 
     def messages(self):
         p = (self.setup.num_params,)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server, per_client
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches, per_client
 from mpifed.losses import class_sums
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -134,6 +134,7 @@ class FedDistillPlus(Algorithm):
 
     Client = FedDistillClient
     Server = FedDistillServer
+    switches = Switches(on=("algorithm.weight=1",), off=("algorithm.weight=0",))
 
     def messages(self):
         c = self.setup.num_classes

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches
 from mpifed.optim import FlatSGD
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -139,6 +139,8 @@ class FedDyn(Algorithm):
 
     Client = FedDynClient
     Server = FedDynServer
+    # no alpha reduces it to FedAvg: test_feddyn_* cover it
+    switches = Switches(on=("algorithm.alpha=0.1", "train.participation=0.6"))
 
     def messages(self):
         return super().messages().extend(client_state={"grad": (self.setup.num_params,)})

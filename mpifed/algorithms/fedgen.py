@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Setup, per_client
+from mpifed.algorithms.base import Algorithm, Client, Server, Setup, Switches, per_client
 from mpifed.flat import FlatModel
 from mpifed.losses import one_hot
 from mpifed.options import opt
@@ -284,6 +284,7 @@ class FedGen(Algorithm):
 
     Server = FedGenServer
     Client = FedGenClient
+    switches = Switches(on=("algorithm.alpha=1", "algorithm.beta=1"), off=("algorithm.alpha=0", "algorithm.beta=0"))
 
     def messages(self):
         s = self.setup

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Messages, Server, summed
+from mpifed.algorithms.base import Algorithm, Client, Messages, Server, Switches, summed
 from mpifed.algorithms.scaffold import effective_steps
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -103,6 +103,9 @@ class FedNova(Algorithm):
 
     Client = FedNovaClient
     Server = FedNovaServer
+    switches = Switches(on=("data.partition.beta=0.5",),
+                        off=("data.partition=iid",),
+                        reference=("algorithm.name=fedavg", "data.partition=iid"))
 
     def messages(self):
         p, f = self.setup.num_params, self.setup.num_floats

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server, summed
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches, summed
 from mpifed.losses import class_sums
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -131,6 +131,7 @@ class FedProto(Algorithm):
 
     Server = FedProtoServer
     Client = FedProtoClient
+    switches = Switches(on=("algorithm.lam=1",), off=("algorithm.lam=0",))
 
     def messages(self):
         c, d = self.setup.num_classes, self.setup.feature_dim

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Setup
+from mpifed.algorithms.base import Algorithm, Client, Setup, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import moon_loss
 from mpifed.models.base import ProjectionHead
@@ -127,6 +127,9 @@ class Moon(Algorithm):
                     "(FedNTD's code)")
 
     Client = MoonClient
+    switches = Switches(on=("algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.6"),
+                        off=("algorithm.mu=0", "algorithm.projection_dim=0", "train.participation=0.6"),
+                        reference=("algorithm.name=fedavg", "train.participation=0.6"))
 
     def messages(self):
         return super().messages().extend(client_state={"previous": (self.setup.num_floats,), "trained": (1,)})

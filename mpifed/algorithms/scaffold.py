@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server, summed
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches, summed
 from mpifed.registry import ALGORITHMS
 
 
@@ -84,6 +84,7 @@ class Scaffold(Algorithm):
 
     Server = ScaffoldServer
     Client = ScaffoldClient
+    switches = Switches(on=("train.participation=0.6",))   # no weight to switch off: test_scaffold_* cover it
 
     def messages(self):
         p = self.setup.num_params
