@@ -277,7 +277,15 @@ class Switches:
 
 # ------------------------------------------------------------------- the roles
 class Server:
-    """FedAvg's server role: the new global model is sum_k w_k n_k / sum_k n_k."""
+    """FedAvg's server role: the new global model is sum_k w_k n_k / sum_k n_k.
+
+    ``state`` names the attributes that hold what the server keeps from round to round
+    (tensors, lists of tensors, or None), each set in ``__init__`` (or ``None`` there until
+    :meth:`start`): the checkpoint saves them under these names and a resume restores them. A
+    name the server does not set is an error when the method is built.
+    """
+
+    state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Any, setup: Setup, tools: ServerTools) -> None:
         self.options = options
@@ -307,11 +315,22 @@ class Server:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Server state needed to resume exactly."""
-        return {}
+        """Server state needed to resume exactly: the ``state`` attributes, on the CPU."""
+        return {name: _moved(getattr(self, name), torch.device("cpu")) for name in self.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` returned."""
+        """Restore what ``state_dict`` returned: each tensor where the attribute's tensor lives now
+        (set by ``__init__`` or :meth:`start`), else on the run's device."""
+        for name in self.state:
+            now = getattr(self, name)
+            setattr(self, name, _moved(state[name], now.device if isinstance(now, torch.Tensor) else self.setup.device))
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    """A state value (a tensor, a list of tensors, or None) on ``device``."""
+    if isinstance(value, list):
+        return [v.to(device) for v in value]
+    return None if value is None else value.to(device)
 
 
 class Client:
@@ -466,7 +485,12 @@ class Algorithm:
         return []
 
     def server(self, tools: ServerTools) -> Server:
-        return self.Server(self.options, self.setup, tools)
+        server = self.Server(self.options, self.setup, tools)
+        unset = [name for name in server.state if not hasattr(server, name)]
+        if unset:
+            raise TypeError(f"{type(server).__name__}.state names {unset}, which {type(server).__name__}.__init__ "
+                            f"does not set")
+        return server
 
     def client(self) -> Client:
         return self.Client(self.options, self.setup)

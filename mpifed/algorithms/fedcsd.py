@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -17,6 +17,12 @@ class FedCSDServer(Server):
     """The moving-average teacher (Eq. 12): w_xi^{t+1} = alpha w_xi^t + (1 - alpha) w_G^{t+1},
     w_xi^0 = w_G^0, over parameters and float buffers, sent with the global model."""
 
+    state = ("ema",)
+
+    def __init__(self, options, setup, tools) -> None:
+        super().__init__(options, setup, tools)
+        self.ema: torch.Tensor | None = None       # from start()
+
     def start(self, weights):
         self.ema = weights.clone()
 
@@ -28,12 +34,6 @@ class FedCSDServer(Server):
         a = self.options.alpha
         self.ema = a * self.ema + (1 - a) * new
         return new
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema.cpu()}
-
-    def load_state_dict(self, state):
-        self.ema = state["ema"].to(self.setup.device)
 
 
 class FedCSDClient(Client):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +70,8 @@ class FedCurvServer(Server):
     """FedAvg's average; keeps U = sum_j F_j and V = sum_j F_j w_j over every client's latest
     report (by adding the round's changes) and sends them down."""
 
+    state = ("fisher", "fisher_weights")
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         zeros = torch.zeros(setup.num_params, dtype=torch.float64, device=setup.device)
@@ -83,13 +84,6 @@ class FedCurvServer(Server):
         self.fisher = self.fisher + replies.sums["delta_fisher"]
         self.fisher_weights = self.fisher_weights + replies.sums["delta_fisher_weights"]
         return super().aggregate(rnd, weights, replies)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"fisher": self.fisher.cpu(), "fisher_weights": self.fisher_weights.cpu()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.fisher = state["fisher"].to(self.setup.device)
-        self.fisher_weights = state["fisher_weights"].to(self.setup.device)
 
 
 @ALGORITHMS.register("fedcurv")

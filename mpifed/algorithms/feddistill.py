@@ -68,6 +68,8 @@ class FedDistillServer(Server):
     """FedAvg's average of the models; the global logits of each class seen this round become the
     count-weighted mean of the clients' rows (other classes keep theirs)."""
 
+    state = ("logits", "known")
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         c = setup.num_classes
@@ -85,13 +87,6 @@ class FedDistillServer(Server):
 
     def log(self) -> dict[str, Any]:
         return {"classes_with_global_logits": int(self.known.sum())}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"logits": self.logits.cpu(), "known": self.known.cpu()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.logits = state["logits"].to(self.setup.device)
-        self.known = state["known"].to(self.setup.device)
 
 
 @ALGORITHMS.register("feddistill_plus")

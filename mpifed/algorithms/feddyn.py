@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -51,10 +51,14 @@ class FedDynServer(Server):
     """h <- h - alpha/m sum_{k in P_t} (theta_k - w);  w <- mean_{k in P_t} theta_k - h / alpha
     (parameters; float buffers are the plain mean). Reports w, or mean_{k in P_t} theta_k."""
 
+    state = ("h",)
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         self.h = torch.zeros(setup.num_params, dtype=torch.float64, device=setup.device)
         self.clients_mean: torch.Tensor | None = None
+        if options.evaluate == "clients_mean":
+            self.state = ("h", "clients_mean")     # the model it reports, too
 
     def aggregate(self, rnd, weights, replies):
         s, p, alpha = replies.sums, self.setup.num_params, self.options.alpha
@@ -71,17 +75,6 @@ class FedDynServer(Server):
         if self.options.evaluate == "clients_mean":
             return self.clients_mean
         return weights
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"h": self.h.cpu()}
-        if self.options.evaluate == "clients_mean":
-            state["clients_mean"] = self.clients_mean.cpu()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.h = state["h"].to(self.setup.device)
-        if self.options.evaluate == "clients_mean":
-            self.clients_mean = state["clients_mean"].to(self.setup.device)
 
 
 @ALGORITHMS.register("feddyn")

@@ -18,6 +18,8 @@ from mpifed.registry import ALGORITHMS
 class BufferServer(Server):
     """Keeps the last M global models produced by aggregation (Alg. 1's buffer)."""
 
+    state = ("buffer",)
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         self.buffer: list[torch.Tensor] = []
@@ -36,12 +38,6 @@ class BufferServer(Server):
 
     def log(self) -> dict[str, Any]:
         return {"teacher_models": self.teacher_models}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"buffer": [b.cpu() for b in self.buffer]}
-
-    def load_state_dict(self, state):
-        self.buffer = [b.to(self.setup.device) for b in state["buffer"]]
 
 
 class FedGKDServer(BufferServer):

@@ -64,6 +64,8 @@ class FedProtoServer(Server):
     """Averages the models as FedAvg; the global prototypes of the next round are the round's
     per-class feature sums divided by their counts."""
 
+    state = ("prototypes", "known")
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         self.prototypes = torch.zeros(setup.num_classes, setup.feature_dim)
@@ -78,12 +80,6 @@ class FedProtoServer(Server):
 
     def log(self) -> dict[str, Any]:
         return {"prototype_classes": int(self.known.sum())}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"prototypes": self.prototypes, "known": self.known}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.prototypes, self.known = state["prototypes"], state["known"]
 
 
 @ALGORITHMS.register("fedproto")

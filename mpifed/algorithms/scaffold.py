@@ -1,8 +1,6 @@
 """SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Server, Switches, summed
@@ -22,6 +20,8 @@ class ScaffoldServer(Server):
     """Averages the models as FedAvg does (global learning rate 1) and updates the server control
     c <- c + sum_k (c_i+ - c_i) / N over the round's clients (N: all clients)."""
 
+    state = ("control",)
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         self.control = torch.zeros(setup.num_params, device=setup.device)
@@ -32,12 +32,6 @@ class ScaffoldServer(Server):
     def aggregate(self, rnd, weights, replies):
         self.control = self.control + (replies.sums["delta_control"] / self.setup.num_clients).to(torch.float32)
         return super().aggregate(rnd, weights, replies)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"control": self.control.cpu()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.control = state["control"].to(self.setup.device)
 
 
 class ScaffoldClient(Client):
