@@ -1,5 +1,9 @@
 """A worker's round, top to bottom: receive, (client statistics), train the assigned clients, evaluate.
 
+Each client's local round is the client role's :meth:`~mpifed.algorithms.base.Client.local_round`
+(``begin_client``, ``train``, ``end_client``, ``uplink``) between its state being loaded and its
+new state (``end_client``'s) stored, in :meth:`Worker.train`.
+
 :class:`Worker` is the worker side of :class:`~mpifed.protocol.RoundProtocol`: the
 protocol calls it between the collectives, on every worker rank, and on the single
 process of the debug mode. It holds the method's client role, the clients' data and
@@ -47,6 +51,7 @@ class Worker:
         self._fixed: dict[tuple[str, str], torch.Tensor] = {}
         self._sum_names = [k for k in layouts.sums.entries if not k.startswith("_")]
         self._declared = set(self._sum_names) | set(layouts.rows.entries)
+        self._state_names = set(layouts.client_state.entries)
 
     # ---------------------------------------------------------------- the round
     def start_round(self, plan: RoundPlan, down: Downlink) -> None:
@@ -86,8 +91,10 @@ class Worker:
         for i, cid in enumerate(clients):
             start = time.perf_counter()
             ctx = self._context(plan, cid)
-            self.client.train(ctx)
-            up = self.client.uplink(ctx)
+            up = self.client.local_round(ctx)
+            if set(ctx.new_state) != self._state_names:
+                raise ProtocolError(f"{type(self.client).__name__}.end_client returned the state {sorted(ctx.new_state)}; "
+                                    f"the method's messages() declare {sorted(self._state_names)}")
             if set(up) != self._declared:
                 raise ProtocolError(f"{type(self.client).__name__}.uplink returned {sorted(up)}; the method's "
                                     f"messages() declare {sorted(self._declared)}")
@@ -98,7 +105,7 @@ class Worker:
             sums["_ints"] += ctx.flat.ints.cpu().double() * ctx.num_samples
             sums["_samples"] += ctx.num_samples
             if self.states is not None:
-                self.states.put(cid, plan.round, ctx.state, plan.keep_states_from)
+                self.states.put(cid, plan.round, ctx.new_state, plan.keep_states_from)
             reports.append(ClientReport(cid, self.index, ctx.num_samples, ctx.steps, ctx.loss_sum / max(ctx.seen, 1),
                                         time.perf_counter() - start, ctx.extra))
         return Trained(sums_buf, rows, reports)

@@ -86,7 +86,7 @@ def moon_previous(first_negative, rnd, trained=False, cid=2):
     ctx.state = client.init_state(ctx)
     if trained:
         ctx.state = {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)}
-    client.train(ctx)
+    client.begin_client(ctx)
     return client.previous.flat.floats.clone() if client.has_previous else None
 
 

@@ -44,10 +44,8 @@ def down(setup, **extra):
 
 
 def extra_loss(client, ctx):
-    """The client's loss on a batch minus its cross-entropy, with the penalty's setup done by train()
-    on a client without batches (so the model is not changed)."""
-    ctx.data = data(0)
-    client.train(ctx)
+    """The client's loss on a batch minus its cross-entropy, with the penalty's setup done by begin_client()."""
+    client.begin_client(ctx)
     batch = Batch(PLAIN.eval(data(6).inputs), data(6).labels, torch.arange(6))
     out = forward(ctx.model, batch.x)
     return client.loss(ctx, batch, out) - torch.nn.functional.cross_entropy(out.logits, batch.y)
@@ -107,9 +105,11 @@ def test_fedcurv_uplink_replaces_the_client_contribution_and_the_server_sums_it(
     old = {"fisher": torch.rand(p), "fisher_weights": torch.rand(p)}
     client.round_start(0, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
     ctx = context(setup, data(8), w, torch.zeros(setup.num_floats), dict(old))
+    ctx.new_state = client.end_client(ctx)
     up = client.uplink(ctx)
     fisher = empirical_fisher(context(setup, data(8), w, torch.zeros(setup.num_floats), {}), 500)
-    assert torch.allclose(ctx.state["fisher"], fisher) and torch.allclose(ctx.state["fisher_weights"], fisher * w[:p])
+    assert torch.allclose(ctx.new_state["fisher"], fisher) and torch.allclose(ctx.new_state["fisher_weights"], fisher * w[:p])
+    assert torch.equal(ctx.state["fisher"], old["fisher"])                     # uplink changes nothing
     assert torch.allclose(up["delta_fisher"].float(), fisher - old["fisher"])
     assert torch.allclose(up["delta_fisher_weights"].float(), fisher * w[:p] - old["fisher_weights"])
     # server: U, V start at 0 and add the round's summed changes; clients not sampled keep theirs
@@ -136,8 +136,9 @@ def test_feddyn_linear_and_quadratic_terms_and_state_update():
     ctx.flat.zero_grad()
     extra.backward()
     assert torch.allclose(ctx.flat.grad, torch.full((p,), -1.9))
+    ctx.new_state = client.end_client(ctx)
     up = client.uplink(ctx)
-    assert torch.allclose(ctx.state["grad"], torch.full((p,), 1.9))
+    assert torch.allclose(ctx.new_state["grad"], torch.full((p,), 1.9))
     assert torch.equal(up["weight"], torch.ones(1, dtype=torch.float64))     # uniform average (Algorithm 1)
     assert torch.equal(up["model"], torch.ones(p, dtype=torch.float64))
 
@@ -190,7 +191,7 @@ def feddyn_step(optimizer, grad_clip):
     _, client = roles("feddyn", setup, alpha=0.1, optimizer=optimizer)
     ctx = context(setup, data(6), torch.ones(p), torch.zeros(p), {"grad": torch.full((p,), 2.0)}, batch_size=6)
     setup.train = ctx.train_cfg = dataclasses.replace(ctx.train_cfg, weight_decay=0.01, grad_clip=grad_clip)
-    client.train(ctx)
+    client.local_round(ctx)
     return ctx.flat.floats[:p].clone()
 
 
@@ -234,18 +235,17 @@ def test_fednova_ccvr_corrects_each_gradient_by_the_last_normalized_update():
     F.cross_entropy(net.model(PLAIN.eval(batch.inputs)), batch.labels).backward()
     _, client = roles("fednova", setup, ccvr=True)
     ctx = context(setup, batch, torch.ones(p), torch.ones(p), {"update": torch.full((p,), 2.0)}, batch_size=6)
-    client.train(ctx)
+    up = client.local_round(ctx)
     assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * (net.grad - 2.0), atol=1e-6)
-    up = client.uplink(ctx)
-    assert torch.allclose(ctx.state["update"], net.grad - 2.0, atol=1e-5)
+    assert torch.allclose(ctx.new_state["update"], net.grad - 2.0, atol=1e-5)
     assert torch.allclose(up["update"].float(), 6 * 0.1 * (net.grad - 2.0), atol=1e-5)        # p_k = n_k = 6, a_k = 1
     fresh = client.init_state(ctx)
     assert torch.equal(fresh["update"], torch.zeros(p))
     _, plain = roles("fednova", setup)
     assert plain.init_state(ctx) == {}
     ctx = context(setup, batch, torch.ones(p), torch.ones(p), {}, batch_size=6)
-    plain.train(ctx)
-    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * net.grad, atol=1e-6)
+    plain.local_round(ctx)
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * net.grad, atol=1e-6) and ctx.new_state == {}
 
 
 # ------------------------------------------------------------------- FedDistill+
@@ -292,8 +292,7 @@ def test_feddistill_client_rows_are_the_class_means_of_its_training_passes():
     client_data = data(8)
     w = torch.randn(setup.num_floats)
     ctx = context(setup, client_data, w, w.clone(), {}, batch_size=4, epochs=2, lr=1e-30)   # the model stays put
-    client.train(ctx)
-    up = client.uplink(ctx)
+    up = client.local_round(ctx)
     with torch.no_grad():
         logits = ctx.model(PLAIN.eval(client_data.inputs))
     for c in range(3):

@@ -61,8 +61,7 @@ def test_fedproto_round_trip_client_sums_server_prototypes_client_loss():
         client.round_start(0, Downlink(w, NO_INTS, server.downlink(0, w)))
         ctx = ClientContext(d.cid, 0, 0.0, setup.new_model(), w, d, PLAIN, torch.Generator().manual_seed(0), setup.train)
         ctx.flat.load(w)
-        client.train(ctx)                                       # lr 0: the features stay those of w
-        up = client.uplink(ctx)
+        up = client.local_round(ctx)                            # lr 0: the features stay those of w
         assert torch.equal(up["count"], torch.bincount(d.labels, minlength=3).double())   # the last epoch only
         sums = {k: sums[k] + up[k] for k in sums}
         features.append(ctx.model.features(PLAIN.eval(d.inputs)).detach())
@@ -151,9 +150,10 @@ def test_fedgen_client_regulariser_by_hand():
     assert (client.alpha, client.beta) == (2.0 * 0.25, 3.0 * 0.25)
     ctx = ClientContext(0, 2, 0.1, setup.new_model(), torch.zeros(1), client_data(0, [0, 1, 2]), PLAIN,
                         torch.Generator().manual_seed(7), setup.train)
-    client.label_counts = torch.zeros(3)
+    client.begin_client(ctx)
     x, y = PLAIN.eval(ctx.data.inputs), ctx.data.labels
     out = forward(ctx.model, x)
+    client.on_batch(ctx, Batch(x, y, torch.arange(3)), out)
     loss = client.loss(ctx, Batch(x, y, torch.arange(3)), out)
     # the same draws by hand: 4 labels uniform over all classes, their noise, then the batch's noise
     g = torch.Generator().manual_seed(7)

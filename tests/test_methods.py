@@ -150,7 +150,7 @@ def test_fedcsd_local_prototypes_and_official_weighting():
         client = cls(cls.Options(prototypes="local", weighting=weighting, mu=0.4), setup).client()
         client.round_start(0, Downlink(teacher_w, torch.zeros(0, dtype=torch.int64), {"teacher": teacher_w}))
         ctx = ClientContext(0, 0, 0.1, setup.new_model(), teacher_w, data, tf, torch.Generator(), TrainConfig(local_epochs=1))
-        client.train(ctx)
+        client.begin_client(ctx)
         own = client.client_prototypes(data, tf)[0].float()
         assert torch.equal(client.prototypes, own) and torch.all(own[2] == 0)      # class 2 not held: a zero row
         idx = torch.arange(9)

@@ -42,8 +42,11 @@ def args_for(tmp, *extra, name):
                                     ("algorithm.name=feddyn", "algorithm.alpha=0.1", "train.participation=0.6"),
                                     ("algorithm.name=feddyn", "algorithm.alpha=0.1", "train.participation=0.6",
                                      "algorithm.evaluate=clients_mean", "algorithm.optimizer=official",
-                                     "train.momentum=0", "train.grad_clip=10")],
-                         ids=["fedavg", "scaffold", "fedgkd", "feddyn", "feddyn-official"])
+                                     "train.momentum=0", "train.grad_clip=10"),
+                                    ("algorithm.name=fedcurv",), ("algorithm.name=feddistill_plus",),
+                                    ("algorithm.name=fedproto",), ("algorithm.name=fedavgm",)],
+                         ids=["fedavg", "scaffold", "fedgkd", "feddyn", "feddyn-official", "fedcurv", "feddistill_plus",
+                              "fedproto", "fedavgm"])
 def test_stopped_and_resumed_equals_uninterrupted_debug(tmp_path, method):
     run_debug(args_for(tmp_path, *method, name="full"))
     code, out = stop_after(start([sys.executable, "-m", "mpifed.main", *args_for(tmp_path, *method, name="cut")]), "round 2/6")

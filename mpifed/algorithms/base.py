@@ -19,8 +19,12 @@ protocol (:mod:`mpifed.protocol`) carries between them. One round, in order::
     client  round_start(rnd, down)       once per round on each worker
     client  statistics(data, transform)  summed over the round's clients on all workers
             use_statistics(totals)       before local training (Messages.statistics)
-    client  train(ctx)                   per client; the default loop minimises loss(ctx, batch, out)
-    client  uplink(ctx)                  per client: Messages.up entries, summed or one row per client
+    client  local_round(ctx)             per client, these hooks in this order:
+            begin_client(ctx)            before its local training: what its loss reads
+            train(ctx)                   E epochs, one step per batch, minimising loss(ctx, batch, out);
+            on_batch(ctx, batch, out)      after each batch's forward pass: per-client sums
+            end_client(ctx)              -> the client's new Messages.client_state (ctx.new_state)
+            uplink(ctx)                  -> Messages.up entries, summed or one row per client (no side effects)
     server  aggregate(rnd, w, replies)   -> the new global model, from the sums, rows and reports
     server  reported(w)                  -> the model evaluated and saved (default: the global model)
 
@@ -176,7 +180,8 @@ class ClientContext:
     transform: BatchTransform
     generator: torch.Generator      # seeded by (seed, round, client), on the device: batches and augmentation
     train_cfg: TrainConfig
-    state: dict[str, torch.Tensor] = field(default_factory=dict)   # Messages.client_state, persisted per client
+    state: dict[str, torch.Tensor] = field(default_factory=dict)   # Messages.client_state the client starts with
+    new_state: dict[str, torch.Tensor] = field(default_factory=dict)   # what it keeps: end_client's, set before uplink
     epoch: int = 0                  # the local epoch being trained (0-based)
     steps: int = 0
     loss_sum: float = 0.0
@@ -257,9 +262,30 @@ class ServerTools:
                           for i in range(0, self.data.num_samples, size)])
 
 
+# ------------------------------------------------------------------- behaviour checks
+@dataclass(frozen=True)
+class Switches:
+    """``--set`` overrides under which tests/test_method_behaviour.py checks a method: ``on``
+    switches its own term on (the MPI-equals-debug run uses them too; the run must differ from
+    ``reference``'s); ``off`` reduces the method exactly to the run of ``reference`` (``None``:
+    no setting does, and the method's own tests say why)."""
+
+    on: tuple[str, ...] = ()
+    off: tuple[str, ...] | None = None
+    reference: tuple[str, ...] = ("algorithm.name=fedavg",)
+
+
 # ------------------------------------------------------------------- the roles
 class Server:
-    """FedAvg's server role: the new global model is sum_k w_k n_k / sum_k n_k."""
+    """FedAvg's server role: the new global model is sum_k w_k n_k / sum_k n_k.
+
+    ``state`` names the attributes that hold what the server keeps from round to round
+    (tensors, lists of tensors, or None), each set in ``__init__`` (or ``None`` there until
+    :meth:`start`): the checkpoint saves them under these names and a resume restores them. A
+    name the server does not set is an error when the method is built.
+    """
+
+    state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Any, setup: Setup, tools: ServerTools) -> None:
         self.options = options
@@ -289,11 +315,22 @@ class Server:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Server state needed to resume exactly."""
-        return {}
+        """Server state needed to resume exactly: the ``state`` attributes, on the CPU."""
+        return {name: _moved(getattr(self, name), torch.device("cpu")) for name in self.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` returned."""
+        """Restore what ``state_dict`` returned: each tensor where the attribute's tensor lives now
+        (set by ``__init__`` or :meth:`start`), else on the run's device."""
+        for name in self.state:
+            now = getattr(self, name)
+            setattr(self, name, _moved(state[name], now.device if isinstance(now, torch.Tensor) else self.setup.device))
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    """A state value (a tensor, a list of tensors, or None) on ``device``."""
+    if isinstance(value, list):
+        return [v.to(device) for v in value]
+    return None if value is None else value.to(device)
 
 
 class Client:
@@ -316,6 +353,19 @@ class Client:
     def init_state(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """A client's ``Messages.client_state`` before it first trains (ctx holds the global model)."""
         return {}
+
+    def local_round(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """One client's local round, the lifecycle every method plugs into: :meth:`begin_client`,
+        :meth:`train` (:meth:`on_batch` after each forward pass), :meth:`end_client` (its result
+        becomes ``ctx.new_state``), then :meth:`uplink`, whose entries it returns."""
+        self.begin_client(ctx)
+        self.train(ctx)
+        ctx.new_state = self.end_client(ctx)
+        return self.uplink(ctx)
+
+    def begin_client(self, ctx: ClientContext) -> None:
+        """Before a client's local training: set up what :meth:`loss` and :meth:`on_batch` read for
+        this client (from ``ctx.state``, ``ctx.global_weights``, its data), on ``self``."""
 
     def train(self, ctx: ClientContext) -> None:
         """E epochs of local training, one :meth:`step` per batch; fills ctx.steps/loss_sum/seen.
@@ -352,13 +402,20 @@ class Client:
         from Python data), so the GPU never idles between steps and the step can be captured.
         """
         with ctx.runner.autocast(ctx.flat.floats.device):
-            loss = self.loss(ctx, batch, forward(ctx.model, batch.x))
+            out = forward(ctx.model, batch.x)
+            with torch.no_grad():
+                self.on_batch(ctx, batch, out)
+            loss = self.loss(ctx, batch, out)
         opt.zero_grad()
         loss.backward()
         if self.setup.train.grad_clip > 0:
             opt.clip_grad_norm(self.setup.train.grad_clip)
         opt.step()
         return loss
+
+    def on_batch(self, ctx: ClientContext, batch: Batch, out: Outputs) -> None:
+        """After each training batch's forward pass (no gradient, the step's precision): add the
+        batch to this client's sums (e.g. per-class logits), set up in :meth:`begin_client`."""
 
     def loss(self, ctx: ClientContext, batch: Batch, out: Outputs) -> torch.Tensor:
         """The local objective on one batch (FedAvg: cross-entropy)."""
@@ -371,14 +428,24 @@ class Client:
         A captured step reads and writes the addresses it saw when it was captured, so the loss
         may read only the batch, the model, teachers loaded in place and the round's downlink
         tensors (copied into fixed buffers in this mode), never tensors made per client or per
-        step. A method that overrides :meth:`loss` must override this too to be captured.
+        step. A method that overrides :meth:`loss` must override this too to be captured; one that
+        overrides :meth:`on_batch` runs eagerly (its sums are made per client).
         """
+        if type(self).on_batch is not Client.on_batch:
+            return f"{type(self).__name__} collects per-client sums after each batch (on_batch)"
         if type(self).loss is not Client.loss:
             return f"{type(self).__name__} does not declare what its loss reads (capture_key)"
         return ()
 
+    def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """After local training: the client's new ``Messages.client_state`` (the one place where it
+        changes; the worker keeps it as ``ctx.new_state`` and stores it), and its figures in
+        ``ctx.extra``. Default: the state unchanged."""
+        return ctx.state
+
     def uplink(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """What this client returns: every ``Messages.up`` entry (FedAvg: weight * w_k and weight)."""
+        """What this client returns: every ``Messages.up`` entry (FedAvg: weight * w_k and weight),
+        from the trained model, ``ctx.state`` and ``ctx.new_state``; changes nothing."""
         weight = ctx.weight
         return {"model": ctx.flat.floats.double() * weight, "weight": torch.tensor([weight], dtype=torch.float64)}
 
@@ -388,14 +455,16 @@ class Algorithm:
 
     Subclasses set ``Options`` (a dataclass of the method's config keys), ``Server`` and
     ``Client`` (role classes), ``needs_server_data`` (why the method needs
-    ``data.server_holdout_per_class``; empty if it does not), and override
-    :meth:`messages` and :meth:`extend_model` where they add to FedAvg's.
+    ``data.server_holdout_per_class``; empty if it does not), ``switches`` (the settings its
+    behaviour tests use), and override :meth:`messages` and :meth:`extend_model` where they add
+    to FedAvg's.
     """
 
     Options: ClassVar[type] = NoOptions
     Server: ClassVar[type[Server]] = Server
     Client: ClassVar[type[Client]] = Client
     needs_server_data: ClassVar[str] = ""
+    switches: ClassVar[Switches] = Switches()
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options
@@ -416,7 +485,12 @@ class Algorithm:
         return []
 
     def server(self, tools: ServerTools) -> Server:
-        return self.Server(self.options, self.setup, tools)
+        server = self.Server(self.options, self.setup, tools)
+        unset = [name for name in server.state if not hasattr(server, name)]
+        if unset:
+            raise TypeError(f"{type(server).__name__}.state names {unset}, which {type(server).__name__}.__init__ "
+                            f"does not set")
+        return server
 
     def client(self) -> Client:
         return self.Client(self.options, self.setup)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Server
+from mpifed.algorithms.base import Algorithm, Server, Switches
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
@@ -14,6 +14,8 @@ from mpifed.registry import ALGORITHMS
 class FedAvgMServer(Server):
     """v <- beta v + d (w - avg_k w_k), d = 1 or (dampened) 1 - beta;  w <- w - server_lr v; the
     float buffers (BatchNorm statistics) go through the momentum too, or take the clients' average."""
+
+    state = ("velocity",)
 
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
@@ -29,13 +31,6 @@ class FedAvgMServer(Server):
         new = average.clone()
         new[:n] = weights[:n] - self.options.server_lr * self.velocity
         return new
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"velocity": None if self.velocity is None else self.velocity.cpu()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        v = state["velocity"]
-        self.velocity = None if v is None else v.to(self.setup.device)
 
 
 @ALGORITHMS.register("fedavgm")
@@ -67,3 +62,4 @@ class FedAvgM(Algorithm):
                         "or the clients' plain average")
 
     Server = FedAvgMServer
+    switches = Switches(on=("algorithm.beta=0.9",), off=("algorithm.beta=0", "algorithm.server_lr=1"))

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import cad_class_weights, cad_loss
 from mpifed.options import opt
@@ -97,6 +97,9 @@ class FedCAD(Algorithm):
 
     Server = FedCADServer
     Client = FedCADClient
+    switches = Switches(on=("data.server_holdout_per_class=3",),
+                        off=("algorithm.beta=0", "algorithm.gamma=0", "data.server_holdout_per_class=3"),
+                        reference=("algorithm.name=fedavg", "data.server_holdout_per_class=3"))
 
     def messages(self):
         return super().messages().extend(down={"class_weights": (self.setup.num_classes,)})
@@ -126,3 +129,4 @@ class FedLSD(FedCAD):
         scale_ce: bool = opt(True, "(1 - alpha) CE as FedLSD's loss; false: CE + alpha L_d (an ablation: FedAvg's full CE step)")
 
     Server = FedLSDServer
+    switches = Switches(on=("algorithm.alpha=0.3",), off=("algorithm.alpha=0",))

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import class_sums, csd_loss
 from mpifed.options import opt
@@ -16,6 +16,12 @@ from mpifed.registry import ALGORITHMS
 class FedCSDServer(Server):
     """The moving-average teacher (Eq. 12): w_xi^{t+1} = alpha w_xi^t + (1 - alpha) w_G^{t+1},
     w_xi^0 = w_G^0, over parameters and float buffers, sent with the global model."""
+
+    state = ("ema",)
+
+    def __init__(self, options, setup, tools) -> None:
+        super().__init__(options, setup, tools)
+        self.ema: torch.Tensor | None = None       # from start()
 
     def start(self, weights):
         self.ema = weights.clone()
@@ -28,12 +34,6 @@ class FedCSDServer(Server):
         a = self.options.alpha
         self.ema = a * self.ema + (1 - a) * new
         return new
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema.cpu()}
-
-    def load_state_dict(self, state):
-        self.ema = state["ema"].to(self.setup.device)
 
 
 class FedCSDClient(Client):
@@ -65,10 +65,9 @@ class FedCSDClient(Client):
         holders = totals["holders"].clamp(min=1)[:, None]
         self.prototypes = (totals["prototype_sum"] / holders).float()
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         if self.options.prototypes == "local":
             self.prototypes = self.client_prototypes(ctx.data, ctx.transform)[0].float()
-        super().train(ctx)
 
     def loss(self, ctx, batch, out):
         o = self.options
@@ -132,6 +131,7 @@ class FedCSD(Algorithm):
 
     Server = FedCSDServer
     Client = FedCSDClient
+    switches = Switches(on=("algorithm.mu=0.5",), off=("algorithm.mu=0",))
 
     def messages(self):
         c = self.setup.num_classes

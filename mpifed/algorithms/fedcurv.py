@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, ClientContext, Server, forward, summed
+from mpifed.algorithms.base import Algorithm, Client, ClientContext, Server, Switches, forward, summed
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
@@ -44,12 +43,11 @@ class FedCurvClient(Client):
         zeros = torch.zeros(self.setup.num_params, device=self.setup.device)
         return {"fisher": zeros, "fisher_weights": zeros.clone()}
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         others = self.fisher_sum - ctx.state["fisher"]
         self.active = bool(others.any())
         self._p = ctx.flat.param_views(others)
         self._q = ctx.flat.param_views(self.fisher_weights_sum - ctx.state["fisher_weights"])
-        super().train(ctx)
 
     def loss(self, ctx, batch, out):
         ce = super().loss(ctx, batch, out)
@@ -58,19 +56,21 @@ class FedCurvClient(Client):
         penalty = sum((p * w * w).sum() - 2 * (q * w).sum() for w, p, q in zip(ctx.model.parameters(), self._p, self._q))
         return ce + self.options.lam * penalty
 
-    def uplink(self, ctx):
-        up = super().uplink(ctx)
+    def end_client(self, ctx):
         fisher = empirical_fisher(ctx, self.options.fisher_samples)
-        fisher_weights = fisher * ctx.flat.floats[: self.setup.num_params]
-        old = ctx.state
-        ctx.state = {"fisher": fisher, "fisher_weights": fisher_weights}
-        return {**up, "delta_fisher": (fisher - old["fisher"]).double(),
-                "delta_fisher_weights": (fisher_weights - old["fisher_weights"]).double()}
+        return {"fisher": fisher, "fisher_weights": fisher * ctx.flat.floats[: self.setup.num_params]}
+
+    def uplink(self, ctx):
+        old, new = ctx.state, ctx.new_state
+        return {**super().uplink(ctx), "delta_fisher": (new["fisher"] - old["fisher"]).double(),
+                "delta_fisher_weights": (new["fisher_weights"] - old["fisher_weights"]).double()}
 
 
 class FedCurvServer(Server):
     """FedAvg's average; keeps U = sum_j F_j and V = sum_j F_j w_j over every client's latest
     report (by adding the round's changes) and sends them down."""
+
+    state = ("fisher", "fisher_weights")
 
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
@@ -84,13 +84,6 @@ class FedCurvServer(Server):
         self.fisher = self.fisher + replies.sums["delta_fisher"]
         self.fisher_weights = self.fisher_weights + replies.sums["delta_fisher_weights"]
         return super().aggregate(rnd, weights, replies)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"fisher": self.fisher.cpu(), "fisher_weights": self.fisher_weights.cpu()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.fisher = state["fisher"].to(self.setup.device)
-        self.fisher_weights = state["fisher_weights"].to(self.setup.device)
 
 
 @ALGORITHMS.register("fedcurv")
@@ -135,6 +128,7 @@ class FedCurv(Algorithm):
 
     Client = FedCurvClient
     Server = FedCurvServer
+    switches = Switches(on=("algorithm.lam=1",), off=("algorithm.lam=0",))
 
     def messages(self):
         p = (self.setup.num_params,)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server, per_client
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches, per_client
 from mpifed.losses import class_sums
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -42,17 +42,17 @@ class FedDistillClient(Client):
         self.known = down["known"] > 0
         self.active = bool(self.known.any())
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         c = self.setup.num_classes
         self.sums = torch.zeros(c, c, device=self.setup.device)
         self.counts = torch.zeros(c, device=self.setup.device)
-        super().train(ctx)
+
+    def on_batch(self, ctx, batch, out):
+        sums, counts = class_sums(out.logits.float(), batch.y, self.setup.num_classes)
+        self.sums += sums
+        self.counts += counts
 
     def loss(self, ctx, batch, out):
-        with torch.no_grad():
-            sums, counts = class_sums(out.logits.detach().float(), batch.y, self.setup.num_classes)
-            self.sums += sums
-            self.counts += counts
         ce = F.cross_entropy(out.logits, batch.y)
         if not self.active:
             return ce
@@ -67,6 +67,8 @@ class FedDistillClient(Client):
 class FedDistillServer(Server):
     """FedAvg's average of the models; the global logits of each class seen this round become the
     count-weighted mean of the clients' rows (other classes keep theirs)."""
+
+    state = ("logits", "known")
 
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
@@ -85,13 +87,6 @@ class FedDistillServer(Server):
 
     def log(self) -> dict[str, Any]:
         return {"classes_with_global_logits": int(self.known.sum())}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"logits": self.logits.cpu(), "known": self.known.cpu()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.logits = state["logits"].to(self.setup.device)
-        self.known = state["known"].to(self.setup.device)
 
 
 @ALGORITHMS.register("feddistill_plus")
@@ -134,6 +129,7 @@ class FedDistillPlus(Algorithm):
 
     Client = FedDistillClient
     Server = FedDistillServer
+    switches = Switches(on=("algorithm.weight=1",), off=("algorithm.weight=0",))
 
     def messages(self):
         c = self.setup.num_classes

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches
 from mpifed.optim import FlatSGD
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -17,10 +17,9 @@ class FedDynClient(Client):
     only), then updates its gradient state g_k <- g_k - alpha (theta_k - w). With the official
     optimiser, alpha theta is the optimiser's weight decay and the loss keeps -alpha <w, theta>."""
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         self._grad = ctx.flat.param_views(ctx.state["grad"])
         self._anchor = ctx.flat.param_views(ctx.global_weights)
-        super().train(ctx)
 
     def optimizer(self, ctx):
         if self.options.optimizer == "train":
@@ -39,10 +38,12 @@ class FedDynClient(Client):
     def init_state(self, ctx):
         return {"grad": torch.zeros(self.setup.num_params, device=self.setup.device)}
 
-    def uplink(self, ctx):
+    def end_client(self, ctx):
         p = self.setup.num_params
         drift = ctx.flat.floats[:p] - ctx.global_weights[:p]
-        ctx.state = {"grad": ctx.state["grad"] - self.options.alpha * drift}
+        return {"grad": ctx.state["grad"] - self.options.alpha * drift}
+
+    def uplink(self, ctx):
         return {"model": ctx.flat.floats.double(), "weight": torch.ones(1, dtype=torch.float64)}
 
 
@@ -50,10 +51,14 @@ class FedDynServer(Server):
     """h <- h - alpha/m sum_{k in P_t} (theta_k - w);  w <- mean_{k in P_t} theta_k - h / alpha
     (parameters; float buffers are the plain mean). Reports w, or mean_{k in P_t} theta_k."""
 
+    state = ("h",)
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         self.h = torch.zeros(setup.num_params, dtype=torch.float64, device=setup.device)
         self.clients_mean: torch.Tensor | None = None
+        if options.evaluate == "clients_mean":
+            self.state = ("h", "clients_mean")     # the model it reports, too
 
     def aggregate(self, rnd, weights, replies):
         s, p, alpha = replies.sums, self.setup.num_params, self.options.alpha
@@ -70,17 +75,6 @@ class FedDynServer(Server):
         if self.options.evaluate == "clients_mean":
             return self.clients_mean
         return weights
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"h": self.h.cpu()}
-        if self.options.evaluate == "clients_mean":
-            state["clients_mean"] = self.clients_mean.cpu()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.h = state["h"].to(self.setup.device)
-        if self.options.evaluate == "clients_mean":
-            self.clients_mean = state["clients_mean"].to(self.setup.device)
 
 
 @ALGORITHMS.register("feddyn")
@@ -138,6 +132,8 @@ class FedDyn(Algorithm):
 
     Client = FedDynClient
     Server = FedDynServer
+    # no alpha reduces it to FedAvg: test_feddyn_* cover it
+    switches = Switches(on=("algorithm.alpha=0.1", "train.participation=0.6"))
 
     def messages(self):
         return super().messages().extend(client_state={"grad": (self.setup.num_params,)})

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Setup, per_client
+from mpifed.algorithms.base import Algorithm, Client, Server, Setup, Switches, per_client
 from mpifed.flat import FlatModel
 from mpifed.losses import one_hot
 from mpifed.options import opt
@@ -172,9 +172,11 @@ class FedGenClient(Client):
         self.alpha = decayed(self.options.alpha, self.options.decay, rnd) if regularise else 0.0
         self.beta = decayed(self.options.beta, self.options.decay, rnd) if regularise else 0.0
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         self.label_counts = torch.zeros(self.setup.num_classes, device=self.setup.device)
-        super().train(ctx)
+
+    def on_batch(self, ctx, batch, out):
+        self.label_counts += one_hot(batch.y, self.setup.num_classes, self.label_counts.dtype).sum(dim=0)
 
     @torch.no_grad()
     def generate(self, labels: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
@@ -182,7 +184,6 @@ class FedGenClient(Client):
         return self.generator.model(noise, labels)
 
     def loss(self, ctx, batch, out):
-        self.label_counts += one_hot(batch.y, self.setup.num_classes, self.label_counts.dtype).sum(dim=0)
         loss = F.cross_entropy(out.logits, batch.y)
         if self.alpha > 0:
             sampled = torch.randint(self.setup.num_classes, (self.setup.train.batch_size,), generator=ctx.generator,
@@ -283,6 +284,7 @@ class FedGen(Algorithm):
 
     Server = FedGenServer
     Client = FedGenClient
+    switches = Switches(on=("algorithm.alpha=1", "algorithm.beta=1"), off=("algorithm.alpha=0", "algorithm.beta=0"))
 
     def messages(self):
         s = self.setup

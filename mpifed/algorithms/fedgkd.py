@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import kd_loss
 from mpifed.models.base import ProjectionHead
@@ -17,6 +17,8 @@ from mpifed.registry import ALGORITHMS
 
 class BufferServer(Server):
     """Keeps the last M global models produced by aggregation (Alg. 1's buffer)."""
+
+    state = ("buffer",)
 
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
@@ -36,12 +38,6 @@ class BufferServer(Server):
 
     def log(self) -> dict[str, Any]:
         return {"teacher_models": self.teacher_models}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"buffer": [b.cpu() for b in self.buffer]}
-
-    def load_state_dict(self, state):
-        self.buffer = [b.to(self.setup.device) for b in state["buffer"]]
 
 
 class FedGKDServer(BufferServer):
@@ -118,6 +114,7 @@ class FedGKD(Algorithm):
 
     Server = FedGKDServer
     Client = FedGKDClient
+    switches = Switches(on=("algorithm.gamma=1", "algorithm.buffer_size=2"), off=("algorithm.gamma=0",))
 
     def messages(self):
         return super().messages().extend(down={"teacher": (self.setup.num_floats,), "active": (1,)})
@@ -135,6 +132,10 @@ class FedGKDPlus(FedGKD):
     @dataclass
     class Options(FedGKD.Options):
         projection_dim: int = opt(256, "output size of MOON's projection head (paper: 256, as SimCLR)", min=1)
+
+    switches = Switches(on=("algorithm.gamma=1", "algorithm.projection_dim=16"),
+                        off=("algorithm.gamma=0", "algorithm.projection_dim=16"),
+                        reference=("algorithm.name=moon", "algorithm.mu=0", "algorithm.projection_dim=16"))
 
 
 class VoteServer(BufferServer):
@@ -212,6 +213,9 @@ class FedGKDVote(Algorithm):
 
     Server = VoteServer
     Client = VoteClient
+    switches = Switches(on=("algorithm.lam=0.5", "algorithm.buffer_size=2", "data.server_holdout_per_class=3"),
+                        off=("algorithm.lam=0", "data.server_holdout_per_class=3"),
+                        reference=("algorithm.name=fedavg", "data.server_holdout_per_class=3"))
 
     def messages(self):
         m = self.options.buffer_size

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Messages, Server, summed
+from mpifed.algorithms.base import Algorithm, Client, Messages, Server, Switches, summed
 from mpifed.algorithms.scaffold import effective_steps
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -31,13 +31,17 @@ class FedNovaClient(Client):
             return "FedNova with ccvr reads the client's last update, a tensor of its own state"
         return ()
 
+    def end_client(self, ctx):
+        p, a = self.setup.num_params, effective_steps(ctx.steps, self.setup.train.momentum)
+        ctx.extra["a_k"] = round(a, 4)
+        if not self.options.ccvr:
+            return {}
+        return {"update": (ctx.global_weights[:p] - ctx.flat.floats[:p]) / (ctx.lr * a)}
+
     def uplink(self, ctx):
         p, weight = self.setup.num_params, ctx.weight
         a = effective_steps(ctx.steps, self.setup.train.momentum)
-        ctx.extra["a_k"] = round(a, 4)
         move = ctx.global_weights[:p] - ctx.flat.floats[:p]
-        if self.options.ccvr:
-            ctx.state = {"update": move / (ctx.lr * a)}
         return {"update": move.double() * (weight / a),
                 "tau": torch.tensor([weight * a], dtype=torch.float64),
                 "buffers": ctx.flat.floats[p:].double() * weight,
@@ -99,6 +103,9 @@ class FedNova(Algorithm):
 
     Client = FedNovaClient
     Server = FedNovaServer
+    switches = Switches(on=("data.partition.beta=0.5",),
+                        off=("data.partition=iid",),
+                        reference=("algorithm.name=fedavg", "data.partition=iid"))
 
     def messages(self):
         p, f = self.setup.num_params, self.setup.num_floats

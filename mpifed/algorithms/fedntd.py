@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpifed.algorithms.base import Algorithm, Client
+from mpifed.algorithms.base import Algorithm, Client, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import kd_loss, ntd_loss
 from mpifed.options import opt
@@ -62,3 +62,4 @@ class FedNTD(Algorithm):
                               "true class included)", min=0, max=1)
 
     Client = FedNTDClient
+    switches = Switches(on=("algorithm.beta=1",), off=("algorithm.beta=0",))

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server, summed
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches, summed
 from mpifed.losses import class_sums
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -39,17 +39,18 @@ class FedProtoClient(Client):
         self.prototypes, self.known = down["prototypes"], down["known"]
         self.active = self.options.lam > 0 and bool(self.known.any())
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         c, d = self.setup.num_classes, self.setup.feature_dim
         self.feature_sums = torch.zeros(c, d, dtype=torch.float64, device=self.setup.device)
         self.counts = torch.zeros(c, dtype=torch.float64, device=self.setup.device)
-        super().train(ctx)
 
-    def loss(self, ctx, batch, out):
+    def on_batch(self, ctx, batch, out):
         if ctx.epoch == self.setup.train.local_epochs - 1:
-            sums, counts = class_sums(out.features.detach().double(), batch.y, self.setup.num_classes)
+            sums, counts = class_sums(out.features.double(), batch.y, self.setup.num_classes)
             self.feature_sums += sums
             self.counts += counts
+
+    def loss(self, ctx, batch, out):
         ce = F.cross_entropy(out.logits, batch.y)
         if not self.active:
             return ce
@@ -62,6 +63,8 @@ class FedProtoClient(Client):
 class FedProtoServer(Server):
     """Averages the models as FedAvg; the global prototypes of the next round are the round's
     per-class feature sums divided by their counts."""
+
+    state = ("prototypes", "known")
 
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
@@ -77,12 +80,6 @@ class FedProtoServer(Server):
 
     def log(self) -> dict[str, Any]:
         return {"prototype_classes": int(self.known.sum())}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"prototypes": self.prototypes, "known": self.known}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.prototypes, self.known = state["prototypes"], state["known"]
 
 
 @ALGORITHMS.register("fedproto")
@@ -130,6 +127,7 @@ class FedProto(Algorithm):
 
     Server = FedProtoServer
     Client = FedProtoClient
+    switches = Switches(on=("algorithm.lam=1",), off=("algorithm.lam=0",))
 
     def messages(self):
         c, d = self.setup.num_classes, self.setup.feature_dim

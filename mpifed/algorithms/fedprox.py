@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpifed.algorithms.base import Algorithm, Client
+from mpifed.algorithms.base import Algorithm, Client, Switches
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
@@ -29,3 +29,4 @@ class FedProx(Algorithm):
         mu: float = opt(0.01, "weight of the proximal term (FedGKD's tables: 0.01 on CIFAR-10, 0.001 otherwise)", min=0)
 
     Client = FedProxClient
+    switches = Switches(on=("algorithm.mu=0.5",), off=("algorithm.mu=0",))

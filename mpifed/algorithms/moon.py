@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Setup
+from mpifed.algorithms.base import Algorithm, Client, Setup, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import moon_loss
 from mpifed.models.base import ProjectionHead
@@ -44,15 +44,16 @@ class MoonClient(Client):
         return {"previous": torch.zeros(self.setup.num_floats, device=self.setup.device),
                 "trained": torch.zeros(1, device=self.setup.device)}
 
-    def train(self, ctx):
+    def begin_client(self, ctx):
         trained = bool(ctx.state["trained"].item())
         self.has_previous = trained or (self.options.first_negative != "none" and ctx.round > 0)
         if trained:
             self.previous.load(ctx.state["previous"])
         elif self.has_previous:
             self.previous.load(self.stand_in(ctx.cid))
-        super().train(ctx)
-        ctx.state = {"previous": ctx.flat.floats.detach().clone(), "trained": torch.ones(1, device=self.setup.device)}
+
+    def end_client(self, ctx):
+        return {"previous": ctx.flat.floats.detach().clone(), "trained": torch.ones(1, device=self.setup.device)}
 
     def stand_in(self, cid: int) -> torch.Tensor:
         """The negative of a client that has not trained yet (``first_negative``)."""
@@ -126,6 +127,9 @@ class Moon(Algorithm):
                     "(FedNTD's code)")
 
     Client = MoonClient
+    switches = Switches(on=("algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.6"),
+                        off=("algorithm.mu=0", "algorithm.projection_dim=0", "train.participation=0.6"),
+                        reference=("algorithm.name=fedavg", "train.participation=0.6"))
 
     def messages(self):
         return super().messages().extend(client_state={"previous": (self.setup.num_floats,), "trained": (1,)})

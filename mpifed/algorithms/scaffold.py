@@ -1,11 +1,9 @@
 """SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server, summed
+from mpifed.algorithms.base import Algorithm, Client, Server, Switches, summed
 from mpifed.registry import ALGORITHMS
 
 
@@ -22,6 +20,8 @@ class ScaffoldServer(Server):
     """Averages the models as FedAvg does (global learning rate 1) and updates the server control
     c <- c + sum_k (c_i+ - c_i) / N over the round's clients (N: all clients)."""
 
+    state = ("control",)
+
     def __init__(self, options, setup, tools) -> None:
         super().__init__(options, setup, tools)
         self.control = torch.zeros(setup.num_params, device=setup.device)
@@ -32,12 +32,6 @@ class ScaffoldServer(Server):
     def aggregate(self, rnd, weights, replies):
         self.control = self.control + (replies.sums["delta_control"] / self.setup.num_clients).to(torch.float32)
         return super().aggregate(rnd, weights, replies)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"control": self.control.cpu()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.control = state["control"].to(self.setup.device)
 
 
 class ScaffoldClient(Client):
@@ -59,12 +53,13 @@ class ScaffoldClient(Client):
         linear = sum((p * c).sum() for p, c in zip(ctx.model.parameters(), correction))
         return super().loss(ctx, batch, out) + linear
 
-    def uplink(self, ctx):
+    def end_client(self, ctx):
         n = self.setup.num_params
         drift = (ctx.global_weights[:n] - ctx.flat.floats[:n]) / (effective_steps(ctx.steps, self.setup.train.momentum) * ctx.lr)
-        new_control = ctx.state["control"] - self.server_control + drift
-        delta = new_control - ctx.state["control"]
-        ctx.state = {"control": new_control}
+        return {"control": ctx.state["control"] - self.server_control + drift}
+
+    def uplink(self, ctx):
+        delta = ctx.new_state["control"] - ctx.state["control"]
         return {**super().uplink(ctx), "delta_control": delta.double()}
 
 
@@ -83,6 +78,7 @@ class Scaffold(Algorithm):
 
     Server = ScaffoldServer
     Client = ScaffoldClient
+    switches = Switches(on=("train.participation=0.6",))   # no weight to switch off: test_scaffold_* cover it
 
     def messages(self):
         p = self.setup.num_params

@@ -1,0 +1,48 @@
+"""A new method is one file: the example of docs/methods.md, dropped into a copy of the package,
+is found by the registry, trains, and gets its generated docs, with no other file touched."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+NAME = "fedavg_smooth"
+
+
+def example() -> str:
+    """The whole method file that docs/methods.md shows under "Adding an algorithm"."""
+    guide = (REPO / "docs" / "methods.md").read_text()
+    found = re.search(rf"`mpifed/algorithms/{NAME}\.py`.*?```python\n(.*?)```", guide, re.S)
+    assert found, f"docs/methods.md shows no mpifed/algorithms/{NAME}.py example"
+    return found.group(1)
+
+
+@pytest.mark.e2e
+def test_a_method_file_in_a_copy_of_the_package_is_all_a_new_method_needs(tmp_path):
+    for part in ("mpifed", "tests", "docs", ".ci"):
+        shutil.copytree(REPO / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / part, tmp_path)
+    (tmp_path / "mpifed" / "algorithms" / f"{NAME}.py").write_text(example())
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def run(*args):
+        p = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, f"{args}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        return p.stdout
+
+    found = run("-c", f"from mpifed.registry import ALGORITHMS; print(ALGORITHMS.get('{NAME}').__module__)")
+    assert found.strip() == f"mpifed.algorithms.{NAME}"
+    run("-m", "mpifed.docs")
+    listed = (tmp_path / "docs" / "algorithms.md").read_text()
+    assert f"`{NAME}`" in listed and "FedAvg with label smoothing" in listed and "`smoothing` = `0.1`" in listed
+    assert NAME not in (REPO / "docs" / "algorithms.md").read_text()
+    # the copy's own checks that enumerate methods, and the new method's term against FedAvg (trains 3 short runs)
+    run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_docs.py", "tests/test_imports.py",
+        "tests/test_steps.py::test_which_methods_capture_their_step",
+        "tests/test_method_behaviour.py::test_every_switch_names_an_option_of_its_method",
+        f"tests/test_method_behaviour.py::test_the_method_term_acts[{NAME}]")
