@@ -195,16 +195,18 @@ def feddyn_step(optimizer, grad_clip):
     return ctx.flat.floats[:p].clone()
 
 
-def test_feddyn_official_optimiser_puts_alpha_in_the_decay_outside_the_clipping():
-    setup = small_setup()
-    p = setup.num_params
+def grad_at_ones(setup, batch):
+    """The cross-entropy gradient of the model at theta = 1 on ``batch`` (no augmentation)."""
     net = setup.new_model()
-    net.load(torch.ones(p))
+    net.load(torch.ones(setup.num_params))
     net.zero_grad()
-    batch = data(6)
     F.cross_entropy(net.model(PLAIN.eval(batch.inputs)), batch.labels).backward()
+    return net.grad
+
+
+def test_feddyn_official_optimiser_puts_alpha_in_the_decay_outside_the_clipping():
     # official: d = clip(grad CE - g - alpha w) + (alpha + wd) theta; theta <- theta - lr d
-    raw = net.grad - 2.0
+    raw = grad_at_ones(small_setup(), data(6)) - 2.0
     clipped = raw * min(1.0, 0.5 / (raw.norm().item() + 1e-6))
     assert clipped.norm() < raw.norm()
     by_hand = 1.0 - 0.1 * (clipped + 0.11)
@@ -228,24 +230,21 @@ def test_fednova_ccvr_corrects_each_gradient_by_the_last_normalized_update():
     # theta' = theta - lr (grad CE - d_k); the new d_k = (theta - theta') / (lr a_k) = grad CE - d_k
     setup = small_setup()
     p = setup.num_params
-    net = setup.new_model()
-    net.load(torch.ones(p))
-    net.zero_grad()
     batch = data(6)
-    F.cross_entropy(net.model(PLAIN.eval(batch.inputs)), batch.labels).backward()
+    grad = grad_at_ones(setup, batch)
     _, client = roles("fednova", setup, ccvr=True)
     ctx = context(setup, batch, torch.ones(p), torch.ones(p), {"update": torch.full((p,), 2.0)}, batch_size=6)
     up = client.local_round(ctx)
-    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * (net.grad - 2.0), atol=1e-6)
-    assert torch.allclose(ctx.new_state["update"], net.grad - 2.0, atol=1e-5)
-    assert torch.allclose(up["update"].float(), 6 * 0.1 * (net.grad - 2.0), atol=1e-5)        # p_k = n_k = 6, a_k = 1
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * (grad - 2.0), atol=1e-6)
+    assert torch.allclose(ctx.new_state["update"], grad - 2.0, atol=1e-5)
+    assert torch.allclose(up["update"].float(), 6 * 0.1 * (grad - 2.0), atol=1e-5)        # p_k = n_k = 6, a_k = 1
     fresh = client.init_state(ctx)
     assert torch.equal(fresh["update"], torch.zeros(p))
     _, plain = roles("fednova", setup)
     assert plain.init_state(ctx) == {}
     ctx = context(setup, batch, torch.ones(p), torch.ones(p), {}, batch_size=6)
     plain.local_round(ctx)
-    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * net.grad, atol=1e-6) and ctx.new_state == {}
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * grad, atol=1e-6) and ctx.new_state == {}
 
 
 # ------------------------------------------------------------------- FedDistill+
