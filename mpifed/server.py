@@ -114,7 +114,8 @@ class RoundServer:
         mine = Replies(sums, rows, replies.clients)
         self.global_floats = self.method.aggregate(plan.round, self.global_floats, mine).to(torch.float32)
         self.model_sent = False
-        self.global_ints = torch.round(model_sums["ints"].to(self.device) / model_sums["samples"].to(self.device)).to(torch.int64)
+        ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
+        self.global_ints = torch.round(ints / samples).to(torch.int64)
         self.replies = mine
 
     def evaluation_state(self) -> dict[str, torch.Tensor]:

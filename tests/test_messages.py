@@ -3,11 +3,12 @@ fails when the run starts or where it is read, and the protocol's own entries ar
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from conftest import REPO, env, tiny
+from conftest import REPO, env, run_mpi, tiny
 from mpifed.algorithms.base import Downlink, Fields, Messages, UndeclaredName, summed
 from mpifed.protocol import build_layouts
 
@@ -91,6 +92,18 @@ def test_a_downlink_of_the_wrong_size_fails_at_start_up(tmp_path):
     assert "misspelt_down's downlink from MisspeltServer.downlink: 'fisher' has 5 elements, its declared shape (3,) has 3" in p.stderr
     assert "in make_server" in p.stderr
     assert not (tmp_path / "runs" / "run" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.mpi
+@pytest.mark.e2e
+def test_a_misspelt_downlink_ends_an_mpi_job_at_start_up(has_mpirun, tmp_path):
+    plugin = tmp_path / "misspelt_down.py"
+    plugin.write_text(MISSPELT_DOWN.replace("NAME", "fishr").replace("SIZE", "3"))
+    start = time.time()
+    p = run_mpi(3, tiny(tmp_path, "algorithm.name=misspelt_down", "comm.timeout_s=600") + ["--plugin", str(plugin)],
+                check=False, timeout=120)
+    assert p.returncode != 0 and time.time() - start < 60, "the workers must not wait for a round that never comes"
+    assert "misspelt_down's downlink from MisspeltServer.downlink: missing ['fisher']" in p.stderr
 
 
 UNDECLARED_READ = '''
