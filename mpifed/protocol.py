@@ -34,14 +34,12 @@ from typing import Any, Iterator, Protocol
 import numpy as np
 import torch
 
-from mpifed.algorithms.base import ClientReport, Downlink, Messages, Replies
+from mpifed.algorithms.base import ClientReport, Downlink, Fields, Messages, ProtocolError, Replies
 from mpifed.comm import Comm
 from mpifed.plan import RoundPlan
 from mpifed.signals import received
 
-
-class ProtocolError(RuntimeError):
-    """A role sent something other than what its layout declares."""
+__all__ = ["Layout", "Layouts", "ProtocolError", "RoundProtocol", "Trained", "build_layouts"]
 
 
 @dataclass(frozen=True)
@@ -77,56 +75,84 @@ class Layout:
         return {name: torch.from_numpy(buf[e.offset: e.offset + e.nbytes].view(e.dtype).reshape(e.shape))
                 for name, e in self.entries.items()}
 
-    def pack(self, tensors: dict[str, torch.Tensor], buf: np.ndarray | None = None) -> np.ndarray:
-        """Copy ``tensors`` (any device) into a buffer; every declared name must be given, and no other."""
+    def check(self, tensors: dict[str, torch.Tensor], source: str = "") -> None:
+        """Raise :class:`ProtocolError` unless ``tensors`` has every declared name, no other, each
+        with its declared number of elements (``source``: the hook that made them, for the message)."""
+        by = f" from {source}" if source else ""
         missing = set(self.entries) - set(tensors)
         unknown = set(tensors) - set(self.entries)
         if missing or unknown:
             parts = ([f"missing {sorted(missing)}"] if missing else []) + ([f"undeclared {sorted(unknown)}"] if unknown else [])
-            raise ProtocolError(f"{self.what}: {'; '.join(parts)} (declared: {sorted(self.entries)}). "
+            raise ProtocolError(f"{self.what}{by}: {'; '.join(parts)} (declared: {sorted(self.entries)}). "
                                 f"Return exactly the entries the method's messages() declare")
+        for name, t in tensors.items():
+            size = int(np.prod(self.entries[name].shape))
+            if t.numel() != size:
+                raise ProtocolError(f"{self.what}{by}: {name!r} has {t.numel()} elements, its declared shape "
+                                    f"{self.entries[name].shape} has {size}")
+
+    def pack(self, tensors: dict[str, torch.Tensor], buf: np.ndarray | None = None) -> np.ndarray:
+        """Copy ``tensors`` (any device) into a buffer (or ``buf``, a slice of one); every declared name
+        must be given, and no other."""
+        self.check(tensors)
         buf = self.empty() if buf is None else buf
         views = self.views(buf)
         for name, t in tensors.items():
             view = views[name]
-            if t.numel() != view.numel():
-                raise ProtocolError(f"{self.what}: {name!r} has {t.numel()} elements, its declared shape "
-                                    f"{tuple(view.shape)} has {view.numel()}")
             view.copy_(t.detach().reshape(view.shape))
         return buf
 
 
 @dataclass(frozen=True)
 class Layouts:
-    """What travels in each phase, from the method's messages and the model's size."""
+    """What travels in each phase, from the method's messages and the model's size.
 
-    down: Layout          # global model + Messages.down
+    The protocol's own entries have layouts apart from the method's, so every name a method
+    declares is its own: the downlink's buffer is ``model`` then ``down``, the uplink's
+    ``sums`` then ``model_sums``, each part at a multiple of 8 bytes.
+    """
+
+    model: Layout         # the global model: its float state and integer buffers (downlink, evaluation)
+    down: Layout          # Messages.down (float32)
     statistics: Layout    # Messages.statistics (float64 sums)
-    sums: Layout          # Messages.up "sum" entries + the integer-buffer sums (float64)
+    sums: Layout          # Messages.up "sum" entries (float64)
+    model_sums: Layout    # the protocol's sums: the clients' integer buffers and their samples (float64)
     rows: Layout          # Messages.up "per_client" entries: one row (float32)
-    state: Layout         # the global model alone (for evaluation)
     evaluation: Layout    # per-batch loss sums, per-class and per-group correct counts (test set); per-batch
                           # loss sums and the correct count (validation set)
     client_state: Layout  # Messages.client_state (float32)
 
+    def downlink_buffer(self) -> np.ndarray:
+        """A zeroed downlink buffer: the global model, then the method's down tensors."""
+        return np.zeros(self.model.nbytes + self.down.nbytes, dtype=np.uint8)
+
+    def uplink_buffer(self) -> np.ndarray:
+        """A zeroed uplink buffer: the method's sums, then the protocol's."""
+        return np.zeros(self.sums.nbytes + self.model_sums.nbytes, dtype=np.uint8)
+
+    def uplink_views(self, buf: np.ndarray) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The method's sums and the protocol's, as views into an uplink buffer."""
+        return self.sums.views(buf[:self.sums.nbytes]), self.model_sums.views(buf[self.sums.nbytes:])
+
 
 def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size: int, eval_batch_size: int,
-                  num_classes: int, num_groups: int, val_size: int = 0) -> Layouts:
-    model = {"global": ((num_floats,), np.float32), "global_ints": ((num_ints,), np.int64)}
+                  num_classes: int, num_groups: int, val_size: int = 0, method: str = "the method") -> Layouts:
+    """The layouts of a run of ``method`` (its registered name, in error messages)."""
     sums = {k: (u.shape, np.float64) for k, u in messages.up.items() if u.travel == "sum"}
     return Layouts(
-        down=Layout("downlink", {**model, **{k: (s, np.float32) for k, s in messages.down.items()}}),
-        statistics=Layout("client statistics", {k: (s, np.float64) for k, s in messages.statistics.items()}),
-        sums=Layout("uplink sums", {**sums, "_ints": ((num_ints,), np.float64), "_samples": ((1,), np.float64)}),
-        rows=Layout("per-client uplink", {k: (u.shape, np.float32) for k, u in messages.up.items()
-                                          if u.travel == "per_client"}),
-        state=Layout("global model", model),
+        model=Layout("the global model", {"weights": ((num_floats,), np.float32), "ints": ((num_ints,), np.int64)}),
+        down=Layout(f"{method}'s downlink", {k: (s, np.float32) for k, s in messages.down.items()}),
+        statistics=Layout(f"{method}'s client statistics", {k: (s, np.float64) for k, s in messages.statistics.items()}),
+        sums=Layout(f"{method}'s uplink sums", sums),
+        model_sums=Layout("the integer buffers' sums", {"ints": ((num_ints,), np.float64), "samples": ((1,), np.float64)}),
+        rows=Layout(f"{method}'s per-client uplink", {k: (u.shape, np.float32) for k, u in messages.up.items()
+                                                      if u.travel == "per_client"}),
         evaluation=Layout("evaluation sums", {"loss": ((-(-test_size // eval_batch_size),), np.float64),
                                               "correct": ((num_classes,), np.float64),
                                               "group_correct": ((num_groups,), np.float64),
                                               "val_loss": ((-(-val_size // eval_batch_size),), np.float64),
                                               "val_correct": ((1 if val_size else 0,), np.float64)}),
-        client_state=Layout("client state", {k: (s, np.float32) for k, s in messages.client_state.items()}),
+        client_state=Layout(f"{method}'s client state", {k: (s, np.float32) for k, s in messages.client_state.items()}),
     )
 
 
@@ -141,8 +167,8 @@ class Trained:
 
 class ServerSide(Protocol):
     def plan(self) -> RoundPlan: ...
-    def downlink(self, plan: RoundPlan) -> dict[str, torch.Tensor]: ...
-    def aggregate(self, plan: RoundPlan, replies: Replies) -> None: ...
+    def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]: ...
+    def aggregate(self, plan: RoundPlan, replies: Replies, model_sums: dict[str, torch.Tensor]) -> None: ...
     def evaluation_state(self) -> dict[str, torch.Tensor]: ...
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None: ...
     def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None: ...
@@ -154,7 +180,7 @@ class WorkerSide(Protocol):
 
     def start_round(self, plan: RoundPlan, down: Downlink) -> None: ...
     def statistics(self, plan: RoundPlan) -> dict[str, torch.Tensor]: ...
-    def use_statistics(self, totals: dict[str, torch.Tensor]) -> None: ...
+    def use_statistics(self, totals: Fields) -> None: ...
     def train(self, plan: RoundPlan) -> Trained: ...
     def flush_states(self, keep_from: int) -> None: ...
     def export_state(self, cid: int, rnd: int) -> np.ndarray: ...
@@ -186,8 +212,8 @@ class RoundProtocol:
         self.peers = peers          # the workers only (statistics, client-state moves)
         self.server = server
         self.worker = worker
-        self._down = layouts.down.empty()
-        self._state = layouts.state.empty()
+        self._down = layouts.downlink_buffer()
+        self._model = layouts.model.empty()
         self._evaluated: np.ndarray | None = None   # the state the last evaluation broadcast
         self._rows = np.zeros(clients_per_round * layouts.rows.nbytes, dtype=np.uint8) if server else None
 
@@ -213,7 +239,7 @@ class RoundProtocol:
             self._migrate(plan)
 
         with _timed(times, "downlink"):                                             # downlink
-            down = self._downlink(self.layouts.down.pack(server.downlink(plan)) if server else self._down,
+            down = self._downlink(self._packed_downlink(server.downlink(plan)) if server else self._down,
                                   plan.model_held)
 
         with _timed(times, "local_training"):
@@ -223,12 +249,12 @@ class RoundProtocol:
                     sums = self.layouts.statistics.pack(worker.statistics(plan))
                     self.peers.sync("client statistics")
                     self.peers.allreduce_sum(sums.view(np.float64), what="statistics: all-reduce")
-                    worker.use_statistics(self.layouts.statistics.views(sums))
+                    worker.use_statistics(Fields(self.layouts.statistics.what, self.layouts.statistics.views(sums)))
                 trained = worker.train(plan)                                        # (local training)
                 if plan.checkpoint:
                     worker.flush_states(plan.keep_states_from)
             else:
-                trained = Trained(self.layouts.sums.empty(), np.zeros(0, np.uint8), [])
+                trained = Trained(self.layouts.uplink_buffer(), np.zeros(0, np.uint8), [])
             world.sync("end of local training")
 
         with _timed(times, "uplink"):
@@ -238,7 +264,7 @@ class RoundProtocol:
 
         if server:
             with _timed(times, "aggregate"):
-                server.aggregate(plan, self._replies(plan, totals, rows, gathered))
+                server.aggregate(plan, *self._replies(plan, totals, rows, gathered))
 
         if plan.evaluate:                                                           # evaluation
             with _timed(times, "evaluation"):
@@ -269,21 +295,28 @@ class RoundProtocol:
         for _, cid, message in recvs:
             self.worker.adopt_state(cid, message)
 
+    def _packed_downlink(self, sent: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]) -> np.ndarray:
+        model, down = sent
+        buf = self.layouts.downlink_buffer()
+        self.layouts.model.pack(model, buf[:self.layouts.model.nbytes])
+        self.layouts.down.pack(down, buf[self.layouts.model.nbytes:])
+        return buf
+
     def _downlink(self, buf: np.ndarray, held: bool) -> Downlink:
         """The global model and the method's down tensors, on every rank. When every rank ``held`` the
         global model already (the last evaluation broadcast it, after aggregation, the last change to
         it, and it was the global model, not another one the method reports), only the method's
         tensors travel."""
         evaluated, self._evaluated = self._evaluated, None
+        m = self.layouts.model.nbytes
         if not held:
             self.world.bcast_buffer(buf, what="downlink: broadcast")
-            model = self.layouts.down.views(buf)
+            model = self.layouts.model.views(buf[:m])
         else:
-            model = self.layouts.state.views(evaluated)
-            if buf.nbytes > self.layouts.state.nbytes:   # the method's entries follow the model's in the layout
-                self.world.bcast_buffer(buf[self.layouts.state.nbytes:], what="downlink: broadcast")
-        extra = {k: v for k, v in self.layouts.down.views(buf).items() if k not in self.layouts.state.entries}
-        return Downlink(model["global"], model["global_ints"], extra)
+            model = self.layouts.model.views(evaluated)
+            if buf.nbytes > m:
+                self.world.bcast_buffer(buf[m:], what="downlink: broadcast")
+        return Downlink(model["weights"], model["ints"], self.layouts.down.views(buf[m:]), self.layouts.down.what)
 
     def _gather_rows(self, plan: RoundPlan, mine: np.ndarray) -> np.ndarray | None:
         row = self.layouts.rows.nbytes
@@ -294,7 +327,9 @@ class RoundProtocol:
             counts = [0] + counts     # rank 0 (the server) trains no client under MPI
         return self.world.gatherv(mine, counts, self._rows, what="per-client: gather")
 
-    def _replies(self, plan: RoundPlan, totals: np.ndarray, rows: np.ndarray | None, gathered: list) -> Replies:
+    def _replies(self, plan: RoundPlan, totals: np.ndarray, rows: np.ndarray | None,
+                 gathered: list) -> tuple[Replies, dict[str, torch.Tensor]]:
+        """The method's replies, and the protocol's own sums."""
         reports = [r for worker_reports, _ in gathered for r in worker_reports]
         order = sorted(range(len(reports)), key=lambda i: reports[i].cid)
         layout = self.layouts.rows
@@ -302,15 +337,17 @@ class RoundProtocol:
         if rows is not None:
             per = [layout.views(rows[i * layout.nbytes: (i + 1) * layout.nbytes]) for i in order]
             stacked = {name: torch.stack([p[name] for p in per]) for name in layout.entries}
-        return Replies(self.layouts.sums.views(totals.view(np.uint8)), stacked, [reports[i] for i in order])
+        sums, model_sums = self.layouts.uplink_views(totals.view(np.uint8))
+        return (Replies(Fields(self.layouts.sums.what, sums), Fields(layout.what, stacked), [reports[i] for i in order]),
+                model_sums)
 
     def _evaluate(self, plan: RoundPlan) -> None:
-        buf = self.layouts.state.pack(self.server.evaluation_state()) if self.server else self._state
+        buf = self.layouts.model.pack(self.server.evaluation_state()) if self.server else self._model
         self.world.sync("evaluation")
         self.world.bcast_buffer(buf, what="evaluation: broadcast of the global model")
         if self.worker:
-            views = self.layouts.state.views(buf)
-            share = self.worker.evaluate(views["global"], views["global_ints"])
+            views = self.layouts.model.views(buf)
+            share = self.worker.evaluate(views["weights"], views["ints"])
         else:
             share = self.layouts.evaluation.empty()
         self.world.sync("end of evaluation")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mpifed import checkpoint, results
-from mpifed.algorithms.base import Replies, Server
+from mpifed.algorithms.base import Fields, Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
 from mpifed.evaluation import summarize, validation
@@ -25,14 +25,16 @@ from mpifed.handoff import EXIT_STOPPED, describe_signal
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
 from mpifed.progress import Progress, count
+from mpifed.protocol import Layouts
 from mpifed.rundir import RunDir, atomic_write
 from mpifed.signals import received, stop_requested
 
 
 class RoundServer:
-    def __init__(self, cfg: Config, cfg_dict: dict[str, Any], manifest: Manifest, method: Server, workers: int,
-                 run: RunDir, resume: dict[str, Any] | None, resume_command: str) -> None:
+    def __init__(self, cfg: Config, cfg_dict: dict[str, Any], manifest: Manifest, method: Server, layouts: Layouts,
+                 workers: int, run: RunDir, resume: dict[str, Any] | None, resume_command: str) -> None:
         self.cfg = cfg
+        self.layouts = layouts
         self.resume_command = resume_command
         self.cfg_dict = cfg_dict
         self.manifest = manifest
@@ -74,6 +76,7 @@ class RoundServer:
             self._restore(resume)
             method.start(self.global_floats)
             method.load_state_dict(resume["algorithm"])
+        self.first_down = self._method_downlink(self.rnd)   # made now: a name not declared fails before round 1
 
     # ------------------------------------------------------------ the round, in order
     def plan(self) -> RoundPlan:
@@ -92,23 +95,33 @@ class RoundServer:
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
                          keep_states_from=self._oldest_resume_round(rnd), moves=moves, model_held=self.model_sent)
 
-    def downlink(self, plan: RoundPlan) -> dict[str, torch.Tensor]:
-        return {"global": self.global_floats, "global_ints": self.global_ints,
-                **self.method.downlink(plan.round, self.global_floats)}
+    def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The global model and the method's down tensors (the first round's made at start-up)."""
+        down = self.first_down if self.first_down is not None else self._method_downlink(plan.round)
+        self.first_down = None
+        return {"weights": self.global_floats, "ints": self.global_ints}, down
 
-    def aggregate(self, plan: RoundPlan, replies: Replies) -> None:
-        sums = {k: v.to(self.device) for k, v in replies.sums.items()}
-        ints, samples = sums.pop("_ints"), sums.pop("_samples")
-        mine = Replies(sums, {k: v.to(self.device) for k, v in replies.rows.items()}, replies.clients)
+    def _method_downlink(self, rnd: int) -> dict[str, torch.Tensor]:
+        down = self.method.downlink(rnd, self.global_floats)
+        self.layouts.down.check(down, f"{type(self.method).__name__}.downlink")
+        return down
+
+    def aggregate(self, plan: RoundPlan, replies: Replies, model_sums: dict[str, torch.Tensor]) -> None:
+        """The new global model: the method's from its replies; the integer buffers (BatchNorm's
+        counters) the clients' sample-weighted mean, rounded."""
+        sums = Fields(self.layouts.sums.what, {k: v.to(self.device) for k, v in replies.sums})
+        rows = Fields(self.layouts.rows.what, {k: v.to(self.device) for k, v in replies.rows})
+        mine = Replies(sums, rows, replies.clients)
         self.global_floats = self.method.aggregate(plan.round, self.global_floats, mine).to(torch.float32)
         self.model_sent = False
+        ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
         self.global_ints = torch.round(ints / samples).to(torch.int64)
         self.replies = mine
 
     def evaluation_state(self) -> dict[str, torch.Tensor]:
         reported = self.method.reported(self.global_floats)
         self.model_sent = reported is self.global_floats     # so the next downlink need not send it
-        return {"global": reported, "global_ints": self.global_ints}
+        return {"weights": reported, "ints": self.global_ints}
 
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None:
         m = self.manifest

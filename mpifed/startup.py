@@ -15,7 +15,8 @@ so a rank that hangs or fails is reported under the phase it did not finish
     ranks       all -> server     each rank's host, pid, device and threads (provenance, log)
     workers     all               the workers' own group (client statistics, client-state moves)
     (roles)                       the worker side on the workers; on rank 0 the server side, which
-                                  opens the run directory and listens for stop signals
+                                  opens the run directory, makes round 1's downlink (checked against
+                                  the method's messages) and listens for stop signals
 
 A phase that fails on any rank stops every rank, before round 1, with the first error,
 printed once by rank 0 (:class:`StartFailed`).
@@ -124,7 +125,7 @@ class Startup:
         algo, setup = make_algorithm(cfg, manifest, device)
         layouts = build_layouts(algo.messages(), setup.num_floats, setup.num_ints, manifest.test_size,
                                 cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names),
-                                manifest.val_size)
+                                manifest.val_size, method=cfg.algorithm.name)
         transform = make_transform(cfg, manifest, device)
         role = ("server" if is_server else "worker") if size > 1 else "server and worker"
         ranks = self._gathered("ranks", {"rank": rank, "host": host, "pid": os.getpid(), "device": str(device),
@@ -135,7 +136,7 @@ class Startup:
         if has_worker:
             worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, index, workers)
         if is_server:
-            server = make_server(cfg, resolved, algo, setup, manifest, transform, run, workers, resume_command)
+            server = make_server(cfg, resolved, algo, setup, layouts, manifest, transform, run, workers, resume_command)
             provenance.record(run.path, ranks, server.rnd)
             log_start(run, cfg, manifest, size, ranks, server.mlflow.describe() if server.mlflow else None)
             w.context = server.describe_checkpoint
@@ -268,10 +269,12 @@ def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layo
                   cfg.resources.cache_mb, cfg.train.eval_batch_size, states, runner)
 
 
-def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: Setup, manifest: Manifest,
-                transform: BatchTransform, run: RunDir, workers: int, resume_command: str) -> RoundServer:
+def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: Setup, layouts: Layouts,
+                manifest: Manifest, transform: BatchTransform, run: RunDir, workers: int,
+                resume_command: str) -> RoundServer:
     """The server rank's side: the run directory, the global model (initial or resumed) and the
-    method's server role with the server-held data; ``resume_command`` continues the run."""
+    method's server role with the server-held data, its first downlink checked against the
+    declaration; ``resume_command`` continues the run."""
     from mpifed.algorithms.base import ServerTools
     from mpifed.client_state import discard_from
     from mpifed.data.shards import read_shard
@@ -294,7 +297,7 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
         run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")
     elif resume is not None:
         run.log(f"[mpifed] resuming {run.path} after round {resume['rounds_done']} ({resolved.resume_from})")
-    return RoundServer(cfg, resolved.config, manifest, algo.server(tools), workers, run, resume, resume_command)
+    return RoundServer(cfg, resolved.config, manifest, algo.server(tools), layouts, workers, run, resume, resume_command)
 
 
 def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ranks: list[dict[str, Any]],

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from mpifed.algorithms.base import Client, ClientContext, ClientReport, Downlink, Setup
+from mpifed.algorithms.base import Client, ClientContext, ClientReport, Downlink, Fields, Setup, checked, zeros
 from mpifed.client_state import ClientStates
 from mpifed.data.prepared import Manifest
 from mpifed.data.store import ClientStore, load_eval_batches
@@ -49,14 +49,12 @@ class Worker:
         self.runner = runner or LocalSteps()
         self.down: Downlink | None = None
         self._fixed: dict[tuple[str, str], torch.Tensor] = {}
-        self._sum_names = [k for k in layouts.sums.entries if not k.startswith("_")]
-        self._declared = set(self._sum_names) | set(layouts.rows.entries)
-        self._state_names = set(layouts.client_state.entries)
+        self._declared = set(layouts.sums.entries) | set(layouts.rows.entries)
 
     # ---------------------------------------------------------------- the round
     def start_round(self, plan: RoundPlan, down: Downlink) -> None:
         self.down = Downlink(self._on_device("model", "weights", down.weights), self._on_device("model", "ints", down.ints),
-                             {k: self._on_device("extra", k, v) for k, v in down.extra.items()})
+                             {k: self._on_device("down", k, v) for k, v in down}, self.layouts.down.what)
         self.client.round_start(plan.round, self.down)
 
     def _on_device(self, part: str, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -71,20 +69,23 @@ class Worker:
 
     def statistics(self, plan: RoundPlan) -> dict[str, torch.Tensor]:
         """This worker's clients' contributions to the method's statistics, summed."""
-        sums = {k: torch.zeros(e.shape, dtype=torch.float64) for k, e in self.layouts.statistics.entries.items()}
+        layout = self.layouts.statistics
+        sums = {k: torch.zeros(e.shape, dtype=torch.float64) for k, e in layout.entries.items()}
         for cid in plan.assignment[self.index]:
-            for k, v in self.client.statistics(self.store.get(cid), self.transform).items():
+            mine = checked(layout.what, layout.entries, self.client.statistics(self.store.get(cid), self.transform),
+                           f"{type(self.client).__name__}.statistics")
+            for k, v in mine:
                 sums[k] += v.detach().cpu().double().reshape(sums[k].shape)
         return sums
 
-    def use_statistics(self, totals: dict[str, torch.Tensor]) -> None:
-        self.client.use_statistics({k: v.to(self.device) for k, v in totals.items()})
+    def use_statistics(self, totals: Fields) -> None:
+        self.client.use_statistics(Fields(self.layouts.statistics.what, {k: v.to(self.device) for k, v in totals}))
 
     def train(self, plan: RoundPlan) -> Trained:
         """Train this worker's clients of ``plan``: the uplink sums, their rows and reports."""
         clients = plan.assignment[self.index]
-        sums_buf = self.layouts.sums.empty()
-        sums = self.layouts.sums.views(sums_buf)
+        sums_buf = self.layouts.uplink_buffer()
+        sums, model_sums = self.layouts.uplink_views(sums_buf)
         row = self.layouts.rows
         rows = np.zeros(len(clients) * row.nbytes, dtype=np.uint8)
         reports = []
@@ -92,20 +93,17 @@ class Worker:
             start = time.perf_counter()
             ctx = self._context(plan, cid)
             up = self.client.local_round(ctx)
-            if set(ctx.new_state) != self._state_names:
-                raise ProtocolError(f"{type(self.client).__name__}.end_client returned the state {sorted(ctx.new_state)}; "
-                                    f"the method's messages() declare {sorted(self._state_names)}")
             if set(up) != self._declared:
                 raise ProtocolError(f"{type(self.client).__name__}.uplink returned {sorted(up)}; the method's "
                                     f"messages() declare {sorted(self._declared)}")
-            for k in self._sum_names:
+            for k in sums:
                 sums[k] += up[k].detach().cpu().double().reshape(sums[k].shape)
             if row.entries:
                 row.pack({k: up[k].float() for k in row.entries}, rows[i * row.nbytes: (i + 1) * row.nbytes])
-            sums["_ints"] += ctx.flat.ints.cpu().double() * ctx.num_samples
-            sums["_samples"] += ctx.num_samples
+            model_sums["ints"] += ctx.flat.ints.cpu().double() * ctx.num_samples
+            model_sums["samples"] += ctx.num_samples
             if self.states is not None:
-                self.states.put(cid, plan.round, ctx.new_state, plan.keep_states_from)
+                self.states.put(cid, plan.round, dict(iter(ctx.new_state)), plan.keep_states_from)
             reports.append(ClientReport(cid, self.index, ctx.num_samples, ctx.steps, ctx.loss_sum / max(ctx.seen, 1),
                                         time.perf_counter() - start, ctx.extra))
         return Trained(sums_buf, rows, reports)
@@ -118,10 +116,10 @@ class Worker:
                             data=self.store.get(cid), transform=self.transform,
                             generator=torch.Generator(self.device).manual_seed(seed), train_cfg=self.setup.train,
                             runner=self.runner)
-        if self.states is not None:
-            stored = self.states.get(cid, plan.round)
-            ctx.state = ({k: v.to(self.device) for k, v in stored.items()} if stored is not None
-                         else self.client.init_state(ctx))
+        layout = self.layouts.client_state
+        stored = self.states.get(cid, plan.round) if self.states is not None else None
+        ctx.state = (Fields(layout.what, {k: v.to(self.device) for k, v in stored.items()}) if stored is not None
+                     else zeros(layout.what, {k: e.shape for k, e in layout.entries.items()}, self.device))
         return ctx
 
     def evaluate(self, weights: torch.Tensor, ints: torch.Tensor) -> np.ndarray:

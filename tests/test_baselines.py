@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, small_setup, tiny
-from mpifed.algorithms.base import Batch, ClientContext, Outputs, Replies, Setup
+from mpifed.algorithms.base import Batch, ClientContext, Fields, Outputs, Replies, Setup, zeros
 from mpifed.algorithms.moon import own_initial_model
 from mpifed.algorithms.scaffold import effective_steps
 from mpifed.config import TrainConfig
@@ -83,9 +83,9 @@ def moon_previous(first_negative, rnd, trained=False, cid=2):
     flat = setup.new_model()
     ctx = ClientContext(cid, rnd, 0.1, flat, flat.floats.clone(), ClientData(cid, torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long)),
                         None, torch.Generator(), setup.train)
-    ctx.state = client.init_state(ctx)
+    ctx.state = zeros("the client state", cls(cls.Options(), setup).messages().client_state)
     if trained:
-        ctx.state = {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)}
+        ctx.state = Fields("the client state", {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)})
     client.begin_client(ctx)
     return client.previous.flat.floats.clone() if client.has_previous else None
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import small_setup
-from mpifed.algorithms.base import Batch, ClientContext, Downlink, Replies, forward
+from mpifed.algorithms.base import Batch, ClientContext, Downlink, Fields, Replies, forward, renewed
 from mpifed.algorithms.fedcurv import empirical_fisher
 from mpifed.algorithms.feddistill import class_logit_distillation, class_mean_logits
 from mpifed import config
@@ -19,9 +19,13 @@ from mpifed.registry import ALGORITHMS
 PLAIN = BatchTransform([0.5], [0.5], 0, False, 0, "cpu")
 
 
-def roles(name, setup, **options):
+def method(name, setup, **options):
     cls = ALGORITHMS.get(name)
-    algo = cls(cls.Options(**options), setup)
+    return cls(cls.Options(**options), setup)
+
+
+def roles(name, setup, **options):
+    algo = method(name, setup, **options)
     return algo.server(None), algo.client()
 
 
@@ -36,7 +40,7 @@ def context(setup, client_data, weights, global_weights, state, batch_size=4, ep
     cfg = TrainConfig(batch_size=batch_size, local_epochs=epochs, momentum=0.0)
     setup.train = cfg
     return ClientContext(0, 0, lr, flat, global_weights, client_data, PLAIN, torch.Generator().manual_seed(0), cfg,
-                         state=state)
+                         state=Fields("the client state", state))
 
 
 def down(setup, **extra):
@@ -75,12 +79,12 @@ def test_fedcurv_first_round_has_no_penalty():
     p = setup.num_params
     _, client = roles("fedcurv", setup, lam=2.0)
     client.round_start(0, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
-    ctx = context(setup, data(0), torch.randn(p), torch.zeros(p), client.init_state(None))
+    ctx = context(setup, data(0), torch.randn(p), torch.zeros(p), {"fisher": torch.zeros(p), "fisher_weights": torch.zeros(p)})
     assert extra_loss(client, ctx).item() == 0 and not client.active
     # the client's own contribution is all there is: no penalty either
     own = {"fisher": torch.rand(p), "fisher_weights": torch.rand(p)}
     client.round_start(1, down(setup, fisher=own["fisher"], fisher_weights=own["fisher_weights"]))
-    ctx.state = own
+    ctx.state = Fields("the client state", own)
     assert extra_loss(client, ctx).item() == 0
 
 
@@ -105,11 +109,11 @@ def test_fedcurv_uplink_replaces_the_client_contribution_and_the_server_sums_it(
     old = {"fisher": torch.rand(p), "fisher_weights": torch.rand(p)}
     client.round_start(0, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
     ctx = context(setup, data(8), w, torch.zeros(setup.num_floats), dict(old))
-    ctx.new_state = client.end_client(ctx)
+    ctx.new_state = renewed(ctx.state, client.end_client(ctx), "end_client")
     up = client.uplink(ctx)
     fisher = empirical_fisher(context(setup, data(8), w, torch.zeros(setup.num_floats), {}), 500)
-    assert torch.allclose(ctx.new_state["fisher"], fisher) and torch.allclose(ctx.new_state["fisher_weights"], fisher * w[:p])
-    assert torch.equal(ctx.state["fisher"], old["fisher"])                     # uplink changes nothing
+    assert torch.allclose(ctx.new_state.fisher, fisher) and torch.allclose(ctx.new_state.fisher_weights, fisher * w[:p])
+    assert torch.equal(ctx.state.fisher, old["fisher"])                     # uplink changes nothing
     assert torch.allclose(up["delta_fisher"].float(), fisher - old["fisher"])
     assert torch.allclose(up["delta_fisher_weights"].float(), fisher * w[:p] - old["fisher_weights"])
     # server: U, V start at 0 and add the round's summed changes; clients not sampled keep theirs
@@ -136,9 +140,9 @@ def test_feddyn_linear_and_quadratic_terms_and_state_update():
     ctx.flat.zero_grad()
     extra.backward()
     assert torch.allclose(ctx.flat.grad, torch.full((p,), -1.9))
-    ctx.new_state = client.end_client(ctx)
+    ctx.new_state = renewed(ctx.state, client.end_client(ctx), "end_client")
     up = client.uplink(ctx)
-    assert torch.allclose(ctx.new_state["grad"], torch.full((p,), 1.9))
+    assert torch.allclose(ctx.new_state.grad, torch.full((p,), 1.9))
     assert torch.equal(up["weight"], torch.ones(1, dtype=torch.float64))     # uniform average (Algorithm 1)
     assert torch.equal(up["model"], torch.ones(p, dtype=torch.float64))
 
@@ -236,15 +240,14 @@ def test_fednova_ccvr_corrects_each_gradient_by_the_last_normalized_update():
     ctx = context(setup, batch, torch.ones(p), torch.ones(p), {"update": torch.full((p,), 2.0)}, batch_size=6)
     up = client.local_round(ctx)
     assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * (grad - 2.0), atol=1e-6)
-    assert torch.allclose(ctx.new_state["update"], grad - 2.0, atol=1e-5)
+    assert torch.allclose(ctx.new_state.update, grad - 2.0, atol=1e-5)
     assert torch.allclose(up["update"].float(), 6 * 0.1 * (grad - 2.0), atol=1e-5)        # p_k = n_k = 6, a_k = 1
-    fresh = client.init_state(ctx)
-    assert torch.equal(fresh["update"], torch.zeros(p))
+    assert method("fednova", setup, ccvr=True).messages().client_state == {"update": (p,)}   # zeros before it trains
     _, plain = roles("fednova", setup)
-    assert plain.init_state(ctx) == {}
+    assert method("fednova", setup).messages().client_state == {}
     ctx = context(setup, batch, torch.ones(p), torch.ones(p), {}, batch_size=6)
     plain.local_round(ctx)
-    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * grad, atol=1e-6) and ctx.new_state == {}
+    assert torch.allclose(ctx.flat.floats[:p], 1 - 0.1 * grad, atol=1e-6) and len(ctx.new_state) == 0
 
 
 # ------------------------------------------------------------------- FedDistill+

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import REPO, env, small_setup, tiny
-from mpifed.algorithms.base import Client, ClientContext
+from mpifed.algorithms.base import Client, ClientContext, Fields
 from mpifed.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
@@ -34,7 +34,7 @@ class Recording(Client):
 
     def end_client(self, ctx):
         self.calls.append("end")
-        return {"rounds": ctx.state["rounds"] + 1}
+        return {"rounds": ctx.state.rounds + 1}
 
     def uplink(self, ctx):
         self.calls.append("uplink")
@@ -45,7 +45,7 @@ def test_local_round_runs_the_hooks_in_order_and_keeps_the_new_state_apart():
     setup = small_setup()
     setup.train = TrainConfig(batch_size=4, local_epochs=2)
     data = ClientData(0, torch.randint(0, 255, (8, 1, 2, 2), dtype=torch.uint8), torch.arange(8) % 3)
-    old = {"rounds": torch.ones(1)}
+    old = Fields("the client state", {"rounds": torch.ones(1)})
     ctx = ClientContext(0, 0, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
                         BatchTransform([0.5], [0.5], 0, False, 0, "cpu"), torch.Generator().manual_seed(0), setup.train,
                         state=old)
@@ -53,22 +53,18 @@ def test_local_round_runs_the_hooks_in_order_and_keeps_the_new_state_apart():
     up = client.local_round(ctx)
     assert client.calls == ["begin"] + ["batch", "loss"] * 4 + ["end", "uplink"]
     assert up["seen"].item() == 16 and ctx.steps == 4
-    assert ctx.state is old and old["rounds"].item() == 1 and ctx.new_state["rounds"].item() == 2
+    assert ctx.state is old and old.rounds.item() == 1 and ctx.new_state.rounds.item() == 2
     assert client.capture_key(ctx) == "Recording collects per-client sums after each batch (on_batch)"
 
 
 MISSPELT = '''
-import torch
 from mpifed.algorithms.base import Algorithm, Client
 from mpifed.registry import ALGORITHMS
 
 
 class MisspeltClient(Client):
-    def init_state(self, ctx):
-        return {"control": torch.zeros(1)}
-
     def end_client(self, ctx):
-        return {"contrl": ctx.state["control"] + 1}
+        return {"contrl": ctx.state.control + 1}
 
 
 @ALGORITHMS.register("misspelt_state")
@@ -87,4 +83,5 @@ def test_a_new_state_not_declared_is_an_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, "algorithm.name=misspelt_state"),
                         "--plugin", str(plugin)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
-    assert "MisspeltClient.end_client returned the state ['contrl']; the method's messages() declare ['control']" in p.stderr
+    assert ("MisspeltClient.end_client returned ['contrl'] as misspelt_state's client state; the method's messages() "
+            "declare ['control']") in p.stderr

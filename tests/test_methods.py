@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import metrics, run_debug, small_setup, tiny
-from mpifed.algorithms.base import Batch, ClientContext, Downlink, Replies, ServerTools, forward
+from mpifed.algorithms.base import Batch, ClientContext, Downlink, Fields, Replies, ServerTools, forward
 from mpifed.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
@@ -55,7 +55,7 @@ def test_fedgkd_vote_weights_follow_validation_losses():
     down = server.downlink(2, models[-1])
     losses = torch.tensor([torch.nn.functional.cross_entropy(tools.logits(m), y).item() for m in models], dtype=torch.float64)
     expected = 0.1 * torch.softmax(-losses * 3, dim=0)              # beta = 1/M with M = 3
-    assert torch.allclose(down["weights"][:2].double(), expected, atol=1e-6) and down["weights"][2] == 0
+    assert torch.allclose(down["teacher_weights"][:2].double(), expected, atol=1e-6) and down["teacher_weights"][2] == 0
     assert torch.equal(down["teachers"][:2], torch.stack(models)) and torch.all(down["teachers"][2] == 0)
 
 
@@ -94,7 +94,7 @@ def test_fedcsd_prototype_reduction_equals_central_prototypes():
             for a, ids in zip(workers, ([0, 1], [2, 3]))]
     total = {k: sums[0][k] + sums[1][k] for k in sums[0]}
     for a in workers:
-        a.use_statistics(total)
+        a.use_statistics(Fields("the client statistics", total))
     # central: per client, mean teacher logits per held class; per class, the mean over its holders
     model = setup.new_model()
     model.load(teacher_w)

@@ -152,16 +152,16 @@ class CountingServer:
                          model_held=self.sent)
 
     def downlink(self, plan):
-        return {"global": self.model, "global_ints": torch.zeros(1, dtype=torch.int64),
-                **({"hint": self.model[:3] * 10} if self.down else {})}
+        return ({"weights": self.model, "ints": torch.zeros(1, dtype=torch.int64)},
+                {"hint": self.model[:3] * 10} if self.down else {})
 
-    def aggregate(self, plan, replies):
+    def aggregate(self, plan, replies, model_sums):
         self.model, self.sent = self.model + 1, False
 
     def evaluation_state(self):
         self.sent = not self.reports_other
-        return {"global": -self.model if self.reports_other else self.model,
-                "global_ints": torch.zeros(1, dtype=torch.int64)}
+        return {"weights": -self.model if self.reports_other else self.model,
+                "ints": torch.zeros(1, dtype=torch.int64)}
 
     def evaluated(self, plan, totals):
         pass
@@ -181,10 +181,10 @@ class ReceivingWorker:
         self.received = []
 
     def start_round(self, plan, down):
-        self.received.append((down.weights.clone(), {k: v.clone() for k, v in down.extra.items()}))
+        self.received.append((down.weights.clone(), {k: v.clone() for k, v in down}))
 
     def train(self, plan):
-        return Trained(self.layouts.sums.empty(), np.zeros(0, np.uint8), [])
+        return Trained(self.layouts.uplink_buffer(), np.zeros(0, np.uint8), [])
 
     def flush_states(self, keep_from):
         pass
@@ -203,7 +203,7 @@ def test_after_an_evaluated_round_the_downlink_does_not_send_the_model_again(dow
     server, worker, comm = CountingServer(4, evaluate, down), ReceivingWorker(layouts), RecordingComm()
     RoundProtocol(layouts, comm, Comm(), server, worker, 1).run()
 
-    model, tail = layouts.state.nbytes, layouts.down.nbytes - layouts.state.nbytes
+    model, tail = layouts.model.nbytes, layouts.down.nbytes
     full, rest = [("downlink: broadcast", model + tail)], [("downlink: broadcast", tail)] if down else []
     evaluation = [("evaluation: broadcast of the global model", model)]
     assert comm.broadcasts == full + evaluation + rest + full + evaluation + rest + evaluation
@@ -222,8 +222,8 @@ def test_when_the_evaluation_sends_another_model_the_downlink_sends_the_global_o
     worker, comm = ReceivingWorker(layouts), RecordingComm()
     RoundProtocol(layouts, comm, Comm(), server, worker, 1).run()
 
-    full = [("downlink: broadcast", layouts.down.nbytes)]
-    evaluation = [("evaluation: broadcast of the global model", layouts.state.nbytes)]
+    full = [("downlink: broadcast", layouts.model.nbytes + layouts.down.nbytes)]
+    evaluation = [("evaluation: broadcast of the global model", layouts.model.nbytes)]
     assert comm.broadcasts == (full + evaluation) * 3
     assert len(worker.received) == 3
     for rnd, (weights, _) in enumerate(worker.received):

@@ -16,7 +16,7 @@ the debug mode; they share nothing but the options, the :class:`Setup` and what 
 protocol (:mod:`mpifed.protocol`) carries between them. One round, in order::
 
     server  downlink(rnd, w)             -> the Messages.down tensors sent with the global model w
-    client  round_start(rnd, down)       once per round on each worker
+    client  round_start(rnd, down)       once per round on each worker (down.weights, down.<name>)
     client  statistics(data, transform)  summed over the round's clients on all workers
             use_statistics(totals)       before local training (Messages.statistics)
     client  local_round(ctx)             per client, these hooks in this order:
@@ -28,6 +28,12 @@ protocol (:mod:`mpifed.protocol`) carries between them. One round, in order::
     server  aggregate(rnd, w, replies)   -> the new global model, from the sums, rows and reports
     server  reported(w)                  -> the model evaluated and saved (default: the global model)
 
+Every message is declared once, in :meth:`Algorithm.messages`, and read back by name as an
+attribute of a :class:`Fields` (``down.teacher``, ``ctx.state.control``, ``replies.sums.model``);
+a name it does not declare is an error that lists the declared ones. A client's state starts
+as zeros of its declared shapes; the server's first downlink is checked against the
+declaration when the run starts.
+
 The base classes are FedAvg: clients minimise cross-entropy and send n_k w_k and n_k (or
 1 and w_k with ``train.client_weights: uniform``); the server divides the sums.
 """
@@ -35,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterable, Iterator, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +65,70 @@ class NonFiniteLoss(FloatingPointError):
 
 
 # ------------------------------------------------------------------- what travels
+class ProtocolError(RuntimeError):
+    """A role sent something other than what its method's messages() declare."""
+
+
+class UndeclaredName(AttributeError):
+    """A role read a message entry its method's messages() do not declare."""
+
+
+class Fields:
+    """The tensors of one declared message, each under its declared name as an attribute:
+    ``down.teacher``, ``ctx.state.control``, ``replies.sums.model``. Reading a name that is not
+    declared raises :class:`UndeclaredName`, listing the declared ones. Read-only; iterating
+    gives (name, tensor) pairs."""
+
+    __slots__ = ("_Fields__what", "_Fields__values")
+
+    def __init__(self, what: str, values: Mapping[str, torch.Tensor]) -> None:
+        object.__setattr__(self, "_Fields__what", what)
+        object.__setattr__(self, "_Fields__values", dict(values))
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name.startswith("_Fields__"):
+            raise AttributeError(name)
+        try:
+            return self.__values[name]
+        except KeyError:
+            declared = sorted(self.__values)
+            raise UndeclaredName(f"{self.__what} has no {name!r}; the method's messages() declare "
+                                 f"{declared if declared else 'none'}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self.__what} is read-only: return new tensors from the hook instead")
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.__values.items())
+
+    def __len__(self) -> int:
+        return len(self.__values)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.__values.items())
+        return f"Fields({self.__what}: {shapes})"
+
+
+def checked(what: str, declared: Iterable[str], values: Mapping[str, torch.Tensor] | Fields, source: str) -> Fields:
+    """What a hook (``source``) returned as ``what``: exactly the ``declared`` names, or a
+    :class:`ProtocolError` naming both."""
+    given = dict(values) if isinstance(values, Mapping) else {k: v for k, v in values}
+    declared = sorted(declared)
+    if sorted(given) != declared:
+        raise ProtocolError(f"{source} returned {sorted(given)} as {what}; the method's messages() declare {declared}")
+    return Fields(what, given)
+
+
+def renewed(old: Fields, values: Mapping[str, torch.Tensor] | Fields, source: str) -> Fields:
+    """``values`` as the next version of ``old`` (a client's state): the same names, or a :class:`ProtocolError`."""
+    return checked(old._Fields__what, [name for name, _ in old], values, source)
+
+
+def zeros(what: str, shapes: Mapping[str, Shape], device: torch.device | str = "cpu") -> Fields:
+    """Float32 zeros of the declared ``shapes``: a client's state before it first trains."""
+    return Fields(what, {name: torch.zeros(shape, device=device) for name, shape in shapes.items()})
+
+
 @dataclass(frozen=True)
 class Up:
     """An uplink entry: its shape, and how it travels: ``sum`` (one Reduce of float64 sums over
@@ -78,19 +148,35 @@ def per_client(*shape: int) -> Up:
 
 @dataclass(frozen=True)
 class Messages:
-    """Everything a method sends besides the global model, by name and shape.
+    """Everything a method sends besides the global model, by name and shape: the one place a
+    method names its messages.
 
     * ``down``: float32 tensors broadcast with the global model each round;
     * ``statistics``: float64 sums over the round's clients, all-reduced between the workers
       before local training;
     * ``up``: what each client returns (:class:`Up`);
-    * ``client_state``: float32 tensors each client keeps from one round it trains in to the next.
+    * ``client_state``: float32 tensors each client keeps from one round it trains in to the next
+      (zeros before it first trains).
+
+    Each name is a Python identifier (roles read it as an attribute); ``weights`` and ``ints``
+    name the global model on the :class:`Downlink`, so ``down`` cannot use them.
     """
 
     down: dict[str, Shape] = field(default_factory=dict)
     statistics: dict[str, Shape] = field(default_factory=dict)
     up: dict[str, Up] = field(default_factory=dict)
     client_state: dict[str, Shape] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for part in ("down", "statistics", "up", "client_state"):
+            bad = [name for name in getattr(self, part) if not (isinstance(name, str) and name.isidentifier())]
+            if bad:
+                raise ValueError(f"Messages.{part}: {bad} are not Python identifiers; roles read each entry as an "
+                                 f"attribute (down.<name>), so name them like variables")
+        taken = sorted(set(self.down) & set(Downlink.__slots__))
+        if taken:
+            raise ValueError(f"Messages.down: {taken} name the global model on the Downlink (down.weights, down.ints); "
+                             f"choose other names")
 
     def extend(self, **more: dict) -> "Messages":
         """These messages plus ``more`` (e.g. ``down={...}``); a name declared twice is an error."""
@@ -130,16 +216,18 @@ class Setup:
         return self.new_model()
 
 
-@dataclass
-class Downlink:
-    """What a client receives each round: the global model and the method's ``down`` tensors."""
+class Downlink(Fields):
+    """What a client receives each round: the global model (``weights``, the float state;
+    ``ints``, the integer buffers such as BatchNorm's counters) and the method's ``down`` tensors
+    by name (``down.teacher``)."""
 
-    weights: torch.Tensor          # the global float state
-    ints: torch.Tensor             # the global integer buffers (BatchNorm counters)
-    extra: dict[str, torch.Tensor]
+    __slots__ = ("weights", "ints")
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self.extra[name]
+    def __init__(self, weights: torch.Tensor, ints: torch.Tensor, sent: Mapping[str, torch.Tensor] | Fields,
+                 what: str = "the downlink") -> None:
+        super().__init__(what, sent if isinstance(sent, Mapping) else dict(iter(sent)))
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "ints", ints)
 
 
 @dataclass
@@ -180,8 +268,8 @@ class ClientContext:
     transform: BatchTransform
     generator: torch.Generator      # seeded by (seed, round, client), on the device: batches and augmentation
     train_cfg: TrainConfig
-    state: dict[str, torch.Tensor] = field(default_factory=dict)   # Messages.client_state the client starts with
-    new_state: dict[str, torch.Tensor] = field(default_factory=dict)   # what it keeps: end_client's, set before uplink
+    state: Fields = field(default_factory=lambda: Fields("the client state", {}))   # Messages.client_state it starts with
+    new_state: Fields = field(default_factory=lambda: Fields("the client state", {}))   # what it keeps: end_client's
     epoch: int = 0                  # the local epoch being trained (0-based)
     steps: int = 0
     loss_sum: float = 0.0
@@ -229,16 +317,22 @@ class ClientReport:
 
 @dataclass
 class Replies:
-    """What the server receives from a round's clients.
+    """What the server receives from a round's clients, by the names of Messages.up.
 
-    ``sums`` holds the ``sum`` entries of Messages.up summed over all clients (float64);
+    ``sums`` holds the ``sum`` entries summed over all clients (float64; ``replies.sums.model``);
     ``rows`` the ``per_client`` entries, one row per client in the order of ``clients``
-    (ascending client id).
+    (ascending client id). Plain dicts given are read as :class:`Fields`.
     """
 
-    sums: dict[str, torch.Tensor]
-    rows: dict[str, torch.Tensor]
+    sums: Fields
+    rows: Fields
     clients: list[ClientReport]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sums, Mapping):
+            self.sums = Fields("the uplink sums", self.sums)
+        if isinstance(self.rows, Mapping):
+            self.rows = Fields("the per-client uplink", self.rows)
 
 
 @dataclass
@@ -297,12 +391,14 @@ class Server:
         ``load_state_dict`` on resume)."""
 
     def downlink(self, rnd: int, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The ``Messages.down`` tensors of round ``rnd`` (0-based), for global model ``weights``."""
+        """The ``Messages.down`` tensors of round ``rnd`` (0-based) by name, for global model
+        ``weights``. The first round's is made when the run starts, and checked there against the
+        declaration."""
         return {}
 
     def aggregate(self, rnd: int, weights: torch.Tensor, replies: Replies) -> torch.Tensor:
         """The new global model from the round's replies."""
-        return (replies.sums["model"] / replies.sums["weight"]).to(torch.float32)
+        return (replies.sums.model / replies.sums.weight).to(torch.float32)
 
     def reported(self, weights: torch.Tensor) -> torch.Tensor:
         """The float state the run evaluates and saves as its model, given the global model
@@ -344,23 +440,20 @@ class Client:
         """Once per round on each worker, with what the server sent."""
 
     def statistics(self, data: ClientData, transform: BatchTransform) -> dict[str, torch.Tensor]:
-        """One client's contribution to the ``Messages.statistics`` sums."""
+        """One client's contribution to the ``Messages.statistics`` sums, by name."""
         return {}
 
-    def use_statistics(self, totals: dict[str, torch.Tensor]) -> None:
-        """The ``Messages.statistics`` sums over all of the round's clients."""
-
-    def init_state(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """A client's ``Messages.client_state`` before it first trains (ctx holds the global model)."""
-        return {}
+    def use_statistics(self, totals: Fields) -> None:
+        """The ``Messages.statistics`` sums over all of the round's clients (``totals.<name>``)."""
 
     def local_round(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """One client's local round, the lifecycle every method plugs into: :meth:`begin_client`,
-        :meth:`train` (:meth:`on_batch` after each forward pass), :meth:`end_client` (its result
-        becomes ``ctx.new_state``), then :meth:`uplink`, whose entries it returns."""
+        :meth:`train` (:meth:`on_batch` after each forward pass), :meth:`end_client` (its result,
+        checked against the declared names, becomes ``ctx.new_state``), then :meth:`uplink`, whose
+        entries it returns."""
         self.begin_client(ctx)
         self.train(ctx)
-        ctx.new_state = self.end_client(ctx)
+        ctx.new_state = renewed(ctx.state, self.end_client(ctx), f"{type(self).__name__}.end_client")
         return self.uplink(ctx)
 
     def begin_client(self, ctx: ClientContext) -> None:
@@ -437,15 +530,15 @@ class Client:
             return f"{type(self).__name__} does not declare what its loss reads (capture_key)"
         return ()
 
-    def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """After local training: the client's new ``Messages.client_state`` (the one place where it
-        changes; the worker keeps it as ``ctx.new_state`` and stores it), and its figures in
-        ``ctx.extra``. Default: the state unchanged."""
+    def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor] | Fields:
+        """After local training: the client's new ``Messages.client_state``, by name (the one place
+        where it changes; the worker keeps it as ``ctx.new_state`` and stores it), and its figures
+        in ``ctx.extra``. Default: the state unchanged."""
         return ctx.state
 
     def uplink(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """What this client returns: every ``Messages.up`` entry (FedAvg: weight * w_k and weight),
-        from the trained model, ``ctx.state`` and ``ctx.new_state``; changes nothing."""
+        """What this client returns: every ``Messages.up`` entry by name (FedAvg: weight * w_k and
+        weight), from the trained model, ``ctx.state`` and ``ctx.new_state``; changes nothing."""
         weight = ctx.weight
         return {"model": ctx.flat.floats.double() * weight, "weight": torch.tensor([weight], dtype=torch.float64)}
 

@@ -42,7 +42,7 @@ class FedCADClient(Client):
         self.class_weights: torch.Tensor | None = None
 
     def round_start(self, rnd, down):
-        self.class_weights = down["class_weights"]
+        self.class_weights = down.class_weights
         self.teacher.load(down.weights, down.ints)
 
     def loss(self, ctx, batch, out):

@@ -46,7 +46,7 @@ class FedCSDClient(Client):
         self.prototypes: torch.Tensor | None = None
 
     def round_start(self, rnd, down):
-        self.teacher.load(down["teacher"], down.ints)
+        self.teacher.load(down.teacher, down.ints)
 
     def client_prototypes(self, data, transform) -> tuple[torch.Tensor, torch.Tensor]:
         """This client's mean teacher logits per class it holds (Eq. 6; zero rows elsewhere), and
@@ -62,8 +62,8 @@ class FedCSDClient(Client):
         return {"prototype_sum": means, "holders": held}
 
     def use_statistics(self, totals):
-        holders = totals["holders"].clamp(min=1)[:, None]
-        self.prototypes = (totals["prototype_sum"] / holders).float()
+        holders = totals.holders.clamp(min=1)[:, None]
+        self.prototypes = (totals.prototype_sum / holders).float()
 
     def begin_client(self, ctx):
         if self.options.prototypes == "local":

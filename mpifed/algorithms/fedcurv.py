@@ -37,17 +37,14 @@ class FedCurvClient(Client):
     contribution; after training, its Fisher diagonal F_k and F_k * w_k replace that contribution."""
 
     def round_start(self, rnd, down):
-        self.fisher_sum, self.fisher_weights_sum = down["fisher"], down["fisher_weights"]
+        self.fisher_sum, self.fisher_weights_sum = down.fisher, down.fisher_weights
 
-    def init_state(self, ctx):
-        zeros = torch.zeros(self.setup.num_params, device=self.setup.device)
-        return {"fisher": zeros, "fisher_weights": zeros.clone()}
 
     def begin_client(self, ctx):
-        others = self.fisher_sum - ctx.state["fisher"]
+        others = self.fisher_sum - ctx.state.fisher
         self.active = bool(others.any())
         self._p = ctx.flat.param_views(others)
-        self._q = ctx.flat.param_views(self.fisher_weights_sum - ctx.state["fisher_weights"])
+        self._q = ctx.flat.param_views(self.fisher_weights_sum - ctx.state.fisher_weights)
 
     def loss(self, ctx, batch, out):
         ce = super().loss(ctx, batch, out)
@@ -62,8 +59,8 @@ class FedCurvClient(Client):
 
     def uplink(self, ctx):
         old, new = ctx.state, ctx.new_state
-        return {**super().uplink(ctx), "delta_fisher": (new["fisher"] - old["fisher"]).double(),
-                "delta_fisher_weights": (new["fisher_weights"] - old["fisher_weights"]).double()}
+        return {**super().uplink(ctx), "delta_fisher": (new.fisher - old.fisher).double(),
+                "delta_fisher_weights": (new.fisher_weights - old.fisher_weights).double()}
 
 
 class FedCurvServer(Server):
@@ -81,8 +78,8 @@ class FedCurvServer(Server):
         return {"fisher": self.fisher.float(), "fisher_weights": self.fisher_weights.float()}
 
     def aggregate(self, rnd, weights, replies):
-        self.fisher = self.fisher + replies.sums["delta_fisher"]
-        self.fisher_weights = self.fisher_weights + replies.sums["delta_fisher_weights"]
+        self.fisher = self.fisher + replies.sums.delta_fisher
+        self.fisher_weights = self.fisher_weights + replies.sums.delta_fisher_weights
         return super().aggregate(rnd, weights, replies)
 
 

@@ -38,8 +38,8 @@ class FedDistillClient(Client):
     training passes and sends them (and the counts) as its rows."""
 
     def round_start(self, rnd, down):
-        self.global_logits = down["logits"]
-        self.known = down["known"] > 0
+        self.global_logits = down.logits
+        self.known = down.known > 0
         self.active = bool(self.known.any())
 
     def begin_client(self, ctx):
@@ -80,7 +80,7 @@ class FedDistillServer(Server):
         return {"logits": self.logits, "known": self.known}
 
     def aggregate(self, rnd, weights, replies):
-        mean, seen = class_mean_logits(replies.rows["class_logits"].double(), replies.rows["class_counts"].double())
+        mean, seen = class_mean_logits(replies.rows.class_logits.double(), replies.rows.class_counts.double())
         self.logits = torch.where(seen.unsqueeze(1), mean.float(), self.logits)
         self.known = torch.where(seen, 1.0, self.known)
         return super().aggregate(rnd, weights, replies)

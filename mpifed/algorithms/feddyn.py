@@ -18,7 +18,7 @@ class FedDynClient(Client):
     optimiser, alpha theta is the optimiser's weight decay and the loss keeps -alpha <w, theta>."""
 
     def begin_client(self, ctx):
-        self._grad = ctx.flat.param_views(ctx.state["grad"])
+        self._grad = ctx.flat.param_views(ctx.state.grad)
         self._anchor = ctx.flat.param_views(ctx.global_weights)
 
     def optimizer(self, ctx):
@@ -35,13 +35,11 @@ class FedDynClient(Client):
         prox = sum((w - s).pow(2).sum() for w, s in zip(params, self._anchor))
         return super().loss(ctx, batch, out) - linear + self.options.alpha / 2 * prox
 
-    def init_state(self, ctx):
-        return {"grad": torch.zeros(self.setup.num_params, device=self.setup.device)}
 
     def end_client(self, ctx):
         p = self.setup.num_params
         drift = ctx.flat.floats[:p] - ctx.global_weights[:p]
-        return {"grad": ctx.state["grad"] - self.options.alpha * drift}
+        return {"grad": ctx.state.grad - self.options.alpha * drift}
 
     def uplink(self, ctx):
         return {"model": ctx.flat.floats.double(), "weight": torch.ones(1, dtype=torch.float64)}
@@ -62,10 +60,10 @@ class FedDynServer(Server):
 
     def aggregate(self, rnd, weights, replies):
         s, p, alpha = replies.sums, self.setup.num_params, self.options.alpha
-        count = s["weight"]
-        drift_sum = s["model"][:p] - count * weights[:p].double()
+        count = s.weight
+        drift_sum = s.model[:p] - count * weights[:p].double()
         self.h = self.h - alpha / self.setup.num_clients * drift_sum
-        new = s["model"] / count
+        new = s.model / count
         if self.options.evaluate == "clients_mean":
             self.clients_mean = new.to(torch.float32)
         new[:p] -= self.h / alpha

@@ -104,7 +104,7 @@ class FedGenServer(Server):
         return {"generator": self.generator.floats}
 
     def aggregate(self, rnd, weights, replies):
-        self.train_generator(replies.rows["head"].to(self.setup.device), replies.rows["label_counts"].to(self.setup.device))
+        self.train_generator(replies.rows.head.to(self.setup.device), replies.rows.label_counts.to(self.setup.device))
         return super().aggregate(rnd, weights, replies)
 
     def head_params(self, rows: torch.Tensor) -> list[dict[str, torch.Tensor]]:
@@ -167,7 +167,7 @@ class FedGenClient(Client):
         self.generator.model.eval()
 
     def round_start(self, rnd, down):
-        self.generator.load(down["generator"])
+        self.generator.load(down.generator)
         regularise = rnd > 0         # round 1's generator is untrained
         self.alpha = decayed(self.options.alpha, self.options.decay, rnd) if regularise else 0.0
         self.beta = decayed(self.options.beta, self.options.decay, rnd) if regularise else 0.0

@@ -57,9 +57,9 @@ class FedGKDClient(Client):
         self.active = False
 
     def round_start(self, rnd, down):
-        self.active = bool(down["active"].item())
+        self.active = bool(down.active.item())
         if self.active:
-            self.teacher.load(down["teacher"], down.ints)
+            self.teacher.load(down.teacher, down.ints)
 
     def loss(self, ctx, batch, out):
         ce = super().loss(ctx, batch, out)
@@ -158,7 +158,7 @@ class VoteServer(BufferServer):
             self.weights[: len(models)] = (self.options.lam * torch.softmax(-losses / beta, dim=0)).float()
             teachers[: len(models)] = torch.stack(models)
             self.validation_losses = losses.tolist()
-        return {"teachers": teachers, "weights": self.weights}
+        return {"teachers": teachers, "teacher_weights": self.weights}
 
     def log(self) -> dict[str, Any]:
         return {"teacher_models": self.teacher_models, "teacher_weights": [round(float(w), 6) for w in self.weights],
@@ -174,13 +174,13 @@ class VoteClient(Client):
         self.active: list[tuple[Teacher, float]] = []
 
     def round_start(self, rnd, down):
-        weights = down["weights"].cpu().tolist()
+        weights = down.teacher_weights.cpu().tolist()
         live = [i for i, w in enumerate(weights) if w > 0]
         while len(self.teachers) < len(live):
             self.teachers.append(Teacher(self.setup))
         self.active = []
         for teacher, i in zip(self.teachers, live):
-            teacher.load(down["teachers"][i], down.ints)
+            teacher.load(down.teachers[i], down.ints)
             self.active.append((teacher, weights[i]))
 
     def loss(self, ctx, batch, out):
@@ -219,4 +219,4 @@ class FedGKDVote(Algorithm):
 
     def messages(self):
         m = self.options.buffer_size
-        return super().messages().extend(down={"teachers": (m, self.setup.num_floats), "weights": (m,)})
+        return super().messages().extend(down={"teachers": (m, self.setup.num_floats), "teacher_weights": (m,)})

@@ -16,13 +16,11 @@ class FedNovaClient(Client):
     d_k); sends p_k d_k = p_k (w_global - w_k) / a_k, p_k a_k and p_k (up to the common 1 / sum p),
     with a_k the momentum-SGD normalizer of its tau_k local steps."""
 
-    def init_state(self, ctx):
-        return {"update": torch.zeros(self.setup.num_params, device=self.setup.device)} if self.options.ccvr else {}
 
     def loss(self, ctx, batch, out):
         if not self.options.ccvr:
             return super().loss(ctx, batch, out)
-        last = ctx.flat.param_views(ctx.state["update"])
+        last = ctx.flat.param_views(ctx.state.update)
         linear = sum((p * d).sum() for p, d in zip(ctx.model.parameters(), last))
         return super().loss(ctx, batch, out) - linear
 
@@ -54,11 +52,11 @@ class FedNovaServer(Server):
 
     def aggregate(self, rnd, weights, replies):
         s, p = replies.sums, self.setup.num_params
-        total = s["weight"]
-        self.tau_eff = float(s["tau"] / total)
+        total = s.weight
+        self.tau_eff = float(s.tau / total)
         new = torch.empty_like(weights)
-        new[:p] = weights[:p] - (self.tau_eff * s["update"] / total).to(weights.dtype)
-        new[p:] = (s["buffers"] / total).to(weights.dtype)
+        new[:p] = weights[:p] - (self.tau_eff * s.update / total).to(weights.dtype)
+        new[p:] = (s.buffers / total).to(weights.dtype)
         return new
 
     def log(self):

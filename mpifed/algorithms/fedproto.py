@@ -36,7 +36,7 @@ class FedProtoClient(Client):
     last local epoch's training batches, and their counts."""
 
     def round_start(self, rnd, down):
-        self.prototypes, self.known = down["prototypes"], down["known"]
+        self.prototypes, self.known = down.prototypes, down.known
         self.active = self.options.lam > 0 and bool(self.known.any())
 
     def begin_client(self, ctx):
@@ -75,7 +75,7 @@ class FedProtoServer(Server):
         return {"prototypes": self.prototypes, "known": self.known}
 
     def aggregate(self, rnd, weights, replies):
-        self.prototypes, self.known = global_prototypes(replies.sums["feature_sum"].cpu(), replies.sums["count"].cpu())
+        self.prototypes, self.known = global_prototypes(replies.sums.feature_sum.cpu(), replies.sums.count.cpu())
         return super().aggregate(rnd, weights, replies)
 
     def log(self) -> dict[str, Any]:

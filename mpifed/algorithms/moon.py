@@ -40,15 +40,12 @@ class MoonClient(Client):
     def round_start(self, rnd, down):
         self.global_model.load(down.weights, down.ints)
 
-    def init_state(self, ctx):
-        return {"previous": torch.zeros(self.setup.num_floats, device=self.setup.device),
-                "trained": torch.zeros(1, device=self.setup.device)}
 
     def begin_client(self, ctx):
-        trained = bool(ctx.state["trained"].item())
+        trained = bool(ctx.state.trained.item())
         self.has_previous = trained or (self.options.first_negative != "none" and ctx.round > 0)
         if trained:
-            self.previous.load(ctx.state["previous"])
+            self.previous.load(ctx.state.previous)
         elif self.has_previous:
             self.previous.load(self.stand_in(ctx.cid))
 

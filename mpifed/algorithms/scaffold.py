@@ -30,7 +30,7 @@ class ScaffoldServer(Server):
         return {"control": self.control}
 
     def aggregate(self, rnd, weights, replies):
-        self.control = self.control + (replies.sums["delta_control"] / self.setup.num_clients).to(torch.float32)
+        self.control = self.control + (replies.sums.delta_control / self.setup.num_clients).to(torch.float32)
         return super().aggregate(rnd, weights, replies)
 
 
@@ -43,23 +43,21 @@ class ScaffoldClient(Client):
     """
 
     def round_start(self, rnd, down):
-        self.server_control = down["control"]
+        self.server_control = down.control
 
-    def init_state(self, ctx):
-        return {"control": torch.zeros(self.setup.num_params, device=self.setup.device)}
 
     def loss(self, ctx, batch, out):
-        correction = ctx.flat.param_views(self.server_control - ctx.state["control"])
+        correction = ctx.flat.param_views(self.server_control - ctx.state.control)
         linear = sum((p * c).sum() for p, c in zip(ctx.model.parameters(), correction))
         return super().loss(ctx, batch, out) + linear
 
     def end_client(self, ctx):
         n = self.setup.num_params
         drift = (ctx.global_weights[:n] - ctx.flat.floats[:n]) / (effective_steps(ctx.steps, self.setup.train.momentum) * ctx.lr)
-        return {"control": ctx.state["control"] - self.server_control + drift}
+        return {"control": ctx.state.control - self.server_control + drift}
 
     def uplink(self, ctx):
-        delta = ctx.new_state["control"] - ctx.state["control"]
+        delta = ctx.new_state.control - ctx.state.control
         return {**super().uplink(ctx), "delta_control": delta.double()}
 
 
