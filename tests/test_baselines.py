@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, small_setup, tiny
+from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi_series, small_setup, tiny
 from mpifed.algorithms.base import Batch, ClientContext, Fields, Outputs, Replies, Setup, zeros
 from mpifed.algorithms.moon import own_initial_model
 from mpifed.algorithms.scaffold import effective_steps
@@ -106,16 +106,34 @@ def test_moon_negative_of_a_client_that_has_not_trained_yet():
     assert torch.equal(moon_previous("initial", 4), setup.initial_model().floats)
 
 
+MOON = ("algorithm.name=moon", "algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.4",
+        "train.rounds=3")
+EQUAL = ("data.partition=iid", "train.participation=0.6", "train.rounds=3")   # clients of equal sizes
+MPI_RUNS = {"moon-random": (*MOON, "algorithm.first_negative=random"),
+            "moon-initial": (*MOON, "algorithm.first_negative=initial"),
+            "fednova-ccvr": ("algorithm.name=fednova", "algorithm.ccvr=true", *EQUAL)}
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(has_mpirun, shared_run, tmp_path_factory):
+    """{name: (its run of MPI_RUNS with 3 ranks, the run's directory)}, all the runs in one MPI job."""
+    tmp = tmp_path_factory.mktemp("mpi")
+    runs = [tiny(tmp, *o, f"data.prepared_root={shared_run.data}", name=n) for n, o in MPI_RUNS.items()]
+    return {n: (p, tmp / "runs" / n) for n, p in zip(MPI_RUNS, run_mpi_series(3, runs, tmp))}
+
+
+def mpi_run(mpi_runs, name):
+    p, run = mpi_runs[name]
+    assert p.returncode == 0, f"the MPI run {name} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    return run
+
+
 @pytest.mark.mpi
 @pytest.mark.e2e
 @pytest.mark.parametrize("choice", ["random", "initial"])
-def test_moon_first_negative_mpi_equals_debug_and_acts(has_mpirun, tmp_path, choice):
-    opts = ("algorithm.name=moon", "algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.4",
-            "train.rounds=3")
-    run_debug(tiny(tmp_path, *opts, f"algorithm.first_negative={choice}", name="debug"))
-    run_mpi(3, tiny(tmp_path, *opts, f"algorithm.first_negative={choice}", name="mpi"))
-    run_debug(tiny(tmp_path, *opts, name="none"))
-    debug, mpi, none = (tmp_path / "runs" / n for n in ("debug", "mpi", "none"))
+def test_moon_first_negative_mpi_equals_debug_and_acts(mpi_runs, shared_run, choice):
+    mpi = mpi_run(mpi_runs, f"moon-{choice}")
+    debug, none = shared_run(*MPI_RUNS[f"moon-{choice}"]), shared_run(*MOON)
     assert_same_model(final_model(debug), final_model(mpi), atol=1e-6)
     assert [r["test_acc"] for r in metrics(debug)] == [r["test_acc"] for r in metrics(mpi)]
     with pytest.raises(AssertionError):
@@ -125,18 +143,15 @@ def test_moon_first_negative_mpi_equals_debug_and_acts(has_mpirun, tmp_path, cho
 # ------------------------------------------------------------------- FedNova as FedNTD runs it
 @pytest.mark.mpi
 @pytest.mark.e2e
-def test_fednova_ccvr_departs_from_fedavg_with_equal_clients_and_mpi_equals_debug(has_mpirun, tmp_path):
-    equal = ("data.partition=iid", "train.participation=0.6", "train.rounds=3")
-    run_debug(tiny(tmp_path, "algorithm.name=fedavg", *equal, name="fedavg"))
-    run_debug(tiny(tmp_path, "algorithm.name=fednova", *equal, name="nova"))
-    run_debug(tiny(tmp_path, "algorithm.name=fednova", "algorithm.ccvr=true", *equal, name="debug"))
-    run_mpi(3, tiny(tmp_path, "algorithm.name=fednova", "algorithm.ccvr=true", *equal, name="mpi"))
-    runs = tmp_path / "runs"
-    assert_same_model(final_model(runs / "nova"), final_model(runs / "fedavg"), atol=1e-5)
+def test_fednova_ccvr_departs_from_fedavg_with_equal_clients_and_mpi_equals_debug(mpi_runs, shared_run):
+    mpi = mpi_run(mpi_runs, "fednova-ccvr")
+    fedavg, nova = shared_run("algorithm.name=fedavg", *EQUAL), shared_run("algorithm.name=fednova", *EQUAL)
+    debug = shared_run(*MPI_RUNS["fednova-ccvr"])
+    assert_same_model(final_model(nova), final_model(fedavg), atol=1e-5)
     with pytest.raises(AssertionError):
-        assert_same_model(final_model(runs / "debug"), final_model(runs / "fedavg"), atol=1e-4)
-    assert_same_model(final_model(runs / "debug"), final_model(runs / "mpi"), atol=1e-6)
-    assert [r["test_acc"] for r in metrics(runs / "debug")] == [r["test_acc"] for r in metrics(runs / "mpi")]
+        assert_same_model(final_model(debug), final_model(fedavg), atol=1e-4)
+    assert_same_model(final_model(debug), final_model(mpi), atol=1e-6)
+    assert [r["test_acc"] for r in metrics(debug)] == [r["test_acc"] for r in metrics(mpi)]
 
 
 # ------------------------------------------------------------------- FedNTD's KD -> NTD (App. H)

@@ -218,3 +218,15 @@ def test_on_and_off_that_yaml_reads_as_booleans_are_the_words(tmp_path):
         config.load([], ["resources.mps=sometimes"])
     with pytest.raises(ConfigError, match="resources.precision: True is not allowed"):
         config.load([], ["resources.precision=on"])
+
+
+def test_a_config_file_is_read_afresh_each_time(tmp_path):
+    """config files are parsed once per text: a changed file is read again, and changing what
+    read_yaml returned changes nothing for the next reader."""
+    f = tmp_path / "c.yaml"
+    f.write_text("train: {rounds: 3}\n")
+    assert config.load([str(f)])[0].train.rounds == 3
+    config.read_yaml(f)["train"]["rounds"] = 9
+    assert config.read_yaml(f)["train"]["rounds"] == 3
+    f.write_text("train: {rounds: 4}\n")
+    assert config.load([str(f)])[0].train.rounds == 4

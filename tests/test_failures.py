@@ -17,62 +17,104 @@ def start_mpi(args):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def pid_of_rank_when(proc, rank, marker, out):
-    """Read output until ``marker``; return the pid of ``rank`` from the start-up lines."""
-    pid = None
+def finish(proc, timeout=60):
+    """Wait for the job to end (at most ``timeout`` s); return its output."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the job did not end:\n" + proc.communicate()[0])
+
+
+STOPPING_CLIENT = '''
+import os
+import signal
+from pathlib import Path
+
+from mpifed.algorithms.base import Algorithm, Client
+from mpifed.registry import ALGORITHMS
+
+
+class StoppingClient(Client):
+    """FedAvg's client, except that rank 2 stops (SIGSTOP) in its first local step of round 3."""
+
+    def loss(self, ctx, batch, out):
+        if ctx.round == 2 and os.environ.get("OMPI_COMM_WORLD_RANK") == "2":
+            Path(__file__).with_suffix(".pid").write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return super().loss(ctx, batch, out)
+
+
+@ALGORITHMS.register("stopping")
+class Stopping(Algorithm):
+    Client = StoppingClient
+'''
+
+
+def stopping_run(tmp_path, *extra):
+    """A run in which rank 2 stops in its first local step of round 3, after the checkpoint of
+    round 2: it stops there whatever the machine's load (a signal sent from outside needs rounds
+    long enough to aim at, and those can outlast a short comm.timeout_s on a loaded machine, as
+    can the other worker's round)."""
+    plugin = tmp_path / "stopping.py"
+    plugin.write_text(STOPPING_CLIENT)
+    args = tiny(tmp_path, "algorithm.name=stopping", "train.participation=1.0", "train.rounds=6",
+                "run.checkpoint_every=2", *extra)
+    return plugin, start_mpi([*args, "--plugin", str(plugin)])
+
+
+def since_fault(plugin):
+    """Seconds since the plugin's rank stopped (it wrote its pid just before)."""
+    return time.time() - plugin.with_suffix(".pid").stat().st_mtime
+
+
+def kill_left_over(plugin):
+    """SIGKILL the process whose pid the plugin wrote, if it is still there (a stopped rank)."""
+    pid = plugin.with_suffix(".pid")
+    if pid.exists():
+        try:
+            os.kill(int(pid.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def pid_of_rank_when(proc, rank, marker):
+    """Read output until ``marker``; return the pid of ``rank`` from the start-up lines, and the output so far."""
+    pid, out = None, []
     for line in proc.stdout:
         out.append(line)
         m = re.search(rf"rank {rank} \(worker\): host \S+ pid (\d+)", line)
         if m:
             pid = int(m.group(1))
         if marker in line and pid:
-            return pid
+            return pid, "".join(out)
     raise AssertionError("".join(out))
 
 
-def finish(proc, out, timeout=60):
-    start = time.time()
-    try:
-        rest, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the job did not end:\n" + "".join(out))
-    return time.time() - start, "".join(out) + rest
-
-
-def long_run(tmp_path, *extra):
-    """Rounds of about two seconds, so that a signal sent just after a round ends lands mid-training."""
-    return tiny(tmp_path, "train.rounds=400", "train.local_epochs=40", "run.checkpoint_every=2", *extra)
-
-
 def test_killed_worker_ends_the_job_naming_rank_and_checkpoint(has_mpirun, tmp_path):
-    out = []
-    proc = start_mpi(long_run(tmp_path))
-    victim = pid_of_rank_when(proc, 2, "round 3/", out)
+    """Killed from outside mid-training: rounds of about two seconds, the signal half a second after
+    round 3 ends."""
+    proc = start_mpi(tiny(tmp_path, "train.rounds=400", "train.local_epochs=40", "run.checkpoint_every=2"))
+    victim, before = pid_of_rank_when(proc, 2, "round 3/")
     time.sleep(0.5)
     os.kill(victim, signal.SIGKILL)
-    took, text = finish(proc, out)
-    assert took < 60 and proc.returncode != 0
+    start = time.time()
+    text = before + finish(proc)
+    assert time.time() - start < 60 and proc.returncode != 0
     assert re.search(r"rank 2 with PID \d+ .* exited on\s+signal 9", text), text
     assert "Last checkpoint:" in text and "round_000002.ckpt" in text and "--resume" in text
 
 
 def test_hung_worker_is_named_after_the_timeout(has_mpirun, tmp_path):
-    out = []
-    proc = start_mpi(long_run(tmp_path, "comm.timeout_s=5"))
-    victim = pid_of_rank_when(proc, 2, "round 3/", out)
-    time.sleep(0.5)
-    os.kill(victim, signal.SIGSTOP)
+    plugin, proc = stopping_run(tmp_path, "comm.timeout_s=5")
     try:
-        took, text = finish(proc, out)
+        text = finish(proc)
+        took = since_fault(plugin)
     finally:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_left_over(plugin)
     assert took < 60 and proc.returncode != 0
     assert "rank 0: rank(s) 2 did not reach 'end of local training'" in text and "comm.timeout_s=5" in text, text
-    assert "Last checkpoint:" in text and "--resume" in text
+    assert "Last checkpoint:" in text and "round_000002.ckpt" in text and "--resume" in text
 
 
 STALLING_MODEL = '''
@@ -100,16 +142,10 @@ class StallingCNN(DigitsCNN):
 def test_a_rank_hung_in_start_up_is_named_under_the_start_up_phase(has_mpirun, tmp_path):
     plugin = tmp_path / "stalling.py"
     plugin.write_text(STALLING_MODEL)
-    out = []
     proc = start_mpi(tiny(tmp_path, "model.name=stalling_cnn", "comm.timeout_s=5") + ["--plugin", str(plugin)])
     try:
-        took, text = finish(proc, out, timeout=120)
+        text = finish(proc, timeout=120)
     finally:
-        pid = plugin.with_suffix(".pid")
-        if pid.exists():
-            try:
-                os.kill(int(pid.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_left_over(plugin)
     assert proc.returncode != 0
     assert "rank 0: rank(s) 2 did not reach 'start-up: ranks'" in text and "comm.timeout_s=5" in text, text

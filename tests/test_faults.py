@@ -25,11 +25,12 @@ from mpifed.rundir import RunDir
 
 pytestmark = pytest.mark.e2e
 
-ROUNDS = ("train.rounds=4", "train.local_epochs=8", "run.checkpoint_every=2")
+ROUNDS = ("train.rounds=4", "train.local_epochs=8", "run.checkpoint_every=2")   # rounds long enough to aim a signal at
+SHORT = ("train.rounds=4", "run.checkpoint_every=2")   # for faults made between runs, which need no long rounds
 
 
-def args(tmp, *extra, name="cut"):
-    return tiny(tmp, *ROUNDS, *extra, name=name)
+def args(tmp, *extra, name="cut", rounds=ROUNDS):
+    return tiny(tmp, *rounds, *extra, name=name)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,14 @@ def reference(tmp_path_factory):
     """The uninterrupted run (debug mode: the same results as any rank count)."""
     tmp = tmp_path_factory.mktemp("reference")
     run_debug(args(tmp, name="full"))
+    return tmp / "runs" / "full"
+
+
+@pytest.fixture(scope="module")
+def short_reference(tmp_path_factory):
+    """The uninterrupted run of the SHORT rounds."""
+    tmp = tmp_path_factory.mktemp("short_reference")
+    run_debug(args(tmp, name="full", rounds=SHORT))
     return tmp / "runs" / "full"
 
 
@@ -140,14 +149,14 @@ def test_worker_stopped_beyond_the_timeout(has_mpirun, tmp_path, reference):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_full_disk_then_resume_after_freeing_space(tmp_path, reference):
-    same_data(tmp_path, reference)
+def test_full_disk_then_resume_after_freeing_space(tmp_path, short_reference):
+    same_data(tmp_path, short_reference)
     disk = tmp_path / "disk"
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)]).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        p = subprocess.run([sys.executable, "-m", "mpifed.main", *args(tmp_path, f"run.root={disk}")], cwd=REPO,
+        p = subprocess.run([sys.executable, "-m", "mpifed.main", *args(tmp_path, f"run.root={disk}", rounds=SHORT)], cwd=REPO,
                            env=env(), capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
         assert "No space left on device writing" in p.stderr and "--resume" in p.stderr
@@ -155,14 +164,14 @@ def test_full_disk_then_resume_after_freeing_space(tmp_path, reference):
         assert RunDir(run).status()["state"] == "failed"
         assert not [f for f in run.rglob("*") if ".tmp" in f.name]
         subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
-        assert_resumes_exactly(run, reference)
+        assert_resumes_exactly(run, short_reference)
     finally:
         subprocess.run(["umount", "-l", str(disk)])
 
 
-def test_corrupt_checkpoint_is_refused_then_the_one_before_resumes_exactly(tmp_path, reference):
-    same_data(tmp_path, reference)
-    run_debug(args(tmp_path, "run.checkpoint_every=1"))
+def test_corrupt_checkpoint_is_refused_then_the_one_before_resumes_exactly(tmp_path, short_reference):
+    same_data(tmp_path, short_reference)
+    run_debug(args(tmp_path, "run.checkpoint_every=1", rounds=SHORT))
     run = tmp_path / "runs" / "cut"
     last = checkpoint.latest(run / "checkpoints")
     data = bytearray(last.read_bytes())
@@ -173,18 +182,18 @@ def test_corrupt_checkpoint_is_refused_then_the_one_before_resumes_exactly(tmp_p
     assert p.returncode == 2 and "corrupt" in p.stderr and last.name in p.stderr and "delete it" in p.stderr
     assert RunDir(run).status()["state"] == "finished"
     last.unlink()
-    assert_resumes_exactly(run, reference)
+    assert_resumes_exactly(run, short_reference)
 
 
-def test_torn_jsonl_lines_are_dropped_on_resume(tmp_path, reference):
-    same_data(tmp_path, reference)
-    run_debug(args(tmp_path))
+def test_torn_jsonl_lines_are_dropped_on_resume(tmp_path, short_reference):
+    same_data(tmp_path, short_reference)
+    run_debug(args(tmp_path, rounds=SHORT))
     run = tmp_path / "runs" / "cut"
     checkpoint.path_for(run / "checkpoints", 4).unlink()
     for log in ("metrics.jsonl", "clients.jsonl"):
         with open(run / log, "a") as f:
             f.write('{"round": 5, "tr')
-    assert_resumes_exactly(run, reference)
+    assert_resumes_exactly(run, short_reference)
 
 
 @pytest.mark.mpi
@@ -225,7 +234,7 @@ def test_changed_partition_file_refuses_resume_until_it_is_put_back(tmp_path):
     split = tmp_path / "split.json"
     clients = {str(k): list(range(60 * k, 60 * (k + 1))) for k in range(5)}
     split.write_text(json.dumps(clients))
-    run_debug(args(tmp_path, f"data.partition={{name: from_file, path: {split}}}", "train.rounds=2"))
+    run_debug(args(tmp_path, f"data.partition={{name: from_file, path: {split}}}", "train.rounds=2", rounds=SHORT))
     run = tmp_path / "runs" / "cut"
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"}
     swapped = {**clients, "0": clients["1"], "1": clients["0"]}

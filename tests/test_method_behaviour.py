@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, tiny
+from conftest import assert_same_model, final_model, metrics, run_mpi_series, tiny
 from mpifed.registry import ALGORITHMS
 
 METHODS = sorted(n for n, cls in ALGORITHMS.items().items() if cls.__module__.startswith("mpifed.algorithms."))
@@ -19,8 +19,8 @@ def switches(name):
     return ALGORITHMS.get(name).switches
 
 
-def args(tmp, name, options, run_name):
-    return tiny(tmp, f"algorithm.name={name}", *options, "train.rounds=3", name=run_name)
+def settings(name, options):
+    return (f"algorithm.name={name}", *options, "train.rounds=3")
 
 
 def test_every_switch_names_an_option_of_its_method():
@@ -35,24 +35,28 @@ def test_every_switch_names_an_option_of_its_method():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", [n for n in METHODS if switches(n).off is not None])
-def test_the_method_term_acts(tmp_path, name):
+def test_the_method_term_acts(shared_run, name):
     sw = switches(name)
-    run_debug(tiny(tmp_path, *sw.reference, "train.rounds=3", name="reference"))
-    ref = final_model(tmp_path / "runs" / "reference")
-    run_debug(args(tmp_path, name, sw.off, "off"))
-    assert_same_model(final_model(tmp_path / "runs" / "off"), ref, atol=1e-5)
-    run_debug(args(tmp_path, name, sw.on, "on"))
+    ref = final_model(shared_run(*sw.reference, "train.rounds=3"))
+    assert_same_model(final_model(shared_run(*settings(name, sw.off))), ref, atol=1e-5)
     with pytest.raises(AssertionError):
-        assert_same_model(final_model(tmp_path / "runs" / "on"), ref, atol=1e-4)
+        assert_same_model(final_model(shared_run(*settings(name, sw.on))), ref, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(has_mpirun, shared_run, tmp_path_factory):
+    """{method: (its run with 3 ranks and its switches on, the run's directory)}, all the runs in one MPI job."""
+    tmp = tmp_path_factory.mktemp("mpi")
+    runs = [tiny(tmp, *settings(n, switches(n).on), f"data.prepared_root={shared_run.data}", name=n) for n in METHODS]
+    return {n: (p, tmp / "runs" / n) for n, p in zip(METHODS, run_mpi_series(3, runs, tmp))}
 
 
 @pytest.mark.mpi
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", METHODS)
-def test_method_mpi_equals_debug(has_mpirun, tmp_path, name):
-    on = switches(name).on
-    run_debug(args(tmp_path, name, on, "debug"))
-    run_mpi(3, args(tmp_path, name, on, "mpi"))
-    a, b = tmp_path / "runs" / "debug", tmp_path / "runs" / "mpi"
+def test_method_mpi_equals_debug(mpi_runs, shared_run, name):
+    p, b = mpi_runs[name]
+    assert p.returncode == 0, f"the MPI run of {name} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    a = shared_run(*settings(name, switches(name).on))
     assert_same_model(final_model(a), final_model(b), atol=1e-6)
     assert [r["test_acc"] for r in metrics(a)] == [r["test_acc"] for r in metrics(b)]

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, tiny
+from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, run_mpi_series, tiny
 
 pytestmark = pytest.mark.e2e
 
@@ -18,12 +18,41 @@ def debug_run(tmp_path_factory):
     return tmp / "runs" / "run"
 
 
+SCAFFOLD = ("algorithm.name=scaffold", "train.participation=0.6", "train.rounds=4")   # clients change workers
+
+
+def quick_start_fedprox(tmp, name):
+    return ["--set", "algorithm.name=fedprox", "algorithm.mu=0.01", "train.rounds=3", f"run.root={tmp / 'runs'}",
+            f"data.prepared_root={tmp / 'data'}", f"run.name={name}"]
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(has_mpirun, tmp_path_factory):
+    """{(ranks, name): (the run, its directory)}: the runs of this module's MPI-equals-debug tests,
+    one MPI job per rank count."""
+    tmp = tmp_path_factory.mktemp("mpi")
+    # the quick start first: no run before it in the job has set the thread count its test is about
+    jobs = {3: {"quick-start": quick_start_fedprox(tmp, "3-quick-start"), "tiny": tiny(tmp, name="3-tiny"),
+                "scaffold": tiny(tmp, *SCAFFOLD, name="3-scaffold")},
+            4: {"tiny": tiny(tmp, name="4-tiny"), "two-clients": tiny(tmp, "data.num_clients=2", name="4-two-clients")}}
+    out = {}
+    for ranks, runs in jobs.items():
+        done = run_mpi_series(ranks, list(runs.values()), tmp / f"series-{ranks}")
+        out.update({(ranks, name): (p, tmp / "runs" / f"{ranks}-{name}") for name, p in zip(runs, done)})
+    return out
+
+
+def mpi_run(mpi_runs, ranks, name):
+    p, run = mpi_runs[ranks, name]
+    assert p.returncode == 0, f"mpirun -n {ranks} of {name} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    return p, run
+
+
 @pytest.mark.parametrize("ranks", [3, 4])
 @pytest.mark.mpi
-def test_mpi_run_equals_debug_run(has_mpirun, debug_run, tmp_path, ranks):
-    p = run_mpi(ranks, tiny(tmp_path))
+def test_mpi_run_equals_debug_run(mpi_runs, debug_run, ranks):
+    p, run = mpi_run(mpi_runs, ranks, "tiny")
     assert f"MPI, {ranks} ranks (1 server + {ranks - 1} workers)" in p.stdout
-    run = tmp_path / "runs" / "run"
     assert_same_model(final_model(run), final_model(debug_run), atol=1e-6)
     a, b = metrics(run), metrics(debug_run)
     assert [r["test_acc"] for r in a] == [r["test_acc"] for r in b]
@@ -35,10 +64,10 @@ def test_mpi_run_equals_debug_run(has_mpirun, debug_run, tmp_path, ranks):
 
 
 @pytest.mark.mpi
-def test_fewer_clients_than_workers(has_mpirun, tmp_path):
+def test_fewer_clients_than_workers(mpi_runs, tmp_path):
     run_debug(tiny(tmp_path, "data.num_clients=2", name="debug"))
-    run_mpi(4, tiny(tmp_path, "data.num_clients=2"))
-    assert_same_model(final_model(tmp_path / "runs" / "run"), final_model(tmp_path / "runs" / "debug"), atol=1e-6)
+    _, run = mpi_run(mpi_runs, 4, "two-clients")
+    assert_same_model(final_model(run), final_model(tmp_path / "runs" / "debug"), atol=1e-6)
 
 
 def test_same_seed_same_result_other_seed_other_result(debug_run, tmp_path):
@@ -129,31 +158,28 @@ def test_existing_run_directory_is_not_overwritten(debug_run, tmp_path):
 
 
 @pytest.mark.mpi
-def test_client_state_follows_clients_across_workers(has_mpirun, tmp_path):
+def test_client_state_follows_clients_across_workers(mpi_runs, tmp_path):
     """SCAFFOLD's per-client control variates, with clients changing workers between rounds."""
-    args = ("algorithm.name=scaffold", "train.participation=0.6", "train.rounds=4")
-    run_debug(tiny(tmp_path, *args, name="debug"))
-    run_mpi(3, tiny(tmp_path, *args))
-    clients = [json.loads(line) for line in (tmp_path / "runs" / "run" / "clients.jsonl").read_text().splitlines()]
+    run_debug(tiny(tmp_path, *SCAFFOLD, name="debug"))
+    _, run = mpi_run(mpi_runs, 3, "scaffold")
+    clients = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
     where = {}
     for rnd in clients:
         for c in rnd["clients"]:
             where.setdefault(c["cid"], set()).add(c["worker"])
     assert any(len(w) > 1 for w in where.values()), "no client moved between workers; the test proves nothing"
-    assert_same_model(final_model(tmp_path / "runs" / "run"), final_model(tmp_path / "runs" / "debug"), atol=1e-6)
+    assert_same_model(final_model(run), final_model(tmp_path / "runs" / "debug"), atol=1e-6)
 
 
 @pytest.mark.mpi
-def test_default_thread_count_gives_the_same_numbers_in_every_mode(has_mpirun, tmp_path):
+def test_default_thread_count_gives_the_same_numbers_in_every_mode(mpi_runs, tmp_path):
     """Issue 25, item 3: FedProx on the quick start's digits gave 0.8552 in the debug mode (two
     threads on a 2-core machine) and 0.8496 under mpirun. By default every mode now uses the same
     thread count, and a thread count that differs makes a run of another identity."""
     from mpifed import config
-    args = ["--set", "algorithm.name=fedprox", "algorithm.mu=0.01", "train.rounds=3", f"run.root={tmp_path / 'runs'}",
-            f"data.prepared_root={tmp_path / 'data'}"]
-    run_debug([*args, "run.name=debug"])
-    run_mpi(3, [*args, "run.name=mpi"])
-    a, b = metrics(tmp_path / "runs" / "debug"), metrics(tmp_path / "runs" / "mpi")
+    run_debug(quick_start_fedprox(tmp_path, "debug"))
+    _, mpi = mpi_run(mpi_runs, 3, "quick-start")
+    a, b = metrics(tmp_path / "runs" / "debug"), metrics(mpi)
     assert [r["test_acc"] for r in a] == [r["test_acc"] for r in b]
     assert [r["test_loss"] for r in a] == pytest.approx([r["test_loss"] for r in b], rel=1e-6)
     one, two = (config.result_fingerprint(config.load(overrides=[f"resources.threads={t}"])[1]) for t in (1, 2))

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi
+from conftest import assert_same_model, final_model, metrics, run_mpi_series
 from textdata import text_run
 from mpifed.registry import ALGORITHMS
 
@@ -17,19 +17,28 @@ EXTRA = ["train.participation=0.75", "train.optimizer=sgd", "train.lr=0.05"]   #
 
 
 @pytest.mark.parametrize("method", ALGORITHMS.names())
-def test_every_method_trains_on_text(tmp_path, method):
-    run_debug(text_run(tmp_path, f"algorithm.name={method}", *EXTRA, name="debug"))
-    rows = metrics(tmp_path / "runs" / "debug")
+def test_every_method_trains_on_text(shared_run, method):
+    rows = metrics(shared_run(f"algorithm.name={method}", *EXTRA, args=text_run))
     assert rows and all(math.isfinite(r["train_loss"]) and 0 <= r["test_acc"] <= 1 for r in rows)
 
 
+MPI_METHODS = ["fedavg", "fedcsd", "feddistill_plus", "moon"]
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(has_mpirun, tmp_path_factory):
+    """{method: (its text run with 3 ranks, the run's directory)}, all the runs in one MPI job."""
+    tmp = tmp_path_factory.mktemp("mpi")
+    runs = [text_run(tmp, f"algorithm.name={m}", *EXTRA, name=m) for m in MPI_METHODS]
+    return {m: (p, tmp / "runs" / m) for m, p in zip(MPI_METHODS, run_mpi_series(3, runs, tmp))}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("method", ["fedavg", "fedcsd", "feddistill_plus", "moon"])
-def test_method_on_text_mpi_equals_debug(has_mpirun, tmp_path, method):
-    extra = [f"algorithm.name={method}", *EXTRA]
-    run_debug(text_run(tmp_path, *extra, name="debug"))
-    run_mpi(3, text_run(tmp_path, *extra))
-    mpi, debug = tmp_path / "runs" / "run", tmp_path / "runs" / "debug"
+@pytest.mark.parametrize("method", MPI_METHODS)
+def test_method_on_text_mpi_equals_debug(mpi_runs, shared_run, method):
+    p, mpi = mpi_runs[method]
+    assert p.returncode == 0, f"the MPI run of {method} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    debug = shared_run(f"algorithm.name={method}", *EXTRA, args=text_run)
     assert_same_model(final_model(mpi), final_model(debug), atol=1e-6)
     a, b = metrics(mpi), metrics(debug)
     assert [r["test_acc"] for r in a] == [r["test_acc"] for r in b]
