@@ -101,6 +101,15 @@ def run_mpi_series(n: int, runs: list[list[str]], folder: Path, timeout: float =
     return [subprocess.CompletedProcess(args, code, p.stdout, p.stderr) for args, code in zip(runs, codes)]
 
 
+def run_plugin(tmp_path: Path, source: str, name: str, *sets: str) -> subprocess.CompletedProcess:
+    """A tiny debug-mode run of algorithm ``name`` defined by the plugin file ``source``, in a
+    subprocess (the plugin's registration must not leak into this process's registry)."""
+    plugin = tmp_path / f"{name}.py"
+    plugin.write_text(source)
+    return subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, f"algorithm.name={name}", *sets),
+                           "--plugin", str(plugin)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+
+
 def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "model.pt", map_location="cpu")
 

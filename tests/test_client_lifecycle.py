@@ -1,11 +1,9 @@
 """A client's local round: its hooks run in one order, its state changes in one place."""
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, env, small_setup, tiny
+from conftest import run_plugin, small_setup
 from mpifed.algorithms.base import Client, ClientContext, Fields
 from mpifed.config import TrainConfig
 from mpifed.data.store import ClientData
@@ -78,10 +76,7 @@ class Misspelt(Algorithm):
 
 @pytest.mark.e2e
 def test_a_new_state_not_declared_is_an_error(tmp_path):
-    plugin = tmp_path / "misspelt_state.py"
-    plugin.write_text(MISSPELT)
-    p = subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, "algorithm.name=misspelt_state"),
-                        "--plugin", str(plugin)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    p = run_plugin(tmp_path, MISSPELT, "misspelt_state")
     assert p.returncode != 0
     assert ("MisspeltClient.end_client returned ['contrl'] as misspelt_state's client state; the method's messages() "
             "declare ['control']") in p.stderr

@@ -1,14 +1,12 @@
 """Messages are declared once (Algorithm.messages): roles read them by name, a name not declared
 fails when the run starts or where it is read, and the protocol's own entries are not the method's."""
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import REPO, env, run_mpi, tiny
+from conftest import run_mpi, run_plugin, tiny
 from mpifed.algorithms.base import Downlink, Fields, Messages, UndeclaredName, summed
 from mpifed.protocol import build_layouts
 
@@ -65,14 +63,6 @@ class Misspelt(Algorithm):
     def messages(self):
         return super().messages().extend(down={"fisher": (3,)})
 '''
-
-
-def run_plugin(tmp_path, source: str, name: str, *sets: str) -> subprocess.CompletedProcess:
-    plugin = tmp_path / f"{name}.py"
-    plugin.write_text(source)
-    # in a subprocess: the plugin's registration must not leak into this process's registry
-    return subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, f"algorithm.name={name}", *sets),
-                           "--plugin", str(plugin)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.e2e
