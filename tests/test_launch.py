@@ -163,7 +163,7 @@ def interrupt_after(cmd, marker, timeout=240):
     return proc.wait(), "".join(out)
 
 
-def check_clean_stop(tmp_path, code, out, resume, resume_command):
+def check_clean_stop(tmp_path, code, out, resume, resume_command, full):
     assert code == 75, out
     cut = tmp_path / "runs" / "cut"
     assert json.loads((cut / "status.json").read_text())["state"] == "stopped"
@@ -171,36 +171,36 @@ def check_clean_stop(tmp_path, code, out, resume, resume_command):
     assert f"continue with: {resume_command} --resume {cut}" in out
     assert 2 <= len(metrics(cut)) < 6
     resume(["--resume", str(cut)])
-    assert_same_model(final_model(cut), final_model(tmp_path / "runs" / "full"), atol=1e-6)
-    assert metrics(cut) == metrics(tmp_path / "runs" / "full")
+    assert_same_model(final_model(cut), final_model(full), atol=1e-6)
+    assert metrics(cut) == metrics(full)
 
 
-def long_rounds(tmp_path, name):
-    return tiny(tmp_path, "train.rounds=6", "run.checkpoint_every=3", "train.local_epochs=8", name=name)
+def long_rounds(tmp_path, *extra, name):
+    return tiny(tmp_path, "train.rounds=6", "run.checkpoint_every=3", "train.local_epochs=8", *extra, name=name)
 
 
 @pytest.mark.e2e
-def test_ctrl_c_in_debug_mode_stops_cleanly_and_resumes(tmp_path):
-    run_debug(long_rounds(tmp_path, "full"))
-    code, out = interrupt_after([sys.executable, "-m", "mpifed.main", *long_rounds(tmp_path, "cut")], "round 2/6")
+def test_ctrl_c_in_debug_mode_stops_cleanly_and_resumes(tmp_path, shared_run):
+    full = shared_run(args=long_rounds)
+    code, out = interrupt_after([sys.executable, "-m", "mpifed.main", *long_rounds(tmp_path, name="cut")], "round 2/6")
     assert "rank 0: Ctrl-C (SIGINT): finishing the current round" in out
-    check_clean_stop(tmp_path, code, out, run_debug, f"{handoff.python_command()} -m mpifed.main")
+    check_clean_stop(tmp_path, code, out, run_debug, f"{handoff.python_command()} -m mpifed.main", full)
 
 
 @pytest.mark.mpi
 @pytest.mark.e2e
-def test_ctrl_c_under_the_launcher_stops_cleanly_and_resumes(has_mpirun, tmp_path):
-    run_debug(long_rounds(tmp_path, "full"))
-    code, out = interrupt_after([str(LAUNCH), "3", *long_rounds(tmp_path, "cut")], "round 2/6")
+def test_ctrl_c_under_the_launcher_stops_cleanly_and_resumes(has_mpirun, tmp_path, shared_run):
+    full = shared_run(args=long_rounds)
+    code, out = interrupt_after([str(LAUNCH), "3", *long_rounds(tmp_path, name="cut")], "round 2/6")
     assert "[mpifed.launch] Ctrl-C" in out and "rank 0: Ctrl-C at the launcher: finishing the current round" in out
     assert "scheduler" not in out and "prterun" not in out and "\r" not in out     # no crash report, no bar in a pipe
-    check_clean_stop(tmp_path, code, out, lambda args: run_mpi(3, args), f"{LAUNCH} 3")
+    check_clean_stop(tmp_path, code, out, lambda args: run_mpi(3, args), f"{LAUNCH} 3", full)
 
 
 @pytest.mark.mpi
 @pytest.mark.e2e
 def test_sigterm_to_the_launcher_is_a_clean_stop(has_mpirun, tmp_path):
-    proc = subprocess.Popen([str(LAUNCH), "3", *long_rounds(tmp_path, "cut")], cwd=REPO, env=env(),
+    proc = subprocess.Popen([str(LAUNCH), "3", *long_rounds(tmp_path, name="cut")], cwd=REPO, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     out = []
     for line in proc.stdout:
