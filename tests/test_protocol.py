@@ -1,13 +1,11 @@
 """The round protocol and the client-state store: what a method declares is what travels."""
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, env, run_mpi, tiny
+from conftest import run_mpi, run_plugin, tiny
 from mpifed.algorithms.base import Messages, summed
 from mpifed.client_state import ClientStates, discard_from
 from mpifed.comm import Comm
@@ -44,11 +42,7 @@ class Forgetful(Algorithm):
 @pytest.mark.parametrize("side,message", [("server", "downlink: missing ['hint']"),
                                           ("client", "ForgetfulClient.uplink returned ['model', 'weight']")])
 def test_a_declared_entry_not_sent_is_an_error(tmp_path, side, message):
-    plugin = tmp_path / f"forgetful_{side}.py"
-    plugin.write_text(BROKEN.replace("SIDE", side))
-    # in a subprocess: the plugin's registration must not leak into this process's registry
-    p = subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, f"algorithm.name=forgetful_{side}"),
-                        "--plugin", str(plugin)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    p = run_plugin(tmp_path, BROKEN.replace("SIDE", side), f"forgetful_{side}")
     assert p.returncode != 0 and message in p.stderr
 
 
