@@ -51,6 +51,12 @@ mpifed_run() {
     state=$("$python" -c "import json,sys; print(json.load(open(sys.argv[1]))['state'])" "${runs}/${name}/status.json" 2>/dev/null || echo unknown)
     after=$(mpifed_rounds_done "$python" "${runs}/${name}")
     echo "[slurm] mpifed exited with code ${code}; run state: ${state}, rounds done: ${after} (${before} when this job started)"
+    if [ "$code" = 0 ] && [ "$state" != finished ]; then
+        # seen when srun cannot start the tasks (e.g. a step left over from an earlier job of this id):
+        # it can exit 0, and the job would show COMPLETED with nothing run
+        echo "[slurm] the launcher exited 0 but the run is not finished (state: ${state}): failing the job (see the errors above)" >&2
+        return 1
+    fi
     if [ "$state" = stopped ] && [ "$after" -le "$before" ]; then
         echo "[slurm] the run made no progress in this job: not requeueing (see the errors above)" >&2
         return 1

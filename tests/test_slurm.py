@@ -104,6 +104,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         raise RuntimeError(f"the Slurm node did not come up: {(self.root / 'log' / 'slurmd.log').read_text()[-2000:]}")
 
     def stop(self) -> None:
+        """Cancel the jobs a failed test left (their slurmstepd outlives slurmd and would clash with the
+        next session's job of the same id), then stop the daemons this session started."""
+        p = subprocess.run(["squeue", "-h", "-o", "%A"], env=self.env, capture_output=True, text=True)
+        jobs = p.stdout.split()
+        if jobs:
+            subprocess.run(["scancel", *jobs], env=self.env, capture_output=True)
+            for jid in jobs:
+                self.wait_for_steps_to_end(jid)
         for daemon in ("slurmd", "slurmctld"):
             pid_file = self.root / f"{daemon}.pid"
             if pid_file.exists():
@@ -128,6 +136,13 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 return state
             time.sleep(1)
         raise TimeoutError(f"job {jid} still {self.job(jid).get('JobState')} after {timeout} s")
+
+    def wait_for_steps_to_end(self, jid: str, timeout: float = 60) -> None:
+        """Until no slurmstepd of job ``jid`` is left on the node."""
+        deadline = time.time() + timeout
+        while subprocess.run(["pgrep", "-f", rf"slurmstepd: \[{jid}\."], capture_output=True).returncode == 0:
+            assert time.time() < deadline, f"job {jid}'s slurmstepd still there after {timeout} s"
+            time.sleep(0.3)
 
     def run(self, *cmd: str) -> None:
         subprocess.run(list(cmd), env=self.env, check=True, capture_output=True)
@@ -170,6 +185,18 @@ def test_quickstart_sbatch_runs(cluster, tmp_path, launcher):
     assert len(summary["peak_rss_mb_per_rank"]) == 3
 
 
+def test_a_launcher_that_exits_0_without_running_mpifed_fails_the_job(cluster, tmp_path):
+    """What srun did when it could not start the tasks: exit 0 with nothing run. The job must not end COMPLETED."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *mpifed.main*) exit 0;; esac\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    jid = cluster.sbatch("-n", "2", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(3),
+                         env={"MPIFED_RUNS": str(tmp_path / "runs"), "PYTHON": str(fake)})
+    assert cluster.wait(jid) == "FAILED"
+    log = (tmp_path / f"{jid}.out").read_text()
+    assert "exited with code 0; run state: unknown" in log and "not finished (state: unknown): failing the job" in log, log
+
+
 def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_path):
     runs = tmp_path / "runs"
     env = {"MPIFED_RUNS": str(runs)}
@@ -182,7 +209,7 @@ def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_pat
         time.sleep(0.3)
     cluster.run("scancel", "--batch", "--signal=USR1", cut)      # what --signal=B:USR1@T sends
     assert cluster.wait(cut, ("PENDING",), timeout=120) == "PENDING"   # requeued by the script
-    time.sleep(10)   # let slurmd finish cleaning up the old job before releasing it early
+    cluster.wait_for_steps_to_end(cut)   # released while its old slurmstepd is still there, the job fails
     cluster.run("scontrol", "update", f"JobId={cut}", "StartTime=now")  # skip Slurm's 120 s requeue delay
     assert cluster.wait(cut) == "COMPLETED", out.read_text()
     assert cluster.wait(full) == "COMPLETED"
