@@ -3,12 +3,15 @@
 As root, the session installs Debian's slurm-wlm, munge and libpmix-dev when missing,
 starts munged (if not running), slurmctld and slurmd on free ports with a configuration
 in a temporary folder (the node declares 16 CPUs with SlurmdParameters=config_overrides),
+its job ids starting at a random number (a step killed in an earlier session leaves its
+pmix folder in /tmp under its job id, and a later job of that id would fail to start),
 and stops what it started at the end. Without root or apt-get the tests are skipped.
 """
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -83,6 +86,7 @@ ReturnToService=2
 JobRequeue=1
 KillWait=10
 MinJobAge=3600
+FirstJobId={random.randint(1000, 60_000_000)}
 SlurmdParameters=config_overrides
 NodeName={host} CPUs=16 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
