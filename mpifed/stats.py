@@ -6,6 +6,9 @@ seeds both have, :func:`paired` gives the mean of d, its two-sided 95% confidenc
 from Student's t with n - 1 degrees of freedom (mean ± t_{0.975, n-1} · sd / √n), the seeds
 where the method is ahead, and the paired t-test's two-sided p-value. A claim that the method
 differs from the reference is ``supported`` only when the interval excludes zero.
+
+A table that tests several claims at once adjusts their p-values with :func:`holm` (Holm's
+step-down method, which keeps the chance of any false claim in the family at most 5%).
 """
 from __future__ import annotations
 
@@ -65,3 +68,15 @@ def paired(method: dict[int, float], reference: dict[int, float]) -> Paired | No
         low, high = mean - half, mean + half
         p = float(2 * _scipy.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
     return Paired(n, mean, low, high, sum(x > 0 for x in d), sum(x < 0 for x in d), p)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's adjusted p-values, in the order given: the i-th smallest p times (m - i + 1), made
+    non-decreasing in that order and capped at 1 (m = len(ps), the whole family)."""
+    m = len(ps)
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted

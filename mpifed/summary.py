@@ -1,19 +1,75 @@
 """A table of results from run directories: each cell's mean ± sample std over seeds, each method
-against a reference seed by seed (:mod:`mpifed.stats`), and notes on how far the numbers can be
-trusted (the machines the runs come from, test subsets, metrics that choose on the test set).
+against a reference seed by seed (:mod:`mpifed.stats`), the claims declared for the table, each
+labelled by its interval and Holm's adjustment over them all, and notes on how far the numbers can
+be trusted (the machines the runs come from, test subsets, metrics that choose on the test set).
 
 :mod:`mpifed.table` builds one from a table file's finished runs; :mod:`mpifed.report` from
 folders of runs.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from mpifed import provenance, results
-from mpifed.stats import Paired, paired
+from mpifed.stats import Paired, holm, paired
+
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The claim that ``above`` ends higher than ``below`` in the table's metric, declared before any run."""
+
+    above: str
+    below: str
+
+    @classmethod
+    def parse(cls, text: object) -> Claim:
+        """``"fedgkd > fedavg"`` or ``"moon < fedavg"``; ValueError says what is wrong."""
+        found = re.fullmatch(r"\s*([^\s<>]+)\s*([<>])\s*([^\s<>]+)\s*", text) if isinstance(text, str) else None
+        if found is None:
+            raise ValueError(f"a claim is 'method > method' (or '<'), e.g. 'fedgkd > fedavg', got {text!r}")
+        a, sign, b = found.groups()
+        return cls(a, b) if sign == ">" else cls(b, a)
+
+    def __str__(self) -> str:
+        return f"{self.above} > {self.below}"
+
+
+@dataclass(frozen=True)
+class Tested:
+    """One claim in one setting: its paired comparison (None: fewer than 2 common seeds) and its
+    Holm-adjusted p over every claim of the table in every setting."""
+
+    claim: Claim
+    setting: str
+    result: Paired | None
+    holm_p: float
+
+    @property
+    def label(self) -> str:
+        r = self.result
+        if r is None:
+            return "no result (fewer than 2 common seeds)"
+        if r.low > 0:
+            return "supported" if self.holm_p < ALPHA else "supported by its interval alone, not after Holm"
+        if r.high < 0:
+            return "not supported (the other way)"
+        return "inconclusive"
+
+
+def check_claims(claims: list[Claim], settings: list[str],
+                values: dict[tuple[str, str], dict[int, float]]) -> list[Tested]:
+    """Each claim in each setting from the values by seed per (setting, method); the family for
+    Holm's adjustment is all of them, those without results counting with p = 1."""
+    compared = [(c, s, paired(values.get((s, c.above), {}), values.get((s, c.below), {})))
+                for c in claims for s in settings]
+    adjusted = holm([r.p if r is not None else 1.0 for _, _, r in compared])
+    return [Tested(c, s, r, q) for (c, s, r), q in zip(compared, adjusted)]
 
 
 @dataclass
@@ -34,6 +90,7 @@ class Summary:
     reference: str | None = None
     declared_seeds: int | None = None
     notes: list[str] = field(default_factory=list)
+    claims: list[Tested] = field(default_factory=list)
 
     def markdown(self) -> str:
         unit = " (%)" if self.percent else ""
@@ -56,6 +113,15 @@ class Summary:
                 row = [(p.text() if (p := self.paired.get((s, m))) is not None else "fewer than 2 common seeds")
                        for s in self.settings]
                 lines.append(f"| {m} | " + " | ".join(row) + " |")
+        if self.claims:
+            lines += ["", f"The table's declared claims, each paired seed by seed in {self.metric.label}; "
+                          f"Holm's adjustment over all {len(self.claims)}, 'supported' where the interval excludes 0 "
+                          f"in the claim's direction and the adjusted p < {ALPHA}", "",
+                      "| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |",
+                      "| --- | --- | --- | --- | --- |"]
+            for t in self.claims:
+                shown = t.result.text().rsplit(":", 1)[0] if t.result is not None else "-"
+                lines.append(f"| {t.claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |")
         if self.notes:
             lines += [""] + self.notes
         if self.not_run:
@@ -73,10 +139,12 @@ class Summary:
 
 def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
              left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
-             reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None) -> Summary:
+             reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
+             claims: list[Claim] | None = None, claim_settings: list[str] | None = None) -> Summary:
     """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
     ((setting, method) -> runs), with each method's paired comparison against ``reference``
-    (a method label; default: the row whose algorithm is FedAvg, if any)."""
+    (a method label; default: the row whose algorithm is FedAvg, if any), and ``claims`` tested in
+    each of ``claim_settings`` (default: the settings in ``groups``)."""
     percent = metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
     metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
     runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
@@ -109,8 +177,9 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
                 if m != reference:
                     compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
     notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs)
+    tested = check_claims(claims or [], claim_settings or settings, primary)
     return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
-                   compared, reference if reference in methods else None, declared_seeds, notes)
+                   compared, reference if reference in methods else None, declared_seeds, notes, tested)
 
 
 def _metric_columns(metric: results.Metric, group_names: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ A table file::
     metric: {kind: last_k, k: 5}          # the primary metric, declared before any run: the comparisons use it
     paper_metric: {kind: final, forgetting: true}   # optional: the paper's metric, shown beside
     reference: fedavg                     # optional: the row the others are compared with (default: FedAvg's)
+    claims: ["fedntd > fedavg"]           # optional: the claims the table tests, declared before any run
     settings: [fmnist-shard2.yaml]        # config files relative to the table
     methods: [methods/fedavg.yaml, methods/fedntd.yaml]
     seeds: [0, 1, 2, 3, 4]
@@ -31,7 +32,9 @@ reports only runs of the configuration asked for, naming those it left out.
 ``--summary`` gives each cell as mean ± sample std over seeds, and for each method its paired
 difference from the reference over the seeds both have (runs of one seed share partition,
 initial model and client sampling): the mean difference with its 95% confidence interval,
-the seeds it is ahead in, and the paired t-test's p-value (:mod:`mpifed.stats`).
+the seeds it is ahead in, and the paired t-test's p-value (:mod:`mpifed.stats`). Each declared
+claim is tested the same way in every setting and labelled by its interval, with Holm's adjustment
+over all of them (:mod:`mpifed.summary`).
 """
 from __future__ import annotations
 
@@ -52,10 +55,10 @@ from mpifed.packaged import find_config
 from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.rundir import RunDir, check_run_name
 from mpifed.runner import Job, diverged, run_jobs
-from mpifed.summary import Summary, tabulate
+from mpifed.summary import Claim, Summary, tabulate
 from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
-TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "tuning")
+TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims", "tuning")
 
 
 @dataclass
@@ -95,6 +98,7 @@ class Table:
     runs: list[TableRun]
     paper_metric: results.Metric | None = None
     reference: str | None = None
+    claims: list[Claim] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     tuning: Tuning | None = None
     root: Path = Path("runs")
@@ -157,11 +161,34 @@ def load_table(path: str | Path, runs_root: str = "runs") -> Table:
     if reference is not None and reference not in methods.values():
         raise config.ConfigError(f"table {path}: reference {reference!r} is not one of its methods "
                                  f"({', '.join(methods.values())})")
+    claims = _claims(spec.get("claims"), list(methods.values()), path)
     table = path.name.removesuffix(".table.yaml")
     root = Path(runs_root) / f"{path.parent.name}-{table}"
     runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}")
             for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
-    return Table(str(spec.get("title", table)), metric, runs, paper, reference, seeds, tuning, root)
+    return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root)
+
+
+def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:
+    if spec is None:
+        return []
+    if not isinstance(spec, list) or not spec:
+        raise config.ConfigError(f"table {path}: claims must be a non-empty list, e.g. claims: [\"fedgkd > fedavg\"], "
+                                 f"got {spec!r}")
+    claims = []
+    for entry in spec:
+        try:
+            claim = Claim.parse(entry)
+        except ValueError as exc:
+            raise config.ConfigError(f"table {path}: {exc}") from None
+        unknown = [m for m in (claim.above, claim.below) if m not in methods]
+        if unknown or claim.above == claim.below:
+            raise config.ConfigError(f"table {path}: claim {entry!r} must compare two of its methods "
+                                     f"({', '.join(methods)})")
+        if claim in claims:
+            raise config.ConfigError(f"table {path}: claim {entry!r} is listed more than once")
+        claims.append(claim)
+    return claims
 
 
 def _seeds(spec: Any, path: Path) -> list[int]:
@@ -436,8 +463,10 @@ def summarize(table: Table, reference: str | None = None) -> Summary:
     groups, left_out, not_run = finished_runs(table)
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
     notes = _search_notes(table)
+    every_setting = list(dict.fromkeys(r.setting for r in (table.known or table.runs)))
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
-                    reference=reference or table.reference, declared_seeds=len(table.seeds), notes=notes)
+                    reference=reference or table.reference, declared_seeds=len(table.seeds), notes=notes,
+                    claims=table.claims, claim_settings=every_setting)
 
 
 def _search_notes(table: Table) -> list[str]:

@@ -54,6 +54,12 @@ def test_paired_verdicts_and_too_few_seeds():
     assert (same.low, same.high, same.verdict) == (0.5, 0.5, "higher")
 
 
+def test_holm_adjustment_matches_a_hand_computation():
+    # sorted: 0.01 x 4 = 0.04; 0.03 x 3 = 0.09; 0.04 x 2 = 0.08, raised to 0.09 (never below the one before); 0.5 x 1
+    assert stats.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert stats.holm([0.3, 0.4]) == pytest.approx([0.6, 0.6]) and stats.holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])
+
+
 def _table(tmp_path: Path, extra: str = "", seeds: str = "[0, 1, 2, 3, 4]", metric: str = "{kind: final}",
            methods: str = "[a.yaml, b.yaml]") -> Path:
     table = write_table(tmp_path / "t", tmp_path / "data", methods=methods, seeds=seeds, metric=metric,
@@ -81,6 +87,29 @@ def test_summary_compares_each_method_with_fedavg_seed_by_seed(tmp_path):
     assert "Against a, seed by seed (final test_acc, difference in points)" in text
     assert f"| b | {want.text()} |" in text
     assert "(n=5)" in text and "(n=5 of" not in text
+
+
+def test_declared_claims_are_labelled_by_interval_and_holm_over_the_family(tmp_path):
+    table = _table(tmp_path, 'claims: ["b > a", "a > b", "b > c"]\n', methods="[a.yaml, b.yaml, c.yaml]")
+    (table.parent / "c.yaml").write_text((table.parent / "b.yaml").read_text())
+    t = load_table(table, str(tmp_path / "runs"))
+    ahead = {0: 2.0, 1: 3.0, 2: 2.5, 3: 3.0, 4: 2.0}
+    for seed in range(5):
+        fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
+        fake_run(t.root / f"s-b-s{seed}", resolved_config(table, seed, method="b.yaml"),
+                 [0.5, (REFERENCE[seed] + ahead[seed]) / 100])
+    resolve(t, [])
+    s = summarize(t)
+    above, below, missing = s.claims
+    want = stats.paired({k: REFERENCE[k] + ahead[k] for k in ahead}, REFERENCE)
+    assert above.result.mean == pytest.approx(want.mean) and above.result.p == pytest.approx(want.p)
+    # a family of 3 (c was not run: it counts, with p = 1); 'a > b' has the same two-sided p as 'b > a'
+    assert above.holm_p == pytest.approx(3 * want.p, rel=1e-6) and below.holm_p == pytest.approx(3 * want.p, rel=1e-6)
+    assert (above.label, below.label) == ("supported", "not supported (the other way)")
+    assert missing.result is None and missing.label == "no result (fewer than 2 common seeds)"
+    text = s.markdown()
+    assert "Holm's adjustment over all 3" in text
+    assert f"| b > a | s | {want.text().rsplit(':', 1)[0]} | {above.holm_p:.3f} | supported |" in text
 
 
 def test_a_cell_with_fewer_seeds_than_declared_is_marked(tmp_path):
@@ -144,6 +173,9 @@ def test_settings_with_the_same_file_name_do_not_collide(tmp_path):
     ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [a]", "seeds must be a non-empty list of whole numbers"),
     ("settings: s.yaml\nmethods: [a.yaml]\nseeds: [0]", "settings must be a non-empty list of config files"),
     ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\nreference: zz", "reference 'zz' is not one of its methods"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\nclaims: [a >> b]", "a claim is 'method > method'"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\nclaims: [a > zz]", "claim 'a > zz' must compare two of its"),
+    ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\nclaims: a > zz", "claims must be a non-empty list"),
     ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\ntuning: {grid: {train.lr: []}}", "must be a non-empty list"),
     ("settings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\ntuning: {grid: {train.lr: [0.1]}, select: {kind: best}}",
      "a choice made on the test set"),
