@@ -52,8 +52,8 @@ mpifed_run() {
     after=$(mpifed_rounds_done "$python" "${runs}/${name}")
     echo "[slurm] mpifed exited with code ${code}; run state: ${state}, rounds done: ${after} (${before} when this job started)"
     if [ "$code" = 0 ] && [ "$state" != finished ]; then
-        # seen when srun cannot start the tasks (e.g. a step left over from an earlier job of this id):
-        # it can exit 0, and the job would show COMPLETED with nothing run
+        # srun can exit 0 when it fails to start the tasks (seen when an earlier, killed job of the
+        # same id had left its pmix folder in /tmp), and the job would show COMPLETED with nothing run
         echo "[slurm] the launcher exited 0 but the run is not finished (state: ${state}): failing the job (see the errors above)" >&2
         return 1
     fi
