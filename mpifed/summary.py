@@ -54,7 +54,7 @@ class Tested:
     def label(self) -> str:
         r = self.result
         if r is None:
-            return "no result (fewer than 2 common seeds)"
+            return "no result (fewer than 2 common seeds in the runs summarised)"
         if r.low > 0:
             return "supported" if self.holm_p < ALPHA else "supported by its interval alone, not after Holm"
         if r.high < 0:

@@ -106,7 +106,7 @@ def test_declared_claims_are_labelled_by_interval_and_holm_over_the_family(tmp_p
     # a family of 3 (c was not run: it counts, with p = 1); 'a > b' has the same two-sided p as 'b > a'
     assert above.holm_p == pytest.approx(3 * want.p, rel=1e-6) and below.holm_p == pytest.approx(3 * want.p, rel=1e-6)
     assert (above.label, below.label) == ("supported", "not supported (the other way)")
-    assert missing.result is None and missing.label == "no result (fewer than 2 common seeds)"
+    assert missing.result is None and missing.label == "no result (fewer than 2 common seeds in the runs summarised)"
     text = s.markdown()
     assert "Holm's adjustment over all 3" in text
     assert f"| b > a | s | {want.text().rsplit(':', 1)[0]} | {above.holm_p:.3f} | supported |" in text
