@@ -42,12 +42,12 @@ class Paired:
             return "lower"
         return "inconclusive"
 
-    def text(self, digits: int = 2) -> str:
-        """``+1.23 [+0.40, +2.06], 5/5 seeds, p = 0.012: higher``."""
+    def text(self, digits: int = 2, verdict: bool = True) -> str:
+        """``+1.23 [+0.40, +2.06], 5/5 seeds, p = 0.012: higher`` (without ``: higher`` when not ``verdict``)."""
         f = f"{{:+.{digits}f}}"
         p = "p < 0.001" if self.p < 0.001 else f"p = {self.p:.3f}"
         return (f"{f.format(self.mean)} [{f.format(self.low)}, {f.format(self.high)}], {self.wins}/{self.n} seeds, "
-                f"{p}: {self.verdict}")
+                f"{p}" + (f": {self.verdict}" if verdict else ""))
 
 
 def paired(method: dict[int, float], reference: dict[int, float]) -> Paired | None:

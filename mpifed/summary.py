@@ -52,12 +52,11 @@ class Tested:
 
     @property
     def label(self) -> str:
-        r = self.result
-        if r is None:
+        if self.result is None:
             return "no result (fewer than 2 common seeds in the runs summarised)"
-        if r.low > 0:
+        if self.result.verdict == "higher":
             return "supported" if self.holm_p < ALPHA else "supported by its interval alone, not after Holm"
-        if r.high < 0:
+        if self.result.verdict == "lower":
             return "not supported (the other way)"
         return "inconclusive"
 
@@ -120,7 +119,7 @@ class Summary:
                       "| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |",
                       "| --- | --- | --- | --- | --- |"]
             for t in self.claims:
-                shown = t.result.text().rsplit(":", 1)[0] if t.result is not None else "-"
+                shown = t.result.text(verdict=False) if t.result is not None else "-"
                 lines.append(f"| {t.claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |")
         if self.notes:
             lines += [""] + self.notes

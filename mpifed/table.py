@@ -181,8 +181,7 @@ def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:
             claim = Claim.parse(entry)
         except ValueError as exc:
             raise config.ConfigError(f"table {path}: {exc}") from None
-        unknown = [m for m in (claim.above, claim.below) if m not in methods]
-        if unknown or claim.above == claim.below:
+        if claim.above not in methods or claim.below not in methods or claim.above == claim.below:
             raise config.ConfigError(f"table {path}: claim {entry!r} must compare two of its methods "
                                      f"({', '.join(methods)})")
         if claim in claims:
