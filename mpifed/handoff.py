@@ -12,7 +12,10 @@ Through the environment of the ranks:
                           on as SIGUSR1, and rank 0 writes ``exit``, its exit code, when that code
                           is a clean outcome (a stop with a checkpoint, a configuration error).
                           The ranks then exit 0, so that mpirun does not report a crash, and the
-                          launcher exits with the code rank 0 wrote.
+                          launcher exits with the code rank 0 wrote. Rank 0 also keeps ``resume``
+                          there up to date: where the run can continue from (its last checkpoint and
+                          the command), which the launcher prints last when the job fails (mpirun
+                          can kill rank 0 before rank 0 has said it).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ RESUME_WITH = "MPIFED_RESUME_WITH"
 HANDOFF = "MPIFED_HANDOFF"
 STOP_FILE = "stop"
 EXIT_FILE = "exit"
+RESUME_FILE = "resume"
 EXIT_STOPPED = 75  # stopped on a signal after writing a checkpoint: resume with --resume
 EXIT_USAGE = 2     # a configuration, data or usage problem, said in one message
 CLEAN_EXITS = (EXIT_STOPPED, EXIT_USAGE)
@@ -91,6 +95,25 @@ def handed_back(folder: Path) -> int | None:
     try:
         return int((folder / EXIT_FILE).read_text())
     except (OSError, ValueError):
+        return None
+
+
+def note_resume_point(text: str) -> None:
+    """Rank 0's side, under the launcher: where the run can continue from now (written at the start
+    and after every checkpoint)."""
+    folder = os.environ.get(HANDOFF)
+    if folder:
+        try:
+            _write(Path(folder) / RESUME_FILE, text)
+        except OSError:
+            pass
+
+
+def resume_point(folder: Path) -> str | None:
+    """The launcher's side: rank 0's last note of where the run can continue from, or None."""
+    try:
+        return (folder / RESUME_FILE).read_text().strip() or None
+    except OSError:
         return None
 
 

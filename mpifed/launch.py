@@ -246,11 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         forwarder.attach(proc)
         code = proc.wait()
         handed = handoff.handed_back(folder)
+        resume = handoff.resume_point(folder)
     finally:
         daemon.stop(_say)
         shutil.rmtree(folder, ignore_errors=True)
     if code == 0 and handed is not None:
         return handed
+    if code != 0 and resume is not None:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        _say(f"the job failed (mpirun {how}). {resume}")
     return 128 - code if code < 0 else code
 
 

@@ -21,7 +21,7 @@ from mpifed.algorithms.base import Fields, Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
 from mpifed.evaluation import summarize, validation
-from mpifed.handoff import EXIT_STOPPED, describe_signal
+from mpifed.handoff import EXIT_STOPPED, describe_signal, note_resume_point
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
 from mpifed.progress import Progress, count
@@ -77,6 +77,7 @@ class RoundServer:
             method.start(self.global_floats)
             method.load_state_dict(resume["algorithm"])
         self.first_down = self._method_downlink(self.rnd)   # made now: a name not declared fails before round 1
+        note_resume_point(self.describe_checkpoint())
 
     # ------------------------------------------------------------ the round, in order
     def plan(self) -> RoundPlan:
@@ -219,6 +220,7 @@ class RoundServer:
         self.last_checkpoint_round = rounds_done
         self.run_dir.write_json("status.json", {"state": "running", "rounds_done": rounds_done,
                                                 "checkpoint": str(self.last_checkpoint)})
+        note_resume_point(self.describe_checkpoint())
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.global_floats = state["global_floats"].to(self.device)

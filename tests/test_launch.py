@@ -129,6 +129,24 @@ def test_clean_outcomes_are_handed_back_and_other_codes_kept(tmp_path, monkeypat
     assert handoff.hand_back(1, 0) == 1 and handoff.hand_back(0, 0) == 0
 
 
+FAILING_MPIRUN = """#!/bin/sh
+[ "$1" = --version ] && { echo "mpirun (Open MPI) 5.0.5"; exit 0; }
+printf ' Last checkpoint: runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume runs/x' > "$MPIFED_HANDOFF/resume"
+exit 3
+"""
+
+
+def test_a_failed_job_ends_with_rank_0s_last_note_of_where_to_continue(tmp_path, monkeypatch, capsys):
+    """mpirun can kill rank 0 before it says where the run can continue: the launcher says it last."""
+    (tmp_path / "mpirun").write_text(FAILING_MPIRUN)
+    (tmp_path / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert launch.main(["-n", "3", "--config", "x.yaml"]) == 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("[mpifed.launch] the job failed (mpirun exited with 3). Last checkpoint: "
+                    "runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume runs/x")
+
+
 def test_resume_command_is_the_command_that_started_the_run(monkeypatch):
     monkeypatch.setenv("MPIFED_RESUME_WITH", "launch/local.sh 3")
     assert handoff.resume_command("runs/my run", 3, ["my_method.py"]) == \
