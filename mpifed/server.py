@@ -246,7 +246,8 @@ class RoundServer:
 
     def describe_checkpoint(self) -> str:
         if self.last_checkpoint is None:
-            return " No checkpoint was written yet (see run.checkpoint_every)."
+            return (" No checkpoint was written yet (see run.checkpoint_every); start the run again with: "
+                    f"{self.resume_command}")
         return (f" Last checkpoint: {self.last_checkpoint} (after round {self.last_checkpoint_round}); "
                 f"continue with: {self.resume_command}")
 

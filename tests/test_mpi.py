@@ -112,6 +112,9 @@ def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
                 + ["--plugin", str(plugin)], check=False, timeout=120)
     assert p.returncode != 0 and time.time() - start < 60, "a worker's exception must end the job, not hang it"
     assert "client 3 fails mid-run" in p.stderr and "[mpifed] rank" in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "[mpifed.launch] the job failed (mpirun exited with " in last, p.stderr   # (after prterun's last NUL)
+    assert "No checkpoint was written yet" in last and "start the run again with: " in last and "--resume" in last
 
 
 @pytest.mark.mpi
