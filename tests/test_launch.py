@@ -141,7 +141,12 @@ def test_a_failed_job_ends_with_rank_0s_last_note_of_where_to_continue(tmp_path,
     (tmp_path / "mpirun").write_text(FAILING_MPIRUN)
     (tmp_path / "mpirun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert launch.main(["-n", "3", "--config", "x.yaml"]) == 3
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        assert launch.main(["-n", "3", "--config", "x.yaml"]) == 3
+    finally:                                   # the launcher's own signal handlers, not this process's
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == ("[mpifed.launch] the job failed (mpirun exited with 3). Last checkpoint: "
                     "runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume runs/x")
