@@ -127,6 +127,18 @@ class RunDir:
     def made_by_mpifed(self) -> bool:
         return (self.path / MARKER).is_file()
 
+    def record_files(self) -> list[Path]:
+        """The files of the run's record, relative to its directory: everything but the weights
+        (model.pt, checkpoints/, client_state/), the lock and temporary files."""
+        skip = {self.path / "model.pt", self.checkpoints, self.client_state, self.path / LOCK}
+        found: list[Path] = []
+        for folder, dirs, files in os.walk(self.path):
+            here = Path(folder)
+            dirs[:] = sorted(d for d in dirs if here / d not in skip)
+            found += [(here / f).relative_to(self.path) for f in sorted(files)
+                      if here / f not in skip and not _TEMPORARY.match(f)]
+        return found
+
     def lock(self) -> str | None:
         """Take the run's exclusive lock for the life of this process (or until :meth:`unlock`).
 

@@ -6,6 +6,7 @@
     python -m mpifed.table TABLE --run 0 --parallel 8                  # 8 runs at once (a GPU with MPS, many cores)
     python -m mpifed.table TABLE --write-runs runs.txt                 # for slurm/array.sbatch (one run per task)
     python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
+    python -m mpifed.table TABLE --archive results                      # the settled runs without weights (mpifed.archive)
     ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2   # any command, on part of the table
 
 A table file::
@@ -50,13 +51,13 @@ from typing import Any
 
 import yaml
 
-from mpifed import __version__, config, results
+from mpifed import __version__, archive, config, results
 from mpifed.packaged import find_config
 from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.rundir import RunDir, check_run_name
 from mpifed.runner import Job, diverged, run_jobs
 from mpifed.summary import Claim, Summary, tabulate
-from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
+from mpifed.tuning import CHOICES, Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
 TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims", "tuning")
 
@@ -546,6 +547,24 @@ def estimate(table: Table) -> str:
     return f"estimated time left: {_duration(seconds)} for {len(left)} runs{note}, from {done} finished runs' wall times"
 
 
+def archive_table(table: Table, dest: Path, table_arg: str) -> str:
+    """Copy the record of the table's settled runs, its search runs and its choices to ``dest``
+    (see :mod:`mpifed.archive`); what was copied, and the command that summarises the copy."""
+    target = dest / table.root.name
+    if target.resolve() == table.root.resolve():
+        raise config.ConfigError(f"--archive {dest}: that is where the table's runs are; name another folder")
+    every = table.search + table.runs
+    settled = [r.path for r in every if status(r) == "finished" or diverged(r.path)]
+    choices = [table.root / CHOICES] if (table.root / CHOICES).is_file() else []
+    done = archive.archive_runs(settled, table.root, target, choices)
+    lines = [f"archived {len(settled)} runs to {target} ({done.copied} written, {done.unchanged} already there as "
+             f"they are; {done.size / 1e6:.1f} MB without their weights)"]
+    if len(settled) < len(every):
+        lines.append(f"{len(every) - len(settled)} runs not settled (not run, running, stopped or failed) were left out")
+    lines.append(f"its summary: {shlex.join(['python', '-m', 'mpifed.table', table_arg, '--runs-root', str(dest), '--summary'])}")
+    return "\n".join(lines)
+
+
 def _duration(seconds: float) -> str:
     minutes = round(seconds / 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{max(minutes, 1)}m"
@@ -604,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--run", type=int, metavar="N", help="run here, one after another, with N ranks each (0: debug mode); "
                    "a declared search runs first")
     g.add_argument("--summary", action="store_true", help="the table in its metric, and each method against the reference")
+    g.add_argument("--archive", metavar="FOLDER", help="copy the settled runs (finished or diverged, the search's "
+                   "too) without their weights to FOLDER/<table folder>, for a repository; --runs-root FOLDER reads them")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
     a = p.parse_args(argv)
@@ -632,6 +653,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.summary:
         print(summary_table(table, a.reference))
+        return 0
+    if a.archive:
+        try:
+            print(archive_table(table, Path(a.archive), a.table))
+        except (config.ConfigError, OSError) as exc:
+            print(f"[mpifed.table] {exc}", file=sys.stderr)
+            return 2
         return 0
     ranks = a.tune if a.tune is not None else a.run
     skipped = 0

@@ -1,0 +1,92 @@
+"""Archiving a table (mpifed.archive): the settled runs' records without their weights, which
+summarise to the same table and can be continued."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_table_evidence import GRID, _table, _write
+from test_tables import fake_run
+
+from mpifed.table import load_table, main as table_main, resolve
+
+pytestmark = pytest.mark.unit
+
+NOT_RECORD = ("model.pt", "checkpoints/round_2.ckpt", "client_state/1/state.bin", ".lock", ".metrics.jsonl.tmp99")
+
+
+def _settled_table(tmp_path: Path) -> tuple[Path, Path]:
+    """A table whose search has chosen (one candidate diverged) and whose runs have finished,
+    each with weights, a lock and a crashed write beside its record, but for s-b-s2, stopped halfway."""
+    table = _table(tmp_path, GRID, seeds="[0, 1, 2]", metric="{kind: last_k, k: 2}")
+    runs = tmp_path / "runs"
+    t = load_table(table, str(runs))
+    resolve(t, [])
+    for r in t.search:
+        if r.candidate == "lr=0.1+mu=0.1":
+            _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: round 2: the loss is nan"})
+        else:
+            score = 0.9 if r.candidate in ("lr=0.01", "lr=0.1+mu=0.01") else 0.5
+            _write(r.path, r.resolved, [{"round": i + 1, "val_acc": score, "test_acc": 0.5} for i in range(3)])
+    t = load_table(table, str(runs))
+    resolve(t, [], record=True)
+    for r in t.runs:
+        state = "stopped" if r.name == "s-b-s2" else "finished"
+        accs = [0.4, 0.5 + 0.01 * r.seed + (0.05 if r.method == "b" else 0.0)]
+        fake_run(r.path, r.resolved, accs, state=state)
+        for w in NOT_RECORD:
+            (r.path / w).parent.mkdir(parents=True, exist_ok=True)
+            (r.path / w).write_bytes(b"weights")
+    return table, t.root
+
+
+def test_archive_keeps_the_settled_runs_records_without_weights_and_summarises_the_same(tmp_path, capsys):
+    table, root = _settled_table(tmp_path)
+    source, dest = ["--runs-root", str(tmp_path / "runs")], tmp_path / "results"
+    assert table_main([str(table), *source, "--archive", str(dest)]) == 0
+    out = capsys.readouterr().out
+    # 6 search runs (one diverged) and 5 of the 6 final runs; the stopped one is left out
+    assert f"archived 11 runs to {dest / root.name} (11 written, 0 already there" in out
+    assert "1 runs not settled (not run, running, stopped or failed) were left out" in out
+    assert f"--runs-root {dest} --summary" in out
+    copy = dest / root.name
+    assert (copy / "choices.yaml").read_bytes() == (root / "choices.yaml").read_bytes()
+    assert (copy / "tuning" / "s-b-lr=0.1+mu=0.1-s0" / "status.json").is_file()      # the diverged candidate
+    assert not (copy / "s-b-s2").exists()
+    for run in [p for p in copy.rglob("config.yaml")]:
+        original = root / run.parent.relative_to(copy)
+        assert sorted(p.name for p in run.parent.iterdir()) == ["config.yaml", "metrics.jsonl", "status.json", "summary.json"]
+        assert (run.parent / "metrics.jsonl").read_bytes() == (original / "metrics.jsonl").read_bytes()
+    assert not [p for p in copy.rglob("*") if p.name in ("model.pt", "checkpoints", "client_state", ".lock")]
+
+    def summary(runs_root: Path) -> str:
+        assert table_main([str(table), "--runs-root", str(runs_root), "--summary", "--seeds", "0", "1"]) == 0
+        return capsys.readouterr().out.replace(str(runs_root), "ROOT")
+    text = summary(tmp_path / "runs")
+    assert "s x a: lr=0.01" in text and summary(dest) == text
+
+    # again: nothing to write; a record that changed is rewritten, whole
+    assert table_main([str(table), *source, "--archive", str(dest)]) == 0
+    assert "(0 written, 11 already there as they are" in capsys.readouterr().out
+    with open(root / "s-a-s1" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"round": 3, "test_acc": 0.7}) + "\n")
+    assert table_main([str(table), *source, "--archive", str(dest)]) == 0
+    assert "(1 written, 10 already there as they are" in capsys.readouterr().out
+    assert (copy / "s-a-s1" / "metrics.jsonl").read_bytes() == (root / "s-a-s1" / "metrics.jsonl").read_bytes()
+    assert not [p for p in copy.iterdir() if p.name.startswith(".")]                 # no temporary folder left
+
+
+def test_an_archive_continues_as_a_runs_root_and_cannot_be_written_over_its_source(tmp_path, capsys):
+    table, root = _settled_table(tmp_path)
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--archive", str(tmp_path / "results")]) == 0
+    capsys.readouterr()
+    more = tmp_path / "more"
+    shutil.copytree(tmp_path / "results", more)
+    assert table_main([str(table), "--runs-root", str(more), "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("finished") == 11 and "run.name=s-b-s2" in listed      # only the stopped run is left to do
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--archive", str(tmp_path / "runs")]) == 2
+    assert "that is where the table's runs are; name another folder" in capsys.readouterr().err
