@@ -90,6 +90,7 @@ class Summary:
     declared_seeds: int | None = None
     notes: list[str] = field(default_factory=list)
     claims: list[Tested] = field(default_factory=list)
+    by_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)   # the metric per seed
 
     def markdown(self) -> str:
         unit = " (%)" if self.percent else ""
@@ -128,6 +129,32 @@ class Summary:
         if self.left_out:
             lines += ["", f"Left out ({len(self.left_out)}):"] + [f"  {line}" for line in self.left_out]
         return "\n".join(lines)
+
+    def seed_tables(self) -> str:
+        """Per setting, each method's metric seed by seed, and each method minus the reference on the
+        seeds both have, with the paired interval (the rows a report quotes)."""
+        unit = " (%)" if self.percent else ""
+        out: list[str] = []
+        for s in self.settings:
+            seeds = sorted({seed for m in self.methods for seed in self.by_seed.get((s, m), {})})
+            lines = [f"{s}, seed by seed: {self.metric.label}{unit}", "",
+                     "| method | " + " | ".join(f"s{seed}" for seed in seeds) + " | mean ± sd |",
+                     "| --- |" + " --- |" * (len(seeds) + 1)]
+            for m in self.methods:
+                got = self.by_seed.get((s, m), {})
+                cells = [f"{got[seed]:.2f}" if seed in got else "-" for seed in seeds]
+                lines.append(f"| {m} | " + " | ".join(cells) + f" | {results.Stat(list(got.values())).text(2)} |")
+            ref = self.by_seed.get((s, self.reference), {}) if self.reference is not None else {}
+            for m in self.methods:
+                if m == self.reference or self.reference is None:
+                    continue
+                got = self.by_seed.get((s, m), {})
+                cells = [f"{got[seed] - ref[seed]:+.2f}" if seed in got and seed in ref else "-" for seed in seeds]
+                compared = self.paired.get((s, m))
+                lines.append(f"| {m} − {self.reference} | " + " | ".join(cells) + " | "
+                             + (compared.text() if compared is not None else "fewer than 2 common seeds") + " |")
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
 
     def cell_text(self, setting: str, method: str, column: str) -> str:
         stat = self.cells.get((setting, method, column), results.Stat([]))
@@ -178,7 +205,7 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs)
     tested = check_claims(claims or [], claim_settings or settings, primary)
     return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
-                   compared, reference if reference in methods else None, declared_seeds, notes, tested)
+                   compared, reference if reference in methods else None, declared_seeds, notes, tested, primary)
 
 
 def _metric_columns(metric: results.Metric, group_names: list[str]) -> list[str]:

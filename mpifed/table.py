@@ -6,6 +6,7 @@
     python -m mpifed.table TABLE --run 0 --parallel 8                  # 8 runs at once (a GPU with MPS, many cores)
     python -m mpifed.table TABLE --write-runs runs.txt                 # for slurm/array.sbatch (one run per task)
     python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
+    python -m mpifed.table TABLE --summary --by-seed                   # ... and every seed's value and difference
     python -m mpifed.table TABLE --archive results                      # the settled runs without weights (mpifed.archive)
     ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2   # any command, on part of the table
 
@@ -481,8 +482,9 @@ def _search_notes(table: Table) -> list[str]:
     return lines
 
 
-def summary_table(table: Table, reference: str | None = None) -> str:
-    return summarize(table, reference).markdown()
+def summary_table(table: Table, reference: str | None = None, by_seed: bool = False) -> str:
+    s = summarize(table, reference)
+    return s.markdown() + (f"\n\n{s.seed_tables()}" if by_seed else "")
 
 
 # ------------------------------------------------------------------ listing
@@ -615,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds (the search keeps its own)")
     p.add_argument("--reference", metavar="LABEL", help="--summary: compare every method with this one "
                    "(default: the table's reference, else the FedAvg row)")
+    p.add_argument("--by-seed", action="store_true", help="--summary: also each method's metric seed by seed, "
+                   "and its difference from the reference on each seed")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--list", action="store_true", help="print each run's status and mpifed arguments; mark missing raw data")
     g.add_argument("--write-runs", metavar="FILE", help="one line of mpifed arguments per run (for slurm/array.sbatch): "
@@ -652,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_write_runs(table, extra, a.write_runs))
         return 0
     if a.summary:
-        print(summary_table(table, a.reference))
+        print(summary_table(table, a.reference, a.by_seed))
         return 0
     if a.archive:
         try:

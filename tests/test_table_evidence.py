@@ -89,6 +89,26 @@ def test_summary_compares_each_method_with_fedavg_seed_by_seed(tmp_path):
     assert "(n=5)" in text and "(n=5 of" not in text
 
 
+def test_by_seed_shows_every_seeds_value_and_difference_from_the_reference(tmp_path, capsys):
+    table = _table(tmp_path)
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in range(5):
+        fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
+        if seed != 3:
+            fake_run(t.root / f"s-b-s{seed}", resolved_config(table, seed, method="b.yaml"), [0.5, METHOD[seed] / 100])
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--summary", "--by-seed"]) == 0
+    out = capsys.readouterr().out
+    # b - a on seeds 0, 1, 2, 4: 2, 2, -1, 1
+    want = stats.paired({k: v for k, v in METHOD.items() if k != 3}, REFERENCE)
+    assert "s, seed by seed: final test_acc (%)" in out
+    assert "| method | s0 | s1 | s2 | s3 | s4 | mean ± sd |" in out
+    assert "| a | 78.00 | 80.00 | 82.00 | 81.00 | 78.00 | 79.80 ± 1.79 (n=5) |" in out
+    assert "| b | 80.00 | 82.00 | 81.00 | - | 79.00 | 80.50 ± 1.29 (n=4) |" in out
+    assert f"| b − a | +2.00 | +2.00 | -1.00 | - | +1.00 | {want.text()} |" in out
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--summary"]) == 0
+    assert "seed by seed: final" not in capsys.readouterr().out
+
+
 def test_declared_claims_are_labelled_by_interval_and_holm_over_the_family(tmp_path):
     table = _table(tmp_path, 'claims: ["b > a", "a > b", "b > c"]\n', methods="[a.yaml, b.yaml, c.yaml]")
     (table.parent / "c.yaml").write_text((table.parent / "b.yaml").read_text())
