@@ -64,8 +64,9 @@ def is_terminal(stream: object) -> bool:
 
 def describe_signal(name: str) -> str:
     """Why a stop signal came: the launcher's note for its SIGUSR1, else what the signal usually means."""
-    if name == "SIGUSR1":
-        note = _read(STOP_FILE)
+    folder = os.environ.get(HANDOFF)
+    if name == "SIGUSR1" and folder:
+        note = _read(Path(folder) / STOP_FILE)
         if note:
             return note
     return _SIGNALS.get(name, name)
@@ -111,10 +112,7 @@ def note_resume_point(text: str) -> None:
 
 def resume_point(folder: Path) -> str | None:
     """The launcher's side: rank 0's last note of where the run can continue from, or None."""
-    try:
-        return (folder / RESUME_FILE).read_text().strip() or None
-    except OSError:
-        return None
+    return _read(folder / RESUME_FILE)
 
 
 def python_command() -> str:
@@ -148,12 +146,9 @@ def resume_command(run_path: Path | str, ranks: int, plugins: list[str]) -> str:
     return f"{start_command(ranks)} {shlex.join(words)}"
 
 
-def _read(name: str) -> str | None:
-    folder = os.environ.get(HANDOFF)
-    if not folder:
-        return None
+def _read(path: Path) -> str | None:
     try:
-        return (Path(folder) / name).read_text().strip() or None
+        return path.read_text().strip() or None
     except OSError:
         return None
 
