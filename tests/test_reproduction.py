@@ -1,0 +1,42 @@
+"""docs/REPRODUCTION.md quotes what the archived runs in results/ say: every seed-by-seed row of
+every finished column, recomputed from the runs, appears in the report as printed."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpifed.table import load_table, resolve, summarize
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[1]
+ARCHIVED = {"fedntd-table1": "configs/repro/fedntd/table1.table.yaml"}   # results/ folder -> its table
+
+
+def _finished_settings(table_file: str) -> list[tuple[str, str]]:
+    """(setting, its seed-by-seed rows) for each setting of the table whose runs have all finished."""
+    found = []
+    probe = load_table(REPO / table_file, str(REPO / "results"))
+    for setting in dict.fromkeys(r.setting for r in probe.runs):
+        t = load_table(REPO / table_file, str(REPO / "results"))
+        resolve(t, [])
+        t.select([setting], None, None)
+        s = summarize(t)
+        if s.not_run == 0 and not s.left_out:
+            found.append((setting, s.seed_tables()))
+    return found
+
+
+def test_every_archived_table_is_listed_here():
+    assert sorted(p.name for p in (REPO / "results").iterdir() if p.is_dir()) == sorted(ARCHIVED)
+
+
+@pytest.mark.parametrize("folder", sorted(ARCHIVED))
+def test_the_report_quotes_the_archived_runs_seed_by_seed(folder):
+    report = (REPO / "docs" / "REPRODUCTION.md").read_text()
+    finished = _finished_settings(ARCHIVED[folder])
+    assert finished, f"results/{folder} holds no finished column"
+    for setting, rows in finished:
+        missing = [line for line in rows.splitlines() if line.startswith("| ") and line not in report.splitlines()]
+        assert not missing, f"{setting}: docs/REPRODUCTION.md does not quote these rows of results/{folder}: {missing}"
