@@ -549,9 +549,9 @@ def estimate(table: Table) -> str:
     return f"estimated time left: {_duration(seconds)} for {len(left)} runs{note}, from {done} finished runs' wall times"
 
 
-def archive_table(table: Table, dest: Path, table_arg: str) -> str:
+def archive_table(table: Table, dest: Path, summary_command: str) -> str:
     """Copy the record of the table's settled runs, its search runs and its choices to ``dest``
-    (see :mod:`mpifed.archive`); what was copied, and the command that summarises the copy."""
+    (see :mod:`mpifed.archive`); what was copied, and ``summary_command``, which summarises the copy."""
     target = dest / table.root.name
     if target.resolve() == table.root.resolve():
         raise config.ConfigError(f"--archive {dest}: that is where the table's runs are; name another folder")
@@ -563,7 +563,7 @@ def archive_table(table: Table, dest: Path, table_arg: str) -> str:
              f"they are; {done.size / 1e6:.1f} MB without their weights)"]
     if len(settled) < len(every):
         lines.append(f"{len(every) - len(settled)} runs not settled (not run, running, stopped or failed) were left out")
-    lines.append(f"its summary: {shlex.join(['python', '-m', 'mpifed.table', table_arg, '--runs-root', str(dest), '--summary'])}")
+    lines.append(f"its summary: {summary_command}")
     return "\n".join(lines)
 
 
@@ -634,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")
+    if a.by_seed and not a.summary:
+        p.error("--by-seed goes with --summary")
     extra = [o for group in a.set for o in group]
     again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:
@@ -660,7 +662,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.archive:
         try:
-            print(archive_table(table, Path(a.archive), a.table))
+            filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods), ("--seeds", a.seeds)) if v
+                       for w in (flag, *map(str, v))]
+            summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *filters, "--summary"])
+            print(archive_table(table, Path(a.archive), summary))
         except (config.ConfigError, OSError) as exc:
             print(f"[mpifed.table] {exc}", file=sys.stderr)
             return 2

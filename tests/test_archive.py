@@ -90,3 +90,8 @@ def test_an_archive_continues_as_a_runs_root_and_cannot_be_written_over_its_sour
     assert listed.count("finished") == 11 and "run.name=s-b-s2" in listed      # only the stopped run is left to do
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--archive", str(tmp_path / "runs")]) == 2
     assert "that is where the table's runs are; name another folder" in capsys.readouterr().err
+    assert table_main([str(table), "--runs-root", str(more), "--archive", str(tmp_path / "again"), "--methods", "a"]) == 0
+    assert f"its summary: python -m mpifed.table {table} --runs-root {tmp_path / 'again'} --methods a --summary" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        table_main([str(table), "--runs-root", str(more), "--list", "--by-seed"])
+    assert "--by-seed goes with --summary" in capsys.readouterr().err
