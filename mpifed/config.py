@@ -79,6 +79,7 @@ class RunConfig:
     seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0)
     eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every this many rounds (and after the last)", min=1, math=False)
     eval_last: int = opt(0, "also evaluate every one of the last N rounds (a mean over the last evaluations at little cost); does not change training", min=0, math=False)
+    eval_test: bool = opt(True, "evaluate the test set at each evaluation; false: the validation set only (data.val_size), as a table's search runs do, which choose on validation and report nothing", math=False)
     checkpoint_every: int = opt(10, "write a checkpoint every this many rounds (0: only when stopped and at the end)", min=0, math=False)
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
@@ -492,6 +493,8 @@ def cross_checks(cfg: Config) -> list[str]:
     method = ALGORITHMS.get(cfg.algorithm.name)
     if method.needs_server_data and cfg.data.server_holdout_per_class <= 0:
         errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
+    if not cfg.run.eval_test and cfg.data.val_size <= 0:
+        errors.append("run.eval_test: false evaluates only the validation set, and data.val_size is 0; set data.val_size (e.g. 2000) or run.eval_test=true")
     errors.extend(entry_checks(cfg))
     errors.extend(_modality_checks(cfg))
     return errors

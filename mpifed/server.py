@@ -126,7 +126,8 @@ class RoundServer:
 
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None:
         m = self.manifest
-        self.result = summarize(totals, m.test_class_counts, m.test_group_counts, m.group_names)
+        self.result = (summarize(totals, m.test_class_counts, m.test_group_counts, m.group_names)
+                       if self.cfg.run.eval_test else {})
         if m.val_size:
             self.result.update(validation(totals, m.val_size))
 
@@ -285,7 +286,7 @@ class RoundServer:
             best_val, best_val_round = results.best(rows, "val_acc")
             summary["best_val_acc"] = best_val
             summary["best_val_round"] = best_val_round
-            summary["test_acc_at_best_val"] = next((r["test_acc"] for r in rows if r["round"] == best_val_round), None)
+            summary["test_acc_at_best_val"] = next((r.get("test_acc") for r in rows if r["round"] == best_val_round), None)
         if self.cfg.data.test_subset:
             summary["test_subset"] = self.manifest.test_size
         self.run_dir.write_json("summary.json", summary)
@@ -297,4 +298,9 @@ class RoundServer:
                       else "")
             self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy {summary['final_test_acc']:.4f} "
                              f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, "
+                             f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")
+        elif summary.get("best_val_acc") is not None:
+            self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final validation accuracy "
+                             f"{results.final(rows, 'val_acc'):.4f} (best {summary['best_val_acc']:.4f} at round "
+                             f"{summary['best_val_round']}; the test set not evaluated: run.eval_test is false), "
                              f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")

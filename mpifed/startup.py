@@ -266,7 +266,7 @@ def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layo
     runner = make_steps(cfg.resources.precision, cfg.resources.cuda_graphs, setup.device,
                         log=functools.partial(print, flush=True) if index == 0 else None)
     return Worker(index, workers, algo.client(), setup, layouts, manifest, transform, cfg.run.seed,
-                  cfg.resources.cache_mb, cfg.train.eval_batch_size, states, runner)
+                  cfg.resources.cache_mb, cfg.train.eval_batch_size, cfg.run.eval_test, states, runner)
 
 
 def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: Setup, layouts: Layouts,

@@ -93,9 +93,11 @@ class Tuning:
         return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
     def overrides(self, candidate: dict[str, Any]) -> list[str]:
-        """``--set`` overrides that make a run of ``candidate`` over the search horizon."""
+        """``--set`` overrides that make a run of ``candidate`` over the search horizon, evaluating
+        the validation set only (the search reads nothing else, and reports nothing)."""
         out = [f"{k}={_yaml(v)}" for k, v in candidate.items()]
-        return out + ([f"train.rounds={self.rounds}"] if self.rounds is not None else [])
+        out += [f"train.rounds={self.rounds}"] if self.rounds is not None else []
+        return out + ["run.eval_test=false"]
 
     def describe(self) -> str:
         horizon = f"{self.rounds} rounds" if self.rounds is not None else "the setting's rounds"

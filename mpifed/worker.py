@@ -32,7 +32,7 @@ class Worker:
     """Trains the clients it is given and evaluates its share of the test and validation sets."""
 
     def __init__(self, index: int, count: int, client: Client, setup: Setup, layouts: Layouts, manifest: Manifest,
-                 transform: BatchTransform, seed: int, cache_mb: int, eval_batch_size: int,
+                 transform: BatchTransform, seed: int, cache_mb: int, eval_batch_size: int, eval_test: bool,
                  states: ClientStates | None, runner: LocalSteps | None = None) -> None:
         self.index = index
         self.client = client
@@ -44,7 +44,7 @@ class Worker:
         self.eval_net = InferenceCopy(self.flat)
         self.transform = transform
         self.store = ClientStore(manifest, self.device, cache_mb)
-        self.eval_batches = load_eval_batches(manifest, eval_batch_size, index, count, self.device)
+        self.eval_batches = load_eval_batches(manifest, eval_batch_size, index, count, self.device, eval_test)
         self.states = states
         self.runner = runner or LocalSteps()
         self.down: Downlink | None = None

@@ -313,6 +313,10 @@ def test_run_searches_first_then_runs_the_table_with_the_choice(tmp_path, capsys
     for r in t.runs:
         assert RunDir(r.path).status()["state"] == "finished"
         assert yaml.safe_load((r.path / "config.yaml").read_text())["train"]["lr"] == choice.chosen["train.lr"]
+        assert any("test_acc" in row for row in results.read_rows(r.path))
+    for r in t.search:                                  # the search chooses on validation: no test set evaluated
+        rows = results.read_rows(r.path)
+        assert any("val_acc" in row for row in rows) and not any("test_acc" in row for row in rows)
     assert "Tuned on the validation set (best val_acc, mean over seeds [0], 2 rounds)" in out
     assert "test_acc at best val_acc" in out and "Machine: " in out
     capsys.readouterr()

@@ -41,6 +41,27 @@ def test_summary_reports_the_round_chosen_on_validation_and_the_test_subset(val_
     assert "test set: first 100 of 120" in (run / "log.txt").read_text()
 
 
+def test_without_the_test_set_a_run_evaluates_validation_alone_with_the_same_numbers(val_run, tmp_path):
+    run, _ = val_run
+    p = run_debug(tiny(tmp_path, *VAL, "train.rounds=6", "run.eval_every=4", "run.eval_last=2", "data.test_subset=100",
+                       "run.eval_test=false"))
+    alone = tmp_path / "runs" / "run"
+    rows, full = metrics(alone), metrics(run)
+    assert not any(k.startswith("test_") or k == "per_class_acc" for r in rows for k in r)
+    assert [(r["round"], r["val_acc"], r["val_loss"]) for r in rows if "val_acc" in r] == \
+        [(r["round"], r["val_acc"], r["val_loss"]) for r in full if "val_acc" in r]
+    summary = json.loads((alone / "summary.json").read_text())
+    assert summary["final_test_acc"] is None and summary["test_acc_at_best_val"] is None
+    assert summary["best_val_acc"] == json.loads((run / "summary.json").read_text())["best_val_acc"]
+    assert "the test set not evaluated: run.eval_test is false" in p.stdout
+
+
+def test_skipping_the_test_set_needs_a_validation_set(tmp_path):
+    p = run_debug(tiny(tmp_path, "run.eval_test=false"), check=False)
+    assert p.returncode != 0
+    assert "run.eval_test: false evaluates only the validation set, and data.val_size is 0" in p.stdout + p.stderr
+
+
 def test_without_a_validation_set_rows_and_summary_say_nothing_of_it(tmp_path):
     p = run_debug(tiny(tmp_path))
     run = tmp_path / "runs" / "run"
@@ -93,3 +114,8 @@ def test_mpi_run_with_a_validation_set_equals_the_debug_run(has_mpirun, tmp_path
         assert np.allclose([r[column] for r in a if column in r], [r[column] for r in b if column in r], rtol=1e-6)
     ranks = provenance.read(tmp_path / "runs" / "run")["segments"][0]["ranks"]
     assert [(r["rank"], r["role"]) for r in ranks] == [(0, "server"), (1, "worker"), (2, "worker")]
+    run_mpi(3, tiny(tmp_path, *extra, "run.eval_test=false", name="val-only"))
+    alone = metrics(tmp_path / "runs" / "val-only")
+    assert [(r["round"], r["val_acc"]) for r in alone if "val_acc" in r] == [(r["round"], r["val_acc"]) for r in b if "val_acc" in r]
+    assert np.allclose([r["val_loss"] for r in alone if "val_loss" in r], [r["val_loss"] for r in b if "val_loss" in r], rtol=1e-6)
+    assert not any("test_acc" in r for r in alone)
