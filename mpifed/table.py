@@ -415,6 +415,12 @@ def status(run: TableRun) -> str:
     return "failed" if rd.holds_run() else "new"
 
 
+def settled(run: TableRun) -> bool:
+    """Finished, or diverged (a search scores that, and running it again diverges again)."""
+    state = status(run)
+    return state == "finished" or (state == "failed" and diverged(run.path))
+
+
 def _siblings(run: TableRun) -> list[Path]:
     """Directories of this run's other configurations: the plain name and the hashed ones."""
     if not run.root.is_dir():
@@ -538,7 +544,7 @@ def estimate(table: Table) -> str:
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):
                 walls.setdefault((r.setting, r.method, r.candidate is not None), []).append(float(wall))
-    left = [r for r in table.search + table.runs if counts(r) and status(r) != "finished"]
+    left = [r for r in table.search + table.runs if counts(r) and not settled(r)]
     if not left or not walls:
         return ""
     overall = statistics.fmean(w for ws in walls.values() for w in ws)
@@ -556,13 +562,13 @@ def archive_table(table: Table, dest: Path, summary_command: str) -> str:
     if target.resolve() == table.root.resolve():
         raise config.ConfigError(f"--archive {dest}: that is where the table's runs are; name another folder")
     every = table.search + table.runs
-    settled = [r.path for r in every if status(r) == "finished" or diverged(r.path)]
+    kept = [r.path for r in every if settled(r)]
     choices = [table.root / CHOICES] if (table.root / CHOICES).is_file() else []
-    done = archive.archive_runs(settled, table.root, target, choices)
-    lines = [f"archived {len(settled)} runs to {target} ({done.copied} written, {done.unchanged} already there as "
+    done = archive.archive_runs(kept, table.root, target, choices)
+    lines = [f"archived {len(kept)} runs to {target} ({done.copied} written, {done.unchanged} already there as "
              f"they are; {done.size / 1e6:.1f} MB without their weights)"]
-    if len(settled) < len(every):
-        lines.append(f"{len(every) - len(settled)} runs not settled (not run, running, stopped or failed) were left out")
+    if len(kept) < len(every):
+        lines.append(f"{len(every) - len(kept)} runs not settled (not run, running, stopped or failed) were left out")
     lines.append(f"its summary: {summary_command}")
     return "\n".join(lines)
 
@@ -577,7 +583,7 @@ def run_all(runs: list[TableRun], ranks: int, extra: list[str], again: str, para
     """Run the unfinished ``runs`` (``parallel`` at a time); returns (exit code, runs skipped because
     another process is running them). A stop signal ends the table after the runs in progress
     have stopped cleanly; a failure, after they have finished."""
-    todo = [r for r in runs if status(r) != "finished" and not (status(r) == "failed" and diverged(r.path))]
+    todo = [r for r in runs if not settled(r)]
     jobs = [Job(r.path, r.args(extra), r.root / "logs" / f"{r.name}.txt" if r.candidate is None
                 else r.root.parent / "logs" / "tuning" / f"{r.name}.txt") for r in todo]
     out = run_jobs(jobs, ranks, parallel, say=lambda text: print(f"[mpifed.table] {text}", flush=True))

@@ -349,6 +349,10 @@ def test_filters_select_part_of_the_table_and_list_estimates_the_time_left(tmp_p
     out = capsys.readouterr().out
     assert "run.name=s-a-s1" in out and "run.name=s-a-s2" in out and "s-b-" not in out and "s-a-s0" not in out
     assert "estimated time left: 1m for 2 runs, from 1 finished runs' wall times" in out
+    _write(t.root / "s-a-s1", t.runs[1].resolved, [],
+           status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
+    assert table_main([str(table), *root, "--list", "--methods", "a"]) == 0    # a diverged run is not run again
+    assert "estimated time left: 1m for 1 runs, from 1 finished runs' wall times" in capsys.readouterr().out
     assert table_main([str(table), *root, "--list", "--methods", "zz"]) == 2
     assert "--methods zz: not in this table (its methods: a b)" in capsys.readouterr().err
 
