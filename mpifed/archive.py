@@ -45,6 +45,24 @@ def _replace_folder(tmp: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _write(record: dict[Path, bytes], target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for rel, data in record.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
+        _replace_folder(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_record(run: Path, target: Path) -> None:
+    """Write the record of the run folder ``run`` as the run folder ``target`` (whole or not at all)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write(_record(run), target)
+
+
 def archive_runs(runs: list[Path], source: Path, dest: Path, files: list[Path]) -> Archived:
     """Copy the record of each run folder in ``runs`` (under ``source``) to the same place under
     ``dest``, and each of ``files`` (under ``source``) likewise."""
@@ -56,15 +74,7 @@ def archive_runs(runs: list[Path], source: Path, dest: Path, files: list[Path]) 
         if target.is_dir() and _record(target) == record:
             unchanged += 1
             continue
-        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            for rel, data in record.items():
-                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / rel).write_bytes(data)
-            _replace_folder(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _write(record, target)
         copied += 1
     for f in files:
         target = dest / f.relative_to(source)

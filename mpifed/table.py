@@ -8,6 +8,7 @@
     python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
     python -m mpifed.table TABLE --summary --by-seed                   # ... and every seed's value and difference
     python -m mpifed.table TABLE --archive results                      # the settled runs without weights (mpifed.archive)
+    python -m mpifed.table TABLE --reuse results                        # take identical runs from another table's folder
     ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2   # any command, on part of the table
 
 A table file::
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 import shlex
 import statistics
@@ -415,10 +417,10 @@ def status(run: TableRun) -> str:
     return "failed" if rd.holds_run() else "new"
 
 
-def settled(run: TableRun) -> bool:
-    """Finished, or diverged (a search scores that, and running it again diverges again)."""
-    state = status(run)
-    return state == "finished" or (state == "failed" and diverged(run.path))
+def settled(path: Path) -> bool:
+    """Whether the run in ``path`` finished, or diverged (a search scores that, and running it
+    again diverges again)."""
+    return (RunDir(path).status() or {}).get("state") == "finished" or diverged(path)
 
 
 def _siblings(run: TableRun) -> list[Path]:
@@ -544,7 +546,7 @@ def estimate(table: Table) -> str:
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):
                 walls.setdefault((r.setting, r.method, r.candidate is not None), []).append(float(wall))
-    left = [r for r in table.search + table.runs if counts(r) and not settled(r)]
+    left = [r for r in table.search + table.runs if counts(r) and not settled(r.path)]
     if not left or not walls:
         return ""
     overall = statistics.fmean(w for ws in walls.values() for w in ws)
@@ -562,7 +564,7 @@ def archive_table(table: Table, dest: Path, summary_command: str) -> str:
     if target.resolve() == table.root.resolve():
         raise config.ConfigError(f"--archive {dest}: that is where the table's runs are; name another folder")
     every = table.search + table.runs
-    kept = [r.path for r in every if settled(r)]
+    kept = [r.path for r in every if settled(r.path)]
     choices = [table.root / CHOICES] if (table.root / CHOICES).is_file() else []
     done = archive.archive_runs(kept, table.root, target, choices)
     lines = [f"archived {len(kept)} runs to {target} ({done.copied} written, {done.unchanged} already there as "
@@ -578,12 +580,42 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{max(minutes, 1)}m"
 
 
+def settled_runs_under(folder: Path) -> dict[str, Path]:
+    """The settled runs anywhere under ``folder`` (a runs root, a table's runs, an archive), by the
+    digest of their result fingerprint (the first found in name order where two are the same)."""
+    found: dict[str, Path] = {}
+    for here, dirs, files in os.walk(folder):
+        path = Path(here)
+        if "config.yaml" not in files:
+            dirs.sort()
+            continue
+        dirs[:] = []
+        held = stored_identity(path) if settled(path) else None
+        if isinstance(held, dict):
+            found.setdefault(config.digest(held), path)
+    return found
+
+
+def reuse_runs(table: Table, found: dict[str, Path]) -> list[tuple[Path, TableRun]]:
+    """Copy the record of each run in ``found`` (settled runs by identity) that is one of the table's
+    runs not made yet (search runs and runs whose choice is made) into the table; (source, run) copied."""
+    copied = []
+    for r in table.search + table.runs:
+        if (r.setting, r.method) in table.pending and r.candidate is None:
+            continue
+        source = found.get(config.digest(r.identity))
+        if source is not None and status(r) == "new":
+            archive.copy_record(source, r.path)
+            copied.append((source, r))
+    return copied
+
+
 # ------------------------------------------------------------------ running
 def run_all(runs: list[TableRun], ranks: int, extra: list[str], again: str, parallel: int = 1) -> tuple[int, int]:
     """Run the unfinished ``runs`` (``parallel`` at a time); returns (exit code, runs skipped because
     another process is running them). A stop signal ends the table after the runs in progress
     have stopped cleanly; a failure, after they have finished."""
-    todo = [r for r in runs if not settled(r)]
+    todo = [r for r in runs if not settled(r.path)]
     jobs = [Job(r.path, r.args(extra), r.root / "logs" / f"{r.name}.txt" if r.candidate is None
                 else r.root.parent / "logs" / "tuning" / f"{r.name}.txt") for r in todo]
     out = run_jobs(jobs, ranks, parallel, say=lambda text: print(f"[mpifed.table] {text}", flush=True))
@@ -606,6 +638,27 @@ def _write_runs(table: Table, extra: list[str], path: str) -> str:
     Path(path).write_text("".join(shlex.join(r.args(extra)) + "\n" for r in table.runs))
     return (f"{len(table.runs)} runs written to {path}; submit with:\n"
             f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
+
+
+def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> str:
+    """--reuse: copy identical runs in, again after each search they complete, until none is left."""
+    found: dict[str, Path] = {}
+    for folder in map(Path, a.reuse):
+        if not folder.is_dir():
+            raise config.ConfigError(f"--reuse {folder}: no such folder")
+        found = {**settled_runs_under(folder), **found}
+    lines = []
+    while copied := reuse_runs(table, found):
+        lines += [f"reused {source} as {r.path}" for source, r in copied]
+        table = load_table(a.table, a.runs_root)
+        resolve(table, extra, record=True)
+        table.select(a.settings, a.methods, a.seeds)
+    left = sum(not settled(r.path) for r in table.search + table.runs)
+    waiting = sum((r.setting, r.method) in table.pending for r in table.runs)
+    lines.append(f"{len(lines)} runs reused from {', '.join(a.reuse)}; {left} of the table's runs still to make"
+                 + (f", {waiting} of them after their search" if waiting else "")
+                 + " (--list shows them)")
+    return "\n".join(lines)
 
 
 @quiet_when_pipe_closes
@@ -635,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--summary", action="store_true", help="the table in its metric, and each method against the reference")
     g.add_argument("--archive", metavar="FOLDER", help="copy the settled runs (finished or diverged, the search's "
                    "too) without their weights to FOLDER/<table folder>, for a repository; --runs-root FOLDER reads them")
+    g.add_argument("--reuse", metavar="FOLDER", nargs="+", help="copy into the table the records of the settled runs "
+                   "under FOLDER (another table's runs, an archive) whose configuration is one of this table's runs "
+                   "(the search's too), instead of making them again")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
     a = p.parse_args(argv)
@@ -651,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"({', '.join(dict.fromkeys(r.method for r in table.runs))})")
         if (a.tune is not None) and table.tuning is None:
             raise config.ConfigError(f"--tune: {a.table} declares no search (a tuning section)")
-        record = a.tune is not None or a.run is not None or a.write_runs is not None
+        record = a.tune is not None or a.run is not None or a.write_runs is not None or a.reuse is not None
         resolve(table, extra, record=record)
         table.select(a.settings, a.methods, a.seeds)
     except config.ConfigError as exc:
@@ -672,6 +728,13 @@ def main(argv: list[str] | None = None) -> int:
                        for w in (flag, *map(str, v))]
             summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *filters, "--summary"])
             print(archive_table(table, Path(a.archive), summary))
+        except (config.ConfigError, OSError) as exc:
+            print(f"[mpifed.table] {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if a.reuse:
+        try:
+            print(_reuse(table, a, extra))
         except (config.ConfigError, OSError) as exc:
             print(f"[mpifed.table] {exc}", file=sys.stderr)
             return 2

@@ -95,3 +95,42 @@ def test_an_archive_continues_as_a_runs_root_and_cannot_be_written_over_its_sour
     with pytest.raises(SystemExit):
         table_main([str(table), "--runs-root", str(more), "--list", "--by-seed"])
     assert "--by-seed goes with --summary" in capsys.readouterr().err
+
+
+def test_reuse_takes_identical_runs_from_another_tables_folder_and_nothing_else(tmp_path, capsys):
+    table, root = _settled_table(tmp_path)
+    other = tmp_path / "u"
+    shutil.copytree(table.parent, other)
+    (other / "t.table.yaml").write_text((other / "t.table.yaml").read_text().replace("seeds: [0, 1, 2]", "seeds: [0, 1, 3]"))
+    (other / "a.yaml").write_text("algorithm: fedavg\ntrain: {weight_decay: 0.001}\n")      # another configuration
+    u_table, runs = str(other / "t.table.yaml"), ["--runs-root", str(tmp_path / "runs")]
+    u = load_table(u_table, str(tmp_path / "runs"))
+    resolve(u, [])
+    own = next(r for r in u.search if r.candidate == "lr=0.01+mu=0.01")
+    _write(own.path, own.resolved, [{"round": 1, "val_acc": 0.2}], status={"state": "stopped"})   # a run of its own
+    assert table_main([u_table, *runs, "--reuse", str(tmp_path / "nowhere")]) == 2
+    assert f"--reuse {tmp_path / 'nowhere'}: no such folder" in capsys.readouterr().err
+
+    assert table_main([u_table, *runs, "--reuse", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    # b's other three candidates (one diverged); nothing of a; b's runs wait for the search's own run
+    assert "3 runs reused from" in out and "9 of the table's runs still to make, 6 of them after their search" in out
+    assert f"reused {root / 'tuning' / 's-b-lr=0.1+mu=0.01-s0'} as {u.root / 'tuning' / 's-b-lr=0.1+mu=0.01-s0'}" in out
+    assert json.loads((own.path / "status.json").read_text())["state"] == "stopped"
+    assert not [p for p in u.root.rglob("*") if p.name.startswith("s-a-")]
+    copied = u.root / "tuning" / "s-b-lr=0.1+mu=0.01-s0"
+    assert (copied / "metrics.jsonl").read_bytes() == (root / "tuning" / copied.name / "metrics.jsonl").read_bytes()
+
+    # once its own search run finishes, the choice is made and b's finished runs of seeds 0 and 1 come in
+    _write(own.path, own.resolved, [{"round": i + 1, "val_acc": 0.5} for i in range(3)])
+    assert table_main([u_table, *runs, "--reuse", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs reused from" in out and "6 of the table's runs still to make, 3 of them after their search" in out
+    assert (u.root / "s-b-s1" / "summary.json").read_bytes() == (root / "s-b-s1" / "summary.json").read_bytes()
+    assert not (u.root / "s-b-s0" / "model.pt").exists()
+    assert table_main([u_table, *runs, "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count(" finished ") == 6 and listed.count(" failed ") == 1               # the diverged candidate
+    u = load_table(u_table, str(tmp_path / "runs"))
+    resolve(u, [])
+    assert u.choices[("s", "b")].chosen == {"train.lr": 0.1, "algorithm.mu": 0.01}
