@@ -495,6 +495,8 @@ def cross_checks(cfg: Config) -> list[str]:
         errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
     if not cfg.run.eval_test and cfg.data.val_size <= 0:
         errors.append("run.eval_test: false evaluates only the validation set, and data.val_size is 0; set data.val_size (e.g. 2000) or run.eval_test=true")
+    if not cfg.run.eval_test and cfg.run.rounds_to:
+        errors.append("run.rounds_to: the rounds to a test accuracy need the test set, and run.eval_test is false; drop one of them")
     errors.extend(entry_checks(cfg))
     errors.extend(_modality_checks(cfg))
     return errors

@@ -20,7 +20,7 @@ from mpifed import checkpoint, results
 from mpifed.algorithms.base import Fields, Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
-from mpifed.evaluation import summarize, validation
+from mpifed.evaluation import TEST_COLUMNS, summarize, validation
 from mpifed.handoff import EXIT_STOPPED, describe_signal, note_resume_point
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
@@ -260,7 +260,8 @@ class RoundServer:
         atomic_write(self.run_dir.path / "model.pt", buf.getvalue())
 
     def _write_summary(self, rounds_done: int, status: str) -> None:
-        rows = self.metrics
+        # a run resumed with run.eval_test false reports no test figure, not the earlier segment's
+        rows = self.metrics if self.cfg.run.eval_test else [{k: v for k, v in r.items() if k not in TEST_COLUMNS} for r in self.metrics]
         best_acc, best_round = results.best(rows)
         summary = {
             "status": status,
@@ -294,8 +295,8 @@ class RoundServer:
                                                 "checkpoint": summary["checkpoint"]})
         if summary["final_test_acc"] is not None:
             chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
-                      f"test accuracy there {summary['test_acc_at_best_val']:.4f}" if summary.get("best_val_acc") is not None
-                      else "")
+                      f"test accuracy there {summary['test_acc_at_best_val']:.4f}"
+                      if summary.get("test_acc_at_best_val") is not None else "")
             self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy {summary['final_test_acc']:.4f} "
                              f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, "
                              f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")

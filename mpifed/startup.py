@@ -311,14 +311,14 @@ def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ra
         gpu = f" ({r['gpu']})" if r["gpu"] else ""
         run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']}{gpu} "
                 f"threads {r['threads']}")
-    if cfg.data.test_subset:
+    if cfg.data.test_subset and cfg.run.eval_test:
         full = manifest.test_source_size
         if full is None or manifest.test_size < full:
             of = f" of {full}" if full is not None else ""
             run.log(f"[mpifed] test set: first {manifest.test_size}{of} samples (a subset: for quick runs only)")
     if manifest.val_size:
         run.log(f"[mpifed] validation set: {manifest.val_size} training samples held out (data.val_size), "
-                f"evaluated with the test set")
+                + ("evaluated with the test set" if cfg.run.eval_test else "evaluated alone (run.eval_test is false)"))
     if cfg.run.tensorboard:
         events = run.path / "tensorboard"
         run.log(f"[mpifed] TensorBoard events in {events}; view them with: tensorboard --logdir {events.parent.parent}")

@@ -247,6 +247,9 @@ def resolve(table: Table, extra: list[str], record: bool = False) -> None:
     if own_keys:
         raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name and run.root of its runs "
                                  "itself; change the table's seeds, or use --runs-root")
+    if "run.eval_test" in _keys(extra):
+        raise config.ConfigError("--set run.eval_test: a table's runs report the test set, and its search runs "
+                                 "leave it out themselves; drop the override")
     table.extra = list(extra)
     loader = _Loader(extra)
     if table.tuning is not None:
@@ -580,31 +583,37 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{max(minutes, 1)}m"
 
 
-def settled_runs_under(folder: Path) -> dict[str, Path]:
+def settled_runs_under(folder: Path) -> dict[str, list[Path]]:
     """The settled runs anywhere under ``folder`` (a runs root, a table's runs, an archive), by the
-    digest of their result fingerprint (the first found in name order where two are the same)."""
-    found: dict[str, Path] = {}
+    digest of their result fingerprint, in name order (hidden folders, an interrupted copy's, left out)."""
+    found: dict[str, list[Path]] = {}
     for here, dirs, files in os.walk(folder):
         path = Path(here)
         if "config.yaml" not in files:
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             continue
         dirs[:] = []
         held = stored_identity(path) if settled(path) else None
         if isinstance(held, dict):
-            found.setdefault(config.digest(held), path)
+            found.setdefault(config.digest(held), []).append(path)
     return found
 
 
-def reuse_runs(table: Table, found: dict[str, Path]) -> list[tuple[Path, TableRun]]:
-    """Copy the record of each run in ``found`` (settled runs by identity) that is one of the table's
-    runs not made yet (search runs and runs whose choice is made) into the table; (source, run) copied."""
+def _evaluated_test(path: Path) -> bool:
+    return any("test_acc" in row for row in results.read_rows(path))
+
+
+def reuse_runs(table: Table, found: dict[str, list[Path]]) -> list[tuple[Path, TableRun]]:
+    """Copy into the table, for each of its runs not made yet (search runs, and runs whose choice is
+    made), the record of the first run in ``found`` (settled runs by identity) of its configuration
+    (for a table run, one that evaluated the test set: not a search's); (source, run) copied."""
     copied = []
     for r in table.search + table.runs:
-        if (r.setting, r.method) in table.pending and r.candidate is None:
+        if ((r.setting, r.method) in table.pending and r.candidate is None) or status(r) != "new":
             continue
-        source = found.get(config.digest(r.identity))
-        if source is not None and status(r) == "new":
+        sources = found.get(config.digest(r.identity), [])
+        source = next((p for p in sources if r.candidate is not None or _evaluated_test(p)), None)
+        if source is not None:
             archive.copy_record(source, r.path)
             copied.append((source, r))
     return copied
@@ -640,25 +649,26 @@ def _write_runs(table: Table, extra: list[str], path: str) -> str:
             f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
 
 
-def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> str:
+def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> None:
     """--reuse: copy identical runs in, again after each search they complete, until none is left."""
-    found: dict[str, Path] = {}
+    found: dict[str, list[Path]] = {}
     for folder in map(Path, a.reuse):
         if not folder.is_dir():
             raise config.ConfigError(f"--reuse {folder}: no such folder")
-        found = {**settled_runs_under(folder), **found}
-    lines = []
+        for digest, paths in settled_runs_under(folder).items():
+            found.setdefault(digest, []).extend(paths)
+    reused = 0
     while copied := reuse_runs(table, found):
-        lines += [f"reused {source} as {r.path}" for source, r in copied]
+        for source, r in copied:
+            print(f"[mpifed.table] reused {source} as {r.path}", flush=True)
+        reused += len(copied)
         table = load_table(a.table, a.runs_root)
         resolve(table, extra, record=True)
         table.select(a.settings, a.methods, a.seeds)
     left = sum(not settled(r.path) for r in table.search + table.runs)
     waiting = sum((r.setting, r.method) in table.pending for r in table.runs)
-    lines.append(f"{len(lines)} runs reused from {', '.join(a.reuse)}; {left} of the table's runs still to make"
-                 + (f", {waiting} of them after their search" if waiting else "")
-                 + " (--list shows them)")
-    return "\n".join(lines)
+    print(f"[mpifed.table] {reused} runs reused from {', '.join(a.reuse)}; {left} of the table's runs still to make"
+          + (f", {waiting} of them after their search" if waiting else "") + " (--list shows them)")
 
 
 @quiet_when_pipe_closes
@@ -734,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.reuse:
         try:
-            print(_reuse(table, a, extra))
+            _reuse(table, a, extra)
         except (config.ConfigError, OSError) as exc:
             print(f"[mpifed.table] {exc}", file=sys.stderr)
             return 2

@@ -134,3 +134,24 @@ def test_reuse_takes_identical_runs_from_another_tables_folder_and_nothing_else(
     u = load_table(u_table, str(tmp_path / "runs"))
     resolve(u, [])
     assert u.choices[("s", "b")].chosen == {"train.lr": 0.1, "algorithm.mu": 0.01}
+
+
+def test_reuse_gives_a_table_run_a_run_that_evaluated_the_test_set_and_skips_hidden_folders(tmp_path, capsys):
+    table, root = _settled_table(tmp_path)
+    other = tmp_path / "u"
+    shutil.copytree(table.parent, other)
+    u_table = str(other / "t.table.yaml")
+    u = load_table(u_table, str(tmp_path / "runs"))
+    early = tmp_path / "early"                  # searched first: a validation-only copy and a stale hidden one
+    shutil.copytree(root / "s-a-s0", early / "a-val-only")
+    rows = [json.loads(line) for line in (root / "s-a-s0" / "metrics.jsonl").read_text().splitlines()]
+    (early / "a-val-only" / "metrics.jsonl").write_text("".join(json.dumps({"round": r["round"], "val_acc": 0.5}) + "\n" for r in rows))
+    shutil.copytree(root / "s-a-s1", early / ".s-a-s1.old99")
+    (early / ".s-a-s1.old99" / "metrics.jsonl").write_text(json.dumps({"round": 1, "test_acc": 0.01}) + "\n")
+    assert table_main([u_table, "--runs-root", str(tmp_path / "runs"), "--reuse", str(early), str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    for name in ("s-a-s0", "s-a-s1"):
+        assert (u.root / name / "metrics.jsonl").read_bytes() == (root / name / "metrics.jsonl").read_bytes()
+        assert f"reused {root / name} as {u.root / name}" in out
+    assert table_main([u_table, "--runs-root", str(tmp_path / "runs"), "--list", "--set", "run.eval_test=false"]) == 2
+    assert "--set run.eval_test: a table's runs report the test set" in capsys.readouterr().err

@@ -46,6 +46,17 @@ def test_a_method_written_as_the_papers_write_it_gets_its_name_suggested(given, 
     assert f"Did you mean '{meant}'" in str(e.value)
 
 
+def test_skipping_the_test_set_needs_a_validation_set_and_no_test_accuracy_target():
+    with pytest.raises(ConfigError) as e:
+        config.load(overrides=["run.eval_test=false", "run.rounds_to=[0.5]"])
+    msg = str(e.value)
+    assert "run.eval_test: false evaluates only the validation set, and data.val_size is 0" in msg
+    assert "run.rounds_to: the rounds to a test accuracy need the test set, and run.eval_test is false" in msg
+    cfg, d = config.load(overrides=["run.eval_test=false", "data.val_size=100"])
+    assert not cfg.run.eval_test and config.result_fingerprint(d) == config.result_fingerprint(config.load(
+        overrides=["data.val_size=100"])[1])                   # not part of what a run's numbers depend on
+
+
 def test_wrong_type_and_range_name_the_key():
     with pytest.raises(ConfigError) as e:
         config.load(overrides=["train.rounds=many", "train.participation=1.5", "run.seed=-1"])

@@ -56,10 +56,15 @@ def test_without_the_test_set_a_run_evaluates_validation_alone_with_the_same_num
     assert "the test set not evaluated: run.eval_test is false" in p.stdout
 
 
-def test_skipping_the_test_set_needs_a_validation_set(tmp_path):
-    p = run_debug(tiny(tmp_path, "run.eval_test=false"), check=False)
-    assert p.returncode != 0
-    assert "run.eval_test: false evaluates only the validation set, and data.val_size is 0" in p.stdout + p.stderr
+def test_a_run_resumed_without_the_test_set_reports_no_earlier_test_figure(tmp_path):
+    run_debug(tiny(tmp_path, *VAL, "train.rounds=2", "run.checkpoint_every=2"))
+    run = tmp_path / "runs" / "run"
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=4", "run.eval_test=false"])
+    assert [r["round"] for r in metrics(run) if "test_acc" in r] == [1, 2]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["best_val_acc"] is not None
+    assert summary["final_test_acc"] is None and summary["best_test_acc"] is None and summary["forgetting"] is None
+    assert "the test set not evaluated: run.eval_test is false" in p.stdout
 
 
 def test_without_a_validation_set_rows_and_summary_say_nothing_of_it(tmp_path):
