@@ -500,7 +500,8 @@ def summary_table(table: Table, reference: str | None = None, by_seed: bool = Fa
 
 # ------------------------------------------------------------------ listing
 def listing(table: Table, extra: list[str]) -> str:
-    """Each run's status, directory and mpifed arguments (the search runs first); runs whose raw
+    """Each run's status (``diverged``: failed with a NaN loss, not run again), directory and mpifed
+    arguments (the search runs first); runs whose raw
     data is missing are marked with the folder they expect; the estimated time left."""
     from mpifed.data.prepared import raw_data_missing
     lines = []
@@ -519,7 +520,8 @@ def listing(table: Table, extra: list[str]) -> str:
                 tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
                 (tokenizers if tokenizer else folders).add(str(missing))
                 mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
-            lines.append(f"{status(r):>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(extra))}{mark}")
+            state = "diverged" if diverged(r.path) else status(r)
+            lines.append(f"{state:>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(extra))}{mark}")
     waiting = [r for r in table.runs if (r.setting, r.method) in table.pending]
     if waiting:
         pairs = sorted({(r.setting, r.method) for r in waiting})

@@ -130,7 +130,7 @@ def test_reuse_takes_identical_runs_from_another_tables_folder_and_nothing_else(
     assert not (u.root / "s-b-s0" / "model.pt").exists()
     assert table_main([u_table, *runs, "--list"]) == 0
     listed = capsys.readouterr().out
-    assert listed.count(" finished ") == 6 and listed.count(" failed ") == 1               # the diverged candidate
+    assert listed.count(" finished ") == 6 and listed.count(" diverged ") == 1
     u = load_table(u_table, str(tmp_path / "runs"))
     resolve(u, [])
     assert u.choices[("s", "b")].chosen == {"train.lr": 0.1, "algorithm.mu": 0.01}
