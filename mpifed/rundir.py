@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import sys
@@ -138,6 +139,16 @@ class RunDir:
             found += [(here / f).relative_to(self.path) for f in sorted(files)
                       if here / f not in skip and not _TEMPORARY.match(f)]
         return found
+
+    def drop_state(self) -> int:
+        """Delete the checkpoints and the per-client state (what resuming needs; with many clients,
+        gigabytes), keeping the record and the final model; the bytes freed. The caller holds the lock."""
+        freed = 0
+        for folder in (self.checkpoints, self.client_state):
+            for here, _, files in os.walk(folder):
+                freed += sum((Path(here) / f).stat().st_size for f in files)
+            shutil.rmtree(folder, ignore_errors=True)
+        return freed
 
     def lock(self) -> str | None:
         """Take the run's exclusive lock for the life of this process (or until :meth:`unlock`).

@@ -9,6 +9,7 @@
     python -m mpifed.table TABLE --summary --by-seed                   # ... and every seed's value and difference
     python -m mpifed.table TABLE --archive results                      # the settled runs without weights (mpifed.archive)
     python -m mpifed.table TABLE --reuse results                        # take identical runs from another table's folder
+    python -m mpifed.table TABLE --prune                                # free the disk: settled runs' checkpoints and client state
     ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2   # any command, on part of the table
 
 A table file::
@@ -57,7 +58,7 @@ import yaml
 from mpifed import __version__, archive, config, results
 from mpifed.packaged import find_config
 from mpifed.pipes import quiet_when_pipe_closes
-from mpifed.rundir import RunDir, check_run_name
+from mpifed.rundir import RunDir, RunLocked, check_run_name
 from mpifed.runner import Job, diverged, run_jobs
 from mpifed.summary import Claim, Summary, tabulate
 from mpifed.tuning import CHOICES, Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
@@ -651,6 +652,32 @@ def _write_runs(table: Table, extra: list[str], path: str) -> str:
             f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
 
 
+def prune(table: Table) -> str:
+    """Delete the checkpoints and per-client state of the table's settled runs (search runs too),
+    skipping any run another process holds; what was freed."""
+    freed = pruned = busy = 0
+    for r in table.search + table.runs:
+        if not settled(r.path):
+            continue
+        rd = RunDir(r.path)
+        if not (rd.checkpoints.exists() or rd.client_state.exists()):
+            continue
+        try:
+            rd.lock()
+        except RunLocked:
+            busy += 1
+            continue
+        try:
+            freed += rd.drop_state()
+            pruned += 1
+        finally:
+            rd.unlock()
+    size = f"{freed / 1e9:.2f} GB" if freed >= 1e9 else f"{freed / 1e6:.1f} MB"
+    return (f"freed {size}: the checkpoints and client state of {pruned} settled runs (they keep their "
+            f"record and final model; they can no longer be trained further)"
+            + (f"; {busy} runs held by another process were left alone" if busy else ""))
+
+
 def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> None:
     """--reuse: copy identical runs in, again after each search they complete, until none is left."""
     found: dict[str, list[Path]] = {}
@@ -703,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--reuse", metavar="FOLDER", nargs="+", help="copy into the table the records of the settled runs "
                    "under FOLDER (another table's runs, an archive) whose configuration is one of this table's runs "
                    "(the search's too), instead of making them again")
+    g.add_argument("--prune", action="store_true", help="delete the checkpoints and per-client state of the settled "
+                   "runs (finished or diverged), keeping their record and final model: gigabytes a run for methods "
+                   "with per-client state over many clients (FedCurv, SCAFFOLD, MOON)")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
     a = p.parse_args(argv)
@@ -743,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
         except (config.ConfigError, OSError) as exc:
             print(f"[mpifed.table] {exc}", file=sys.stderr)
             return 2
+        return 0
+    if a.prune:
+        print(prune(table))
         return 0
     if a.reuse:
         try:

@@ -11,6 +11,7 @@ import pytest
 from test_table_evidence import GRID, _table, _write
 from test_tables import fake_run
 
+from mpifed.rundir import RunDir
 from mpifed.table import load_table, main as table_main, resolve
 
 pytestmark = pytest.mark.unit
@@ -155,3 +156,25 @@ def test_reuse_gives_a_table_run_a_run_that_evaluated_the_test_set_and_skips_hid
         assert f"reused {root / name} as {u.root / name}" in out
     assert table_main([u_table, "--runs-root", str(tmp_path / "runs"), "--list", "--set", "run.eval_test=false"]) == 2
     assert "--set run.eval_test: a table's runs report the test set" in capsys.readouterr().err
+
+
+def test_prune_frees_the_settled_runs_resume_state_and_keeps_their_record(tmp_path, capsys):
+    table, root = _settled_table(tmp_path)
+    runs = ["--runs-root", str(tmp_path / "runs")]
+    assert table_main([str(table), *runs, "--summary"]) == 0
+    before = capsys.readouterr().out
+    held = RunDir(root / "s-a-s0")
+    held.lock()                                              # a process working on it: left alone
+    try:
+        assert table_main([str(table), *runs, "--prune"]) == 0
+    finally:
+        held.unlock()
+    out = capsys.readouterr().out
+    assert "freed 0.0 MB: the checkpoints and client state of 4 settled runs" in out and "1 runs held by another process" in out
+    for run in [root / "s-a-s1", root / "s-b-s1"]:
+        assert not (run / "checkpoints").exists() and not (run / "client_state").exists()
+        assert (run / "model.pt").is_file() and (run / "metrics.jsonl").is_file()
+    for run in [root / "s-a-s0", root / "s-b-s2"]:                     # held; stopped (it resumes from them)
+        assert (run / "checkpoints" / "round_2.ckpt").is_file() and (run / "client_state" / "1" / "state.bin").is_file()
+    assert table_main([str(table), *runs, "--summary"]) == 0
+    assert capsys.readouterr().out == before
