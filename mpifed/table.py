@@ -502,8 +502,8 @@ def summary_table(table: Table, reference: str | None = None, by_seed: bool = Fa
 # ------------------------------------------------------------------ listing
 def listing(table: Table, extra: list[str]) -> str:
     """Each run's status (``diverged``: failed with a NaN loss, not run again), directory and mpifed
-    arguments (the search runs first); runs whose raw
-    data is missing are marked with the folder they expect; the estimated time left."""
+    arguments (the search runs first); runs whose raw data is missing are marked with the folder
+    they expect; the estimated time left."""
     from mpifed.data.prepared import raw_data_missing
     lines = []
     folders: set[str] = set()
