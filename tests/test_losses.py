@@ -54,6 +54,16 @@ def test_ntd_loss_does_not_depend_on_true_class_logits():
     assert torch.all(s.grad[torch.arange(6), y] == 0)
 
 
+def test_ntd_loss_and_its_gradient_vanish_where_the_student_is_the_teacher():
+    # a client's first local step starts from the global model: FedNTD's term adds nothing there
+    torch.manual_seed(1)
+    logits, y = torch.randn(8, 10, dtype=torch.float64), torch.randint(0, 10, (8,))
+    student = logits.clone().requires_grad_(True)
+    loss = ntd_loss(student, logits.clone(), y, 1.0)
+    loss.backward()
+    assert abs(loss.item()) < 1e-15 and student.grad.abs().max().item() < 1e-15
+
+
 def test_csd_loss_hand_value():
     # prototypes: identity; sample 0 (label 0) passes the mask, sample 1 (label 1) does not
     student = t([1.0, 0.0], [1.0, 0.0])

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from conftest import assert_same_model, final_model, metrics, run_mpi_series, tiny
+from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi_series, tiny
 from mpifed.registry import ALGORITHMS
 
 METHODS = sorted(n for n, cls in ALGORITHMS.items().items() if cls.__module__.startswith("mpifed.algorithms."))
@@ -60,3 +60,13 @@ def test_method_mpi_equals_debug(mpi_runs, shared_run, name):
     a = shared_run(*settings(name, switches(name).on))
     assert_same_model(final_model(a), final_model(b), atol=1e-6)
     assert [r["test_acc"] for r in metrics(a)] == [r["test_acc"] for r in metrics(b)]
+
+
+@pytest.mark.e2e
+def test_fedntd_with_one_local_step_a_round_is_fedavg(tmp_path):
+    """Each client's only step starts from the global model, where FedNTD's distillation term and its
+    gradient vanish (test_losses): the scaled App. G.1 sweep's E = 1 (one batch per client) runs FedAvg."""
+    one_step = ("train.local_epochs=1", "train.batch_size=100", "train.rounds=3")    # each client holds < 100 samples
+    run_debug(tiny(tmp_path, "algorithm.name=fedavg", *one_step, name="fedavg"))
+    run_debug(tiny(tmp_path, "algorithm.name=fedntd", *one_step, name="fedntd"))
+    assert_same_model(final_model(tmp_path / "runs" / "fedntd"), final_model(tmp_path / "runs" / "fedavg"), atol=1e-6)
