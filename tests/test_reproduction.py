@@ -11,7 +11,8 @@ from mpifed.table import load_table, resolve, summarize
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
-ARCHIVED = {"fedntd-table1": "configs/repro/fedntd/table1.table.yaml"}   # results/ folder -> its table
+ARCHIVED = {"fedntd-table1": "configs/repro/fedntd/table1.table.yaml",      # results/ folder -> its table
+            "fedntd-epochs": "configs/repro/fedntd/epochs.table.yaml"}
 
 
 def _finished_settings(table_file: str) -> list[tuple[str, str]]:
