@@ -91,6 +91,7 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     claims: list[Tested] = field(default_factory=list)
     by_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)   # the metric per seed
+    family: int = 0                # the claims Holm's adjustment covers (the table's, whatever ``claims`` shows)
 
     def markdown(self) -> str:
         unit = " (%)" if self.percent else ""
@@ -115,7 +116,10 @@ class Summary:
                 lines.append(f"| {m} | " + " | ".join(row) + " |")
         if self.claims:
             lines += ["", f"The table's declared claims, each paired seed by seed in {self.metric.label}; "
-                          f"Holm's adjustment over all {len(self.claims)}, 'supported' where the interval excludes 0 "
+                          f"Holm's adjustment over all {self.family} of them"
+                          + (f" ({len(self.claims)} shown: this view's settings and methods)"
+                             if len(self.claims) < self.family else "")
+                          + f", 'supported' where the interval excludes 0 "
                           f"in the claim's direction and the adjusted p < {ALPHA}", "",
                       "| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |",
                       "| --- | --- | --- | --- | --- |"]
@@ -166,19 +170,21 @@ class Summary:
 def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
              left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
              reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
-             claims: list[Claim] | None = None, claim_settings: list[str] | None = None) -> Summary:
+             claims: list[Claim] | None = None, claim_settings: list[str] | None = None,
+             family: dict[tuple[str, str], list[Path]] | None = None) -> Summary:
     """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
     ((setting, method) -> runs), with each method's paired comparison against ``reference``
     (a method label; default: the row whose algorithm is FedAvg, if any), and ``claims`` tested in
-    each of ``claim_settings`` (default: the settings in ``groups``)."""
-    percent = metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
+    each of ``claim_settings`` (default: the settings in ``groups``) on the runs of ``family``
+    (default: ``groups``; a filtered view passes the whole table's, so that Holm's adjustment covers
+    every claim), showing those whose setting and methods ``groups`` holds."""
+    percent = _in_points(metric)
     metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
     runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
     group_names = list(dict.fromkeys(name for m, _ in metrics if m.groups for rv in runs.values()
                                      for name in results.group_values(m, rv.rows)))
     columns = [f"{prefix}{c}" for m, prefix in metrics for c in _metric_columns(m, group_names)]
     cells: dict[tuple[str, str, str], results.Stat] = {}
-    primary: dict[tuple[str, str], dict[int, float]] = {}
     for (setting, method), paths in groups.items():
         stats = {c: cells.setdefault((setting, method, c), results.Stat([])) for c in columns}
         for path in paths:
@@ -190,9 +196,7 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
                         stat.missing += 1
                     else:
                         stat.values.append(float(v) if column.startswith("T(") or not percent else 100 * v)
-            first = rv.values(metric, group_names)[0]
-            if first is not None and rv.seed is not None:
-                primary.setdefault((setting, method), {})[rv.seed] = 100 * first if percent else first
+    primary = _primary_values(metric, groups, runs)
     settings = list(dict.fromkeys(s for s, _ in groups))
     methods = list(dict.fromkeys(m for _, m in groups))
     reference = reference if reference is not None else _fedavg_row(groups, runs)
@@ -203,9 +207,31 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
                 if m != reference:
                     compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
     notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs)
-    tested = check_claims(claims or [], claim_settings or settings, primary)
+    values = primary if family is None else _primary_values(metric, family, runs)
+    tested = check_claims(claims or [], claim_settings or settings, values)
+    shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
-                   compared, reference if reference in methods else None, declared_seeds, notes, tested, primary)
+                   compared, reference if reference in methods else None, declared_seeds, notes, shown, primary,
+                   len(tested))
+
+
+def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
+                    known: dict[Path, "_RunValues"]) -> dict[tuple[str, str], dict[int, float]]:
+    """The metric per seed of each (setting, method) of ``groups`` (in points where it is a fraction),
+    reading only the runs ``known`` does not hold yet."""
+    percent = _in_points(metric)
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    for key, paths in groups.items():
+        for path in paths:
+            rv = known.get(path) or _RunValues(path)
+            first = results.value(metric, rv.rows, rv.summary)
+            if first is not None and rv.seed is not None:
+                out.setdefault(key, {})[rv.seed] = 100 * first if percent else first
+    return out
+
+
+def _in_points(metric: results.Metric) -> bool:
+    return metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
 
 
 def _metric_columns(metric: results.Metric, group_names: list[str]) -> list[str]:

@@ -51,7 +51,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -111,7 +111,7 @@ class Table:
     choices: dict[tuple[str, str], Choice] = field(default_factory=dict)
     pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
     extra: list[str] = field(default_factory=list)
-    known: list[TableRun] = field(default_factory=list)       # every run, before select() kept a part
+    whole: Table | None = None                                 # the table before select() kept a part
 
     def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
         """Keep only the runs of the given settings, methods and seeds (None: all), and the searches of those
@@ -129,7 +129,7 @@ class Table:
 
         def keep(r: TableRun, search: bool) -> bool:
             return pair(r.setting, r.method) and (search or seeds is None or r.seed in seeds)
-        self.known = self.known or self.search + self.runs
+        self.whole = self.whole or copy.copy(self)
         self.runs = [r for r in self.runs if keep(r, False)]
         self.search = [r for r in self.search if keep(r, True)]
         self.pending = {p for p in self.pending if pair(*p)}
@@ -443,13 +443,14 @@ def _difference(held: dict[str, Any] | str, want: dict[str, Any]) -> str:
     return f"made with {shown}" + (f" and {len(keys) - 4} more differences" if len(keys) > 4 else "")
 
 
-def finished_runs(table: Table) -> tuple[dict[tuple[str, str], list[Path]], list[str], int]:
-    """The finished runs of the resolved configuration (see :func:`resolve`) per (setting, method);
-    the runs left out, with why; how many were not run yet."""
+def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: True
+                  ) -> tuple[dict[tuple[str, str], list[Path]], list[str], int]:
+    """The finished runs of the resolved configuration (see :func:`resolve`) per (setting, method),
+    of the table's runs that ``keep`` keeps; the runs left out, with why; how many were not run yet."""
     groups: dict[tuple[str, str], list[Path]] = {}
     left_out: list[str] = []
     not_run = 0
-    for r in table.runs:
+    for r in filter(keep, table.runs):
         runs = groups.setdefault((r.setting, r.method), [])
         if (r.setting, r.method) in table.pending:
             not_run += 1
@@ -474,12 +475,13 @@ def summarize(table: Table, reference: str | None = None) -> Summary:
     """The table in its metric from the finished runs of the resolved configuration (see
     :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row)."""
     groups, left_out, not_run = finished_runs(table)
+    whole = table.whole or table
+    seeds = {r.seed for r in table.runs}
+    family, _, _ = finished_runs(whole, lambda r: r.seed in seeds)
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
-    notes = _search_notes(table)
-    every_setting = list(dict.fromkeys(r.setting for r in (table.known or table.runs)))
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
-                    reference=reference or table.reference, declared_seeds=len(table.seeds), notes=notes,
-                    claims=table.claims, claim_settings=every_setting)
+                    reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
+                    claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)), family=family)
 
 
 def _search_notes(table: Table) -> list[str]:
@@ -547,7 +549,8 @@ def estimate(table: Table) -> str:
     def counts(r: TableRun) -> bool:
         return r.candidate is not None or (r.setting, r.method) not in table.pending
     walls: dict[tuple[str, str, bool], list[float]] = {}
-    for r in table.known or table.search + table.runs:
+    whole = table.whole or table
+    for r in whole.search + whole.runs:
         if counts(r) and status(r) == "finished":
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):

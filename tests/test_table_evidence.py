@@ -132,6 +132,29 @@ def test_declared_claims_are_labelled_by_interval_and_holm_over_the_family(tmp_p
     assert f"| b > a | s | {want.text(verdict=False)} | {above.holm_p:.3f} | supported |" in text
 
 
+def test_a_filtered_summary_adjusts_over_the_whole_tables_claims(tmp_path, capsys):
+    table = _table(tmp_path, 'claims: ["b > a", "c > a", "c > b"]\n', methods="[a.yaml, b.yaml, c.yaml]")
+    (table.parent / "c.yaml").write_text((table.parent / "b.yaml").read_text())
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in range(5):
+        fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
+        fake_run(t.root / f"s-b-s{seed}", resolved_config(table, seed, method="b.yaml"), [0.5, METHOD[seed] / 100])
+        fake_run(t.root / f"s-c-s{seed}", resolved_config(table, seed, method="c.yaml"),
+                 [0.5, (REFERENCE[seed] + 2 + seed % 2) / 100])
+    resolve(t, [])
+    whole = {str(x.claim): x for x in summarize(t).claims}
+    t.select(None, ["a", "b"], None)
+    view = summarize(t)
+    (shown,) = view.claims                       # only 'b > a' lies inside the view, adjusted over all three
+    assert str(shown.claim) == "b > a" and shown.holm_p == pytest.approx(whole["b > a"].holm_p)
+    assert whole["c > a"].result.p < whole["b > a"].result.p and view.family == 3
+    assert "Holm's adjustment over all 3 of them (1 shown: this view's settings and methods)" in view.markdown()
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    t.select(None, None, [0, 1, 2])              # a seed filter narrows every claim's seeds, the family stays
+    assert [x.result.n for x in summarize(t).claims] == [3, 3, 3]
+
+
 def test_a_cell_with_fewer_seeds_than_declared_is_marked(tmp_path):
     table = _table(tmp_path)
     t = load_table(table, str(tmp_path / "runs"))
