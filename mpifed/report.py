@@ -40,7 +40,7 @@ from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.registry import ALGORITHMS, DATASETS
 from mpifed.rundir import RunDir
 from mpifed.summary import Summary, tabulate
-from mpifed.table import finished_runs, load_table, resolve, stored_identity
+from mpifed.table_file import finished_runs, load_table, resolve, stored_identity
 
 if TYPE_CHECKING:
     from mpifed.plots import Curve

@@ -12,7 +12,8 @@ from test_table_evidence import GRID, _table, _write
 from test_tables import fake_run
 
 from mpifed.rundir import RunDir
-from mpifed.table import load_table, main as table_main, resolve
+from mpifed.table import main as table_main
+from mpifed.table_file import load_table, resolve
 
 pytestmark = pytest.mark.unit
 

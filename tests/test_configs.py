@@ -7,7 +7,8 @@ import pytest
 
 from conftest import REPO, env, run_debug, write_tiny_table
 from mpifed import config
-from mpifed.table import load_table, main as table_main, validate
+from mpifed.table import main as table_main
+from mpifed.table_file import load_table, validate
 
 CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.endswith(".table.yaml") and p.parent.name != "methods")
 TABLES = sorted((REPO / "configs").rglob("*.table.yaml"))

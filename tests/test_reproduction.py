@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mpifed.table import load_table, resolve, summarize
+from mpifed.table import summarize
+from mpifed.table_file import load_table, resolve
 
 pytestmark = pytest.mark.unit
 

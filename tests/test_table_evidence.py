@@ -21,7 +21,8 @@ from test_tables import fake_run, resolved_config, write_table
 
 from mpifed import results, stats
 from mpifed.rundir import RunDir
-from mpifed.table import load_table, main as table_main, resolve, summarize
+from mpifed.table import main as table_main, summarize
+from mpifed.table_file import load_table, resolve
 
 
 # ------------------------------------------------------------------ paired statistics, by hand

@@ -11,7 +11,8 @@ import yaml
 from conftest import REPO
 
 from mpifed import config, results
-from mpifed.table import load_table, main as table_main, resolve, summarize
+from mpifed.table import main as table_main, summarize
+from mpifed.table_file import load_table, resolve
 
 
 def write_table(folder: Path, data_root: Path, methods: str = "[a.yaml]", seeds: str = "[0]",
