@@ -130,26 +130,38 @@ def listing(table: Table, extra: list[str]) -> str:
 
 
 def estimate(table: Table) -> str:
-    """The time the unfinished runs will take, from the finished runs' wall times (same setting
-    and method first, else all); empty when nothing finished yet or nothing is left."""
-    def counts(r: TableRun) -> bool:
-        return r.candidate is not None or (r.setting, r.method) not in table.pending
-    walls: dict[tuple[str, str, bool], list[float]] = {}
+    """The time the unfinished runs (those waiting for their search too) will take one after another,
+    from the finished runs' seconds per round times each run's rounds: the nearest finished runs
+    first (same setting, method and kind, search or final; then same setting and method; same
+    setting and kind; same kind; any); empty when nothing finished yet or nothing is left."""
+    per_round: dict[tuple[str, ...], list[float]] = {}
     whole = table.whole or table
     for r in whole.search + whole.runs:
-        if counts(r) and status(r) == "finished":
+        if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == "finished":
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):
-                walls.setdefault((r.setting, r.method, r.candidate is not None), []).append(float(wall))
-    left = [r for r in table.search + table.runs if counts(r) and not settled(r.path)]
-    if not left or not walls:
+                for key in _nearness(r):
+                    per_round.setdefault(key, []).append(float(wall) / _rounds(r))
+    left = [r for r in table.search + table.runs if not settled(r.path)]
+    if not left or not per_round:
         return ""
-    overall = statistics.fmean(w for ws in walls.values() for w in ws)
-    seconds = sum(statistics.fmean(walls.get((r.setting, r.method, r.candidate is not None), [overall])) for r in left)
-    waiting = sum(1 for r in table.runs if (r.setting, r.method) in table.pending)
-    note = f" (and {waiting} runs after the search)" if waiting else ""
-    done = sum(len(ws) for ws in walls.values())
-    return f"estimated time left: {_duration(seconds)} for {len(left)} runs{note}, from {done} finished runs' wall times"
+    seconds = sum(_rounds(r) * statistics.fmean(next(per_round[k] for k in _nearness(r) if k in per_round))
+                  for r in left)
+    waiting = sum(1 for r in left if r.candidate is None and (r.setting, r.method) in table.pending)
+    note = f", {waiting} of them after their search" if waiting else ""
+    done = len(per_round[()])
+    return (f"estimated time left, one run at a time: {_duration(seconds)} for {len(left)} runs{note}, from "
+            f"{done} finished runs' seconds per round")
+
+
+def _nearness(r: TableRun) -> list[tuple[str, ...]]:
+    kind = "search" if r.candidate is not None else "final"
+    return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (kind,), ()]
+
+
+def _rounds(r: TableRun) -> int:
+    rounds = r.resolved.get("train", {}).get("rounds")
+    return rounds if isinstance(rounds, int) and rounds > 0 else 1
 
 
 def _duration(seconds: float) -> str:
