@@ -23,6 +23,9 @@ TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "
 
 @dataclass
 class TableRun:
+    """One run of a table (a setting x method x seed), or of its search (with the candidate's
+    values): its config files, overrides, resolved configuration and directory."""
+
     setting: str
     method: str
     seed: int
@@ -53,6 +56,9 @@ class TableRun:
 
 @dataclass
 class Table:
+    """A table file's declarations, its runs and search runs (configured by :func:`resolve`), and
+    the choices its finished search made."""
+
     title: str
     metric: results.Metric
     runs: list[TableRun]
