@@ -57,7 +57,7 @@ class Tested:
         if self.result.verdict == "higher":
             return "supported" if self.holm_p < ALPHA else "supported by its interval alone, not after Holm"
         if self.result.verdict == "lower":
-            return "not supported (the other way)"
+            return "not supported (the other way)" if self.holm_p < ALPHA else "the other way by its interval alone, not after Holm"
         return "inconclusive"
 
 

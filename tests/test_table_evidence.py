@@ -133,6 +133,17 @@ def test_declared_claims_are_labelled_by_interval_and_holm_over_the_family(tmp_p
     assert f"| b > a | s | {want.text(verdict=False)} | {above.holm_p:.3f} | supported |" in text
 
 
+def test_a_label_either_way_needs_holms_adjustment_as_well_as_the_interval():
+    from mpifed.summary import Claim, Tested
+    claim = Claim("b", "a")
+    ahead, behind = stats.Paired(5, 2.0, 0.5, 3.5, 5, 0, 0.02), stats.Paired(5, -2.0, -3.5, -0.5, 0, 5, 0.02)
+    assert Tested(claim, "s", ahead, 0.04).label == "supported"
+    assert Tested(claim, "s", ahead, 0.06).label == "supported by its interval alone, not after Holm"
+    assert Tested(claim, "s", behind, 0.04).label == "not supported (the other way)"
+    assert Tested(claim, "s", behind, 0.06).label == "the other way by its interval alone, not after Holm"
+    assert Tested(claim, "s", stats.Paired(5, 1.0, -0.5, 2.5, 4, 1, 0.2), 0.2).label == "inconclusive"
+
+
 def test_a_filtered_summary_adjusts_over_the_whole_tables_claims(tmp_path, capsys):
     table = _table(tmp_path, 'claims: ["b > a", "c > a", "c > b"]\n', methods="[a.yaml, b.yaml, c.yaml]")
     (table.parent / "c.yaml").write_text((table.parent / "b.yaml").read_text())
