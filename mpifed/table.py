@@ -133,7 +133,7 @@ def estimate(table: Table) -> str:
     """The time the unfinished runs (those waiting for their search too) will take one after another,
     from the finished runs' seconds per round times each run's rounds: the nearest finished runs
     first (same setting, method and kind, search or final; then same setting and method; same
-    setting and kind; same kind; any); empty when nothing finished yet or nothing is left."""
+    setting and kind; same kind; any); empty when nothing is left."""
     per_round: dict[tuple[str, ...], list[float]] = {}
     whole = table.whole or table
     for r in whole.search + whole.runs:
@@ -143,8 +143,11 @@ def estimate(table: Table) -> str:
                 for key in _nearness(r):
                     per_round.setdefault(key, []).append(float(wall) / _rounds(r))
     left = [r for r in table.search + table.runs if not settled(r.path)]
-    if not left or not per_round:
+    if not left:
         return ""
+    if not per_round:
+        return (f"no estimate of the time left yet: none of the table's runs has finished; --list prices the "
+                f"{len(left)} runs once one has (a search run, the shortest, is enough)")
     seconds = sum(_rounds(r) * statistics.fmean(next(per_round[k] for k in _nearness(r) if k in per_round))
                   for r in left)
     waiting = sum(1 for r in left if r.candidate is None and (r.setting, r.method) in table.pending)

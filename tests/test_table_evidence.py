@@ -378,6 +378,8 @@ def test_the_estimate_scales_the_nearest_finished_runs_seconds_per_round_to_each
     table = _table(tmp_path, "tuning: {grid: {train.lr: [0.01, 0.1]}, rounds: 1}\n", seeds="[0, 1]")
     t = load_table(table, str(tmp_path / "runs"))
     resolve(t, [])
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    assert "no estimate of the time left yet: none of the table's runs has finished" in capsys.readouterr().out
     done = t.search[0]                                     # a's first candidate: 1 round in 20 s
     assert (done.method, done.resolved["train"]["rounds"], t.runs[0].resolved["train"]["rounds"]) == ("a", 1, 2)
     _write(done.path, done.resolved, [{"round": 1, "val_acc": 0.5}])
