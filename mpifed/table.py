@@ -63,7 +63,7 @@ def summarize(table: Table, reference: str | None = None) -> Summary:
     groups, left_out, not_run = finished_runs(table)
     whole = table.whole or table
     seeds = {r.seed for r in table.runs}
-    family, _, _ = finished_runs(whole, lambda r: r.seed in seeds)
+    family = groups if len(table.runs) == len(whole.runs) else finished_runs(whole, lambda r: r.seed in seeds)[0]
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
                     reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
