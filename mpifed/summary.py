@@ -171,13 +171,17 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
              left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
              reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
              claims: list[Claim] | None = None, claim_settings: list[str] | None = None,
-             family: dict[tuple[str, str], list[Path]] | None = None) -> Summary:
+             family: dict[tuple[str, str], list[Path]] | None = None,
+             counted_at: dict[Path, float] | None = None) -> Summary:
     """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
     ((setting, method) -> runs), with each method's paired comparison against ``reference``
     (a method label; default: the row whose algorithm is FedAvg, if any), and ``claims`` tested in
     each of ``claim_settings`` (default: the settings in ``groups``) on the runs of ``family``
     (default: ``groups``; a filtered view passes the whole table's, so that Holm's adjustment covers
-    every claim), showing those whose setting and methods ``groups`` holds."""
+    every claim), showing those whose setting and methods ``groups`` holds. A run in ``counted_at``
+    (a diverged run, under a table's declared ``diverged``) counts as the value given there in
+    ``metric``, in the unit shown, and as missing in every other column."""
+    counted_at = counted_at or {}
     percent = _in_points(metric)
     metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
     runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
@@ -190,13 +194,18 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
         for path in paths:
             rv = runs[path]
             for m, prefix in metrics:
-                for column, v in zip(_metric_columns(m, group_names), rv.values(m, group_names)):
+                for i, (column, v) in enumerate(zip(_metric_columns(m, group_names), rv.values(m, group_names))):
                     stat = stats[f"{prefix}{column}"]
-                    if v is None:
+                    if path in counted_at:
+                        if i == 0 and not prefix:
+                            stat.values.append(counted_at[path])
+                        else:
+                            stat.missing += 1
+                    elif v is None:
                         stat.missing += 1
                     else:
                         stat.values.append(float(v) if column.startswith("T(") or not percent else 100 * v)
-    primary = _primary_values(metric, groups, runs)
+    primary = _primary_values(metric, groups, runs, counted_at)
     settings = list(dict.fromkeys(s for s, _ in groups))
     methods = list(dict.fromkeys(m for _, m in groups))
     reference = reference if reference is not None else _fedavg_row(groups, runs)
@@ -206,8 +215,8 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
             for m in methods:
                 if m != reference:
                     compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
-    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs)
-    values = primary if family is None else _primary_values(metric, family, runs)
+    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs) + _counted_notes(metric, counted_at)
+    values = primary if family is None else _primary_values(metric, family, runs, counted_at)
     tested = check_claims(claims or [], claim_settings or settings, values)
     shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
@@ -216,18 +225,31 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
 
 
 def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
-                    known: dict[Path, "_RunValues"]) -> dict[tuple[str, str], dict[int, float]]:
-    """The metric per seed of each (setting, method) of ``groups`` (in points where it is a fraction),
-    reading only the runs ``known`` does not hold yet."""
+                    known: dict[Path, "_RunValues"], counted_at: dict[Path, float]
+                    ) -> dict[tuple[str, str], dict[int, float]]:
+    """The metric per seed of each (setting, method) of ``groups`` (in points where it is a fraction;
+    a run of ``counted_at`` at its value there), reading only the runs ``known`` does not hold yet."""
     percent = _in_points(metric)
     out: dict[tuple[str, str], dict[int, float]] = {}
     for key, paths in groups.items():
         for path in paths:
             rv = known.get(path) or _RunValues(path)
             first = results.value(metric, rv.rows, rv.summary)
+            if first is not None and percent:
+                first *= 100
+            if path in counted_at:
+                first = counted_at[path]
             if first is not None and rv.seed is not None:
-                out.setdefault(key, {})[rv.seed] = 100 * first if percent else first
+                out.setdefault(key, {})[rv.seed] = first
     return out
+
+
+def _counted_notes(metric: results.Metric, counted_at: dict[Path, float]) -> list[str]:
+    if not counted_at:
+        return []
+    values = " / ".join(f"{v:g}" for v in sorted(set(counted_at.values())))
+    return [f"Diverged runs counted as {values} in {metric.label} (the table's declared value; missing in the other "
+            f"columns): {len(counted_at)} - " + ", ".join(sorted(p.name for p in counted_at)) + "."]
 
 
 def _in_points(metric: results.Metric) -> bool:

@@ -19,6 +19,7 @@ A table file::
     paper_metric: {kind: final, forgetting: true}   # optional: the paper's metric, shown beside
     reference: fedavg                     # optional: the row the others are compared with (default: FedAvg's)
     claims: ["fedntd > fedavg"]           # optional: the claims the table tests, declared before any run
+    diverged: 10.0                        # optional: a diverged final run counts as this (default: left out)
     settings: [fmnist-shard2.yaml]        # config files relative to the table
     methods: [methods/fedavg.yaml, methods/fedntd.yaml]
     seeds: [0, 1, 2, 3, 4]
@@ -60,14 +61,18 @@ from mpifed.table_store import archive_table, prune, reuse_runs, settled_runs_un
 def summarize(table: Table, reference: str | None = None) -> Summary:
     """The table in its metric from the finished runs of the resolved configuration (see
     :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row)."""
-    groups, left_out, not_run = finished_runs(table)
+    counting = table.diverged is not None
+    groups, left_out, not_run = finished_runs(table, with_diverged=counting)
     whole = table.whole or table
     seeds = {r.seed for r in table.runs}
-    family = groups if len(table.runs) == len(whole.runs) else finished_runs(whole, lambda r: r.seed in seeds)[0]
+    family = (groups if len(table.runs) == len(whole.runs)
+              else finished_runs(whole, lambda r: r.seed in seeds, with_diverged=counting)[0])
+    counted = {p: table.diverged for paths in family.values() for p in paths if counting and diverged(p)}
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
                     reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
-                    claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)), family=family)
+                    claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)), family=family,
+                    counted_at=counted)
 
 
 def _search_notes(table: Table) -> list[str]:

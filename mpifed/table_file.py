@@ -18,7 +18,8 @@ from mpifed.runner import diverged
 from mpifed.summary import Claim
 from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
-TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims", "tuning")
+TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims", "tuning",
+            "diverged")
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Table:
     pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
     extra: list[str] = field(default_factory=list)
     whole: Table | None = None                                 # the table before select() kept a part
+    diverged: float | None = None        # the primary metric's value a diverged final run counts as (None: left out)
 
     def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
         """Keep only the runs of the given settings, methods and seeds (None: all), and the searches of those
@@ -128,11 +130,17 @@ def load_table(path: str | Path, runs_root: str = "runs") -> Table:
         raise config.ConfigError(f"table {path}: reference {reference!r} is not one of its methods "
                                  f"({', '.join(methods.values())})")
     claims = _claims(spec.get("claims"), list(methods.values()), path)
+    counted = spec.get("diverged")
+    if counted is not None and (isinstance(counted, bool) or not isinstance(counted, (int, float))):
+        raise config.ConfigError(f"table {path}: diverged is the value a diverged run counts as in the primary metric, "
+                                 f"in the unit the summary shows (e.g. diverged: 10.0 for chance on ten classes, in "
+                                 f"points), got {counted!r}; leave it out to leave such runs out")
     table = path.name.removesuffix(".table.yaml")
     root = Path(runs_root) / f"{path.parent.name}-{table}"
     runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}")
             for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
-    return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root)
+    return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root,
+                 diverged=None if counted is None else float(counted))
 
 
 def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:
@@ -404,10 +412,11 @@ def _difference(held: dict[str, Any] | str, want: dict[str, Any]) -> str:
     return f"made with {shown}" + (f" and {len(keys) - 4} more differences" if len(keys) > 4 else "")
 
 
-def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: True
+def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: True, with_diverged: bool = False
                   ) -> tuple[dict[tuple[str, str], list[Path]], list[str], int]:
     """The finished runs of the resolved configuration (see :func:`resolve`) per (setting, method),
-    of the table's runs that ``keep`` keeps; the runs left out, with why; how many were not run yet."""
+    of the table's runs that ``keep`` keeps, and the diverged ones too if ``with_diverged``; the
+    runs left out, with why; how many were not run yet."""
     groups: dict[tuple[str, str], list[Path]] = {}
     left_out: list[str] = []
     not_run = 0
@@ -421,6 +430,9 @@ def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: Tru
             if held is not None and held != r.identity:
                 left_out.append(f"{other}: {_difference(held, r.identity)}")
         state = status(r)
+        if with_diverged and state == "failed" and diverged(r.path):
+            runs.append(r.path)
+            continue
         if state != "finished":
             if state == "new":
                 not_run += 1

@@ -19,7 +19,7 @@ import yaml
 from conftest import REPO, env
 from test_tables import fake_run, resolved_config, write_table
 
-from mpifed import results, stats
+from mpifed import config, results, stats
 from mpifed.rundir import RunDir
 from mpifed.table import main as table_main, summarize
 from mpifed.table_file import load_table, resolve
@@ -165,6 +165,40 @@ def test_a_filtered_summary_adjusts_over_the_whole_tables_claims(tmp_path, capsy
     resolve(t, [])
     t.select(None, None, [0, 1, 2])              # a seed filter narrows every claim's seeds, the family stays
     assert [x.result.n for x in summarize(t).claims] == [3, 3, 3]
+
+
+def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path):
+    nan = {"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"}
+
+    def summary(folder: str, extra: str):
+        table = _table(tmp_path / folder, extra)
+        t = load_table(table, str(tmp_path / folder / "runs"))
+        for seed in range(5):
+            fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
+            b = fake_run(t.root / f"s-b-s{seed}", resolved_config(table, seed, method="b.yaml"),
+                         [0.5, METHOD[seed] / 100])
+            if seed == 1:
+                (b / "status.json").write_text(json.dumps(nan))
+        resolve(t, [])
+        return summarize(t)
+
+    left = summary("left", 'claims: ["b > a"]\n')
+    assert left.by_seed[("s", "b")].keys() == {0, 2, 3, 4} and left.claims[0].result.n == 4
+    assert any("s-b-s1: diverged" in line for line in left.left_out)
+    counted = summary("counted", 'claims: ["b > a"]\ndiverged: 10.0\npaper_metric: {kind: last_k, k: 2}\n')
+    want = stats.paired({**METHOD, 1: 10.0}, REFERENCE)      # seed 1 at 10 points (its 82 not read), against a's 80
+    got = counted.claims[0].result
+    assert got.n == 5 and got.mean == pytest.approx(want.mean) and got.p == pytest.approx(want.p)
+    assert counted.paired[("s", "b")].mean == pytest.approx(want.mean)
+    assert sorted(counted.cells[("s", "b", "final test_acc")].values) == sorted([10.0] + [METHOD[k] for k in (0, 2, 3, 4)])
+    assert counted.cell_text("s", "b", "paper: mean of last 2 test_acc").endswith("(n=4; no result in 1)")
+    assert not any("s-b-s1" in line for line in counted.left_out)
+    assert "Diverged runs counted as 10 in final test_acc (the table's declared value" in counted.markdown()
+
+
+def test_a_declared_diverged_value_must_be_a_number(tmp_path):
+    with pytest.raises(config.ConfigError, match="diverged is the value a diverged run counts as"):
+        load_table(_table(tmp_path, "diverged: chance\n"), str(tmp_path / "runs"))
 
 
 def test_a_cell_with_fewer_seeds_than_declared_is_marked(tmp_path):
