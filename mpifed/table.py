@@ -87,9 +87,27 @@ def _search_notes(table: Table) -> list[str]:
     return lines
 
 
+def search_table(table: Table) -> str:
+    """The search as a report quotes it: a row per setting and method, a column per value of the
+    table-wide grid, the method's own candidates inside its cells, the choice in bold; empty
+    without a finished search."""
+    searched = {key: c for key, c in table.choices.items() if c.search}
+    if table.tuning is None or not searched:
+        return ""
+    percent = "acc" in table.tuning.select.column
+    rows = {key: c.grid_cells(list(table.tuning.grid), percent) for key, c in searched.items()}
+    columns = list(dict.fromkeys(k for cells in rows.values() for k in cells))
+    lines = [f"The search ({table.tuning.describe()}{', in %' if percent else ''}); the choice in bold", "",
+             "| setting | method | " + " | ".join(columns) + " |", "| --- | --- |" + " --- |" * len(columns)]
+    lines += [f"| {s} | {m} | " + " | ".join(cells.get(c, "-") for c in columns) + " |" for (s, m), cells in rows.items()]
+    return "\n".join(lines)
+
+
 def summary_table(table: Table, reference: str | None = None, by_seed: bool = False) -> str:
     s = summarize(table, reference)
-    return s.markdown() + (f"\n\n{s.seed_tables()}" if by_seed else "")
+    if not by_seed:
+        return s.markdown()
+    return "\n\n".join(part for part in (s.markdown(), search_table(table), s.seed_tables()) if part)
 
 
 # ------------------------------------------------------------------ listing
@@ -244,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds (the search keeps its own)")
     p.add_argument("--reference", metavar="LABEL", help="--summary: compare every method with this one "
                    "(default: the table's reference, else the FedAvg row)")
-    p.add_argument("--by-seed", action="store_true", help="--summary: also each method's metric seed by seed, "
-                   "and its difference from the reference on each seed")
+    p.add_argument("--by-seed", action="store_true", help="--summary: also the search's scores as a table, and each "
+                   "method's metric seed by seed with its difference from the reference on each seed")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--list", action="store_true", help="print each run's status and mpifed arguments; mark missing raw data")
     g.add_argument("--write-runs", metavar="FILE", help="one line of mpifed arguments per run (for slurm/array.sbatch): "

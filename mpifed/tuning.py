@@ -193,6 +193,23 @@ class Choice:
             parts.append(f"{label(c['values'])}: {shown}")
         return f"{label(self.chosen)} (of {'; '.join(parts)})"
 
+    def grid_cells(self, grid: list[str], percent: bool) -> dict[str, str]:
+        """The candidates' scores by their values of the table-wide ``grid`` keys (a label such as
+        ``lr=0.03``): the score, or each of the method's own candidates under that value with its
+        score (``mu=0.01: 31.20; mu=0.1: 29.00``); the choice in bold; ``diverged`` for a candidate
+        whose loss diverged."""
+        cells: dict[str, list[str]] = {}
+        for c in self.record.get("candidates", []):
+            values = c["values"]
+            own = {k: v for k, v in values.items() if k not in grid}
+            score, note = c.get("score"), str(c.get("note", "-"))
+            shown = ((f"{100 * score:.2f}" if percent else f"{score:.4g}") if isinstance(score, (int, float))
+                     else "diverged" if note.startswith("diverged") else note)
+            text = f"{label(own)}: {shown}" if own else shown
+            cells.setdefault(label({k: v for k, v in values.items() if k in grid}), []).append(
+                f"**{text}**" if values == self.chosen else text)
+        return {k: "; ".join(v) for k, v in cells.items()}
+
 
 def search_digest(identities: list[dict[str, Any]], select: results.Metric) -> str:
     return digest({"runs": sorted(digest(i) for i in identities), "select": select.to_spec()})

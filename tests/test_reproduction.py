@@ -1,13 +1,13 @@
-"""docs/REPRODUCTION.md quotes what the archived runs in results/ say: every seed-by-seed row of
-every finished column, and each of its declared claims' interval and Holm-adjusted p, recomputed
-from the runs, appear in the report as printed."""
+"""docs/REPRODUCTION.md quotes what the archived runs in results/ say: the search and every
+seed-by-seed row of every finished column, and each of its declared claims' interval and
+Holm-adjusted p, recomputed from the runs, appear in the report as printed."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from mpifed.table import summarize
+from mpifed.table import search_table, summarize
 from mpifed.table_file import load_table, resolve
 
 pytestmark = pytest.mark.unit
@@ -18,8 +18,8 @@ ARCHIVED = {"fedntd-table1": "configs/repro/fedntd/table1.table.yaml",      # re
 
 
 def _finished_settings(table_file: str) -> list[tuple[str, str, list[str]]]:
-    """(setting, its seed-by-seed rows, its claims' "difference [CI], seeds, p | Holm p" cells) for each
-    setting of the table whose runs have all finished or diverged."""
+    """(setting, its search's and seed-by-seed rows, its claims' "difference [CI], seeds, p | Holm p"
+    cells) for each setting of the table whose runs have all finished or diverged."""
     found = []
     probe = load_table(REPO / table_file, str(REPO / "results"))
     for setting in dict.fromkeys(r.setting for r in probe.runs):
@@ -29,7 +29,7 @@ def _finished_settings(table_file: str) -> list[tuple[str, str, list[str]]]:
         s = summarize(t)
         if s.not_run == 0 and all("diverged" in why for why in s.left_out):     # a diverged run is settled
             claims = [f"{c.result.text(verdict=False)} | {c.holm_p:.3f} |" for c in s.claims if c.result is not None]
-            found.append((setting, s.seed_tables(), claims))
+            found.append((setting, f"{search_table(t)}\n{s.seed_tables()}", claims))
     return found
 
 

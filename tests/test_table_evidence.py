@@ -21,7 +21,7 @@ from test_tables import fake_run, resolved_config, write_table
 
 from mpifed import config, results, stats
 from mpifed.rundir import RunDir
-from mpifed.table import main as table_main, summarize
+from mpifed.table import main as table_main, search_table, summarize
 from mpifed.table_file import load_table, resolve
 
 
@@ -315,6 +315,10 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
     b = next(e for e in book if e["method"] == "b")
     assert [c["score"] for c in b["candidates"]] == [0.6, 0.65, 0.9, None]
     assert "diverged" in b["candidates"][3]["note"]
+    assert search_table(t).splitlines()[2:] == [      # the method's own values inside the grid's columns
+        "| setting | method | lr=0.01 | lr=0.1 |", "| --- | --- | --- | --- |",
+        "| s | a | **80.00** | 70.00 |",
+        "| s | b | mu=0.01: 60.00; mu=0.1: 65.00 | **mu=0.01: 90.00**; mu=0.1: diverged |"]
     final = {r.method: r for r in t.runs if r.seed == 1}
     assert final["a"].name == "s-a-s1" and final["a"].resolved["train"]["lr"] == 0.01
     assert final["b"].resolved["train"]["lr"] == 0.1 and final["b"].resolved["algorithm"]["mu"] == 0.01
