@@ -172,7 +172,7 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
              reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
              claims: list[Claim] | None = None, claim_settings: list[str] | None = None,
              family: dict[tuple[str, str], list[Path]] | None = None,
-             counted_at: dict[Path, float] | None = None) -> Summary:
+             counted_at: dict[Path, float] | None = None, counted_why: str = "the table's declared value") -> Summary:
     """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
     ((setting, method) -> runs), with each method's paired comparison against ``reference``
     (a method label; default: the row whose algorithm is FedAvg, if any), and ``claims`` tested in
@@ -180,7 +180,8 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     (default: ``groups``; a filtered view passes the whole table's, so that Holm's adjustment covers
     every claim), showing those whose setting and methods ``groups`` holds. A run in ``counted_at``
     (a diverged run, under a table's declared ``diverged``) counts as the value given there in
-    ``metric``, in the unit shown, and as missing in every other column."""
+    ``metric``, in the unit shown, and as missing in every other column; a note says so, and why
+    (``counted_why``)."""
     counted_at = counted_at or {}
     percent = _in_points(metric)
     metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
@@ -215,7 +216,7 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
             for m in methods:
                 if m != reference:
                     compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
-    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs) + _counted_notes(metric, counted_at)
+    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs) + _counted_notes(metric, counted_at, counted_why)
     values = primary if family is None else _primary_values(metric, family, runs, counted_at)
     tested = check_claims(claims or [], claim_settings or settings, values)
     shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
@@ -244,12 +245,12 @@ def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[P
     return out
 
 
-def _counted_notes(metric: results.Metric, counted_at: dict[Path, float]) -> list[str]:
+def _counted_notes(metric: results.Metric, counted_at: dict[Path, float], why: str) -> list[str]:
     if not counted_at:
         return []
     values = " / ".join(f"{v:g}" for v in sorted(set(counted_at.values())))
-    return [f"Diverged runs counted as {values} in {metric.label} (the table's declared value; missing in the other "
-            f"columns): {len(counted_at)} - " + ", ".join(sorted(p.name for p in counted_at)) + "."]
+    return [f"Diverged runs counted as {values} in {metric.label} ({why}; missing in the other columns): "
+            f"{len(counted_at)} - " + ", ".join(sorted(p.name for p in counted_at)) + "."]
 
 
 def _in_points(metric: results.Metric) -> bool:

@@ -7,6 +7,7 @@
     python -m mpifed.table TABLE --write-runs runs.txt                 # for slurm/array.sbatch (one run per task)
     python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
     python -m mpifed.table TABLE --summary --by-seed                   # ... and every seed's value and difference
+    python -m mpifed.table TABLE --summary --diverged 10               # ... a diverged run counted at chance, as a check
     python -m mpifed.table TABLE --archive results                      # the settled runs without weights (mpifed.archive)
     python -m mpifed.table TABLE --reuse results                        # take identical runs from another table's folder
     python -m mpifed.table TABLE --prune                                # free the disk: settled runs' checkpoints and client state
@@ -58,21 +59,24 @@ from mpifed.table_store import archive_table, prune, reuse_runs, settled_runs_un
 
 
 # ------------------------------------------------------------------ summarizing
-def summarize(table: Table, reference: str | None = None) -> Summary:
+def summarize(table: Table, reference: str | None = None, diverged_as: float | None = None) -> Summary:
     """The table in its metric from the finished runs of the resolved configuration (see
-    :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row)."""
-    counting = table.diverged is not None
+    :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row);
+    diverged runs counted as ``diverged_as`` where given (a sensitivity check), else as the table declares."""
+    counted_as = table.diverged if diverged_as is None else diverged_as
+    counting = counted_as is not None
     groups, left_out, not_run = finished_runs(table, with_diverged=counting)
     whole = table.whole or table
     seeds = {r.seed for r in table.runs}
     family = (groups if len(table.runs) == len(whole.runs)
               else finished_runs(whole, lambda r: r.seed in seeds, with_diverged=counting)[0])
-    counted = {p: table.diverged for paths in family.values() for p in paths if counting and diverged(p)}
+    counted = {p: counted_as for paths in family.values() for p in paths if counting and diverged(p)}
+    why = "the table's declared value" if diverged_as is None else "--diverged on the command line: a sensitivity check, not the table's declaration"
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
                     reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
                     claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)), family=family,
-                    counted_at=counted)
+                    counted_at=counted, counted_why=why)
 
 
 def _search_notes(table: Table) -> list[str]:
@@ -103,8 +107,9 @@ def search_table(table: Table) -> str:
     return "\n".join(lines)
 
 
-def summary_table(table: Table, reference: str | None = None, by_seed: bool = False) -> str:
-    s = summarize(table, reference)
+def summary_table(table: Table, reference: str | None = None, by_seed: bool = False,
+                  diverged_as: float | None = None) -> str:
+    s = summarize(table, reference, diverged_as)
     if not by_seed:
         return s.markdown()
     return "\n\n".join(part for part in (s.markdown(), search_table(table), s.seed_tables()) if part)
@@ -282,11 +287,14 @@ def main(argv: list[str] | None = None) -> int:
                    "with per-client state over many clients (FedCurv, SCAFFOLD, MOON)")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
+    p.add_argument("--diverged", type=float, metavar="VALUE", help="--summary: count each diverged final run as "
+                   "VALUE in the primary metric (e.g. 10 for chance on ten classes): a check beside what the table "
+                   "declares (its 'diverged' key; without one such runs are left out)")
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")
-    if a.by_seed and not a.summary:
-        p.error("--by-seed goes with --summary")
+    if (a.by_seed or a.diverged is not None) and not a.summary:
+        p.error("--by-seed and --diverged go with --summary")
     extra = [o for group in a.set for o in group]
     again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:
@@ -309,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_write_runs(table, extra, a.write_runs))
         return 0
     if a.summary:
-        print(summary_table(table, a.reference, a.by_seed))
+        print(summary_table(table, a.reference, a.by_seed, a.diverged))
         return 0
     if a.archive:
         try:

@@ -167,11 +167,12 @@ def test_a_filtered_summary_adjusts_over_the_whole_tables_claims(tmp_path, capsy
     assert [x.result.n for x in summarize(t).claims] == [3, 3, 3]
 
 
-def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path):
+def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path, capsys):
     nan = {"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"}
+    tables = {}
 
     def summary(folder: str, extra: str):
-        table = _table(tmp_path / folder, extra)
+        table = tables[folder] = _table(tmp_path / folder, extra)
         t = load_table(table, str(tmp_path / folder / "runs"))
         for seed in range(5):
             fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
@@ -194,6 +195,15 @@ def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path):
     assert counted.cell_text("s", "b", "paper: mean of last 2 test_acc").endswith("(n=4; no result in 1)")
     assert not any("s-b-s1" in line for line in counted.left_out)
     assert "Diverged runs counted as 10 in final test_acc (the table's declared value" in counted.markdown()
+    # a table that leaves them out, counted at chance from the command line as a check
+    assert table_main([str(tables["left"]), "--runs-root", str(tmp_path / "left" / "runs"), "--summary",
+                       "--diverged", "10"]) == 0
+    out = capsys.readouterr().out
+    assert f"| b > a | s | {want.text(verdict=False)} |" in out
+    assert "Diverged runs counted as 10 in final test_acc (--diverged on the command line: a sensitivity check" in out
+    with pytest.raises(SystemExit):
+        table_main([str(tables["left"]), "--list", "--diverged", "10"])
+    assert "--by-seed and --diverged go with --summary" in capsys.readouterr().err
 
 
 def test_a_declared_diverged_value_must_be_a_number(tmp_path):
