@@ -293,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")
-    if (a.by_seed or a.diverged is not None) and not a.summary:
-        p.error("--by-seed and --diverged go with --summary")
+    for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None)):
+        if given and not a.summary:
+            p.error(f"{flag} goes with --summary")
     extra = [o for group in a.set for o in group]
     again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:

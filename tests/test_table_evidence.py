@@ -203,7 +203,7 @@ def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path, ca
     assert "Diverged runs counted as 10 in final test_acc (--diverged on the command line: a sensitivity check" in out
     with pytest.raises(SystemExit):
         table_main([str(tables["left"]), "--list", "--diverged", "10"])
-    assert "--by-seed and --diverged go with --summary" in capsys.readouterr().err
+    assert "--diverged goes with --summary" in capsys.readouterr().err
 
 
 def test_a_declared_diverged_value_must_be_a_number(tmp_path):
