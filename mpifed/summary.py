@@ -92,6 +92,7 @@ class Summary:
     claims: list[Tested] = field(default_factory=list)
     by_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)   # the metric per seed
     family: int = 0                # the claims Holm's adjustment covers (the table's, whatever ``claims`` shows)
+    counted: set[tuple[str, str, int]] = field(default_factory=set)   # (setting, method, seed) of diverged runs counted
 
     def markdown(self) -> str:
         unit = " (%)" if self.percent else ""
@@ -146,7 +147,8 @@ class Summary:
                      "| --- |" + " --- |" * (len(seeds) + 1)]
             for m in self.methods:
                 got = self.by_seed.get((s, m), {})
-                cells = [f"{got[seed]:.2f}" if seed in got else "-" for seed in seeds]
+                cells = [f"{got[seed]:.2f}" + (" (diverged)" if (s, m, seed) in self.counted else "")
+                         if seed in got else "-" for seed in seeds]
                 lines.append(f"| {m} | " + " | ".join(cells) + f" | {results.Stat(list(got.values())).text(2)} |")
             ref = self.by_seed.get((s, self.reference), {}) if self.reference is not None else {}
             for m in self.methods:
@@ -222,7 +224,7 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
                    compared, reference if reference in methods else None, declared_seeds, notes, shown, primary,
-                   len(tested))
+                   len(tested), {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at})
 
 
 def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[Path]],

@@ -71,7 +71,8 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | N
     family = (groups if len(table.runs) == len(whole.runs)
               else finished_runs(whole, lambda r: r.seed in seeds, with_diverged=counting)[0])
     counted = {p: counted_as for paths in family.values() for p in paths if counting and diverged(p)}
-    why = "the table's declared value" if diverged_as is None else "--diverged on the command line: a sensitivity check, not the table's declaration"
+    why = ("the table's declared value" if diverged_as is None
+           else "--diverged on the command line: a sensitivity check, not the table's declaration")
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
                     reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),

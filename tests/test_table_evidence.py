@@ -195,6 +195,7 @@ def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path, ca
     assert counted.cell_text("s", "b", "paper: mean of last 2 test_acc").endswith("(n=4; no result in 1)")
     assert not any("s-b-s1" in line for line in counted.left_out)
     assert "Diverged runs counted as 10 in final test_acc (the table's declared value" in counted.markdown()
+    assert "| b | 80.00 | 10.00 (diverged) | 81.00 | 85.00 | 79.00 |" in counted.seed_tables()
     # a table that leaves them out, counted at chance from the command line as a check
     assert table_main([str(tables["left"]), "--runs-root", str(tmp_path / "left" / "runs"), "--summary",
                        "--diverged", "10"]) == 0
