@@ -160,9 +160,9 @@ def listing(table: Table, extra: list[str]) -> str:
 
 def estimate(table: Table) -> str:
     """The time the unfinished runs (those waiting for their search too) will take one after another,
-    from the finished runs' seconds per round times each run's rounds: the nearest finished runs
-    first (same setting, method and kind, search or final; then same setting and method; same
-    setting and kind; same kind; any); empty when nothing is left."""
+    from the finished runs' seconds per round and local epoch times each run's rounds and local
+    epochs: the nearest finished runs first (same setting, method and kind, search or final; then
+    same setting and method; same setting and kind; same kind; any); empty when nothing is left."""
     per_round: dict[tuple[str, ...], list[float]] = {}
     whole = table.whole or table
     for r in whole.search + whole.runs:
@@ -170,20 +170,20 @@ def estimate(table: Table) -> str:
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):
                 for key in _nearness(r):
-                    per_round.setdefault(key, []).append(float(wall) / _rounds(r))
+                    per_round.setdefault(key, []).append(float(wall) / _work(r))
     left = [r for r in table.search + table.runs if not settled(r.path)]
     if not left:
         return ""
     if not per_round:
         return (f"no estimate of the time left yet: none of the table's runs has finished; --list prices the "
                 f"{len(left)} runs once one has (a search run, the shortest, is enough)")
-    seconds = sum(_rounds(r) * statistics.fmean(next(per_round[k] for k in _nearness(r) if k in per_round))
+    seconds = sum(_work(r) * statistics.fmean(next(per_round[k] for k in _nearness(r) if k in per_round))
                   for r in left)
     waiting = sum(1 for r in left if r.candidate is None and (r.setting, r.method) in table.pending)
     note = f", {waiting} of them after their search" if waiting else ""
     done = len(per_round[()])
     return (f"estimated time left, one run at a time: {_duration(seconds)} for {len(left)} runs{note}, from "
-            f"{done} finished runs' seconds per round")
+            f"{done} finished runs' seconds per round and local epoch")
 
 
 def _nearness(r: TableRun) -> list[tuple[str, ...]]:
@@ -191,9 +191,12 @@ def _nearness(r: TableRun) -> list[tuple[str, ...]]:
     return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (kind,), ()]
 
 
-def _rounds(r: TableRun) -> int:
-    rounds = r.resolved.get("train", {}).get("rounds")
-    return rounds if isinstance(rounds, int) and rounds > 0 else 1
+def _work(r: TableRun) -> int:
+    """Rounds x local epochs: what a run's time scales with, to first order (evaluation aside)."""
+    train = r.resolved.get("train", {})
+    rounds, epochs = train.get("rounds"), train.get("local_epochs")
+    return ((rounds if isinstance(rounds, int) and rounds > 0 else 1)
+            * (epochs if isinstance(epochs, int) and epochs > 0 else 1))
 
 
 def _duration(seconds: float) -> str:

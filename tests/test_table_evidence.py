@@ -436,7 +436,23 @@ def test_the_estimate_scales_the_nearest_finished_runs_seconds_per_round_to_each
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
     # a's other candidate 20 s, b's two (the setting's searches) 40 s, the four final runs of 2 rounds 160 s
     assert ("estimated time left, one run at a time: 4m for 7 runs, 4 of them after their search, from 1 finished "
-            "runs' seconds per round") in capsys.readouterr().out
+            "runs' seconds per round and local epoch") in capsys.readouterr().out
+
+
+def test_the_estimate_scales_another_settings_runs_by_their_local_epochs(tmp_path, capsys):
+    table = _table(tmp_path, "tuning: {grid: {train.lr: [0.01, 0.1]}, rounds: 1}\n", seeds="[0]", methods="[a.yaml]")
+    (table.parent / "s3.yaml").write_text("base: s.yaml\ntrain: {local_epochs: 3}\n")
+    table.write_text(table.read_text().replace("settings: [s.yaml]", "settings: [s.yaml, s3.yaml]"))
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    done = t.search[0]                                     # s, lr 0.01: 1 round of 1 local epoch in 20 s
+    assert done.setting == "s" and t.runs[1].resolved["train"]["local_epochs"] == 3
+    _write(done.path, done.resolved, [{"round": 1, "val_acc": 0.5}])
+    (done.path / "summary.json").write_text(json.dumps({"wall_time_s": 20.0}))
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    # s: its other candidate 20 s, its final run (2 rounds) 40 s; s3 (3 epochs): two candidates 60 s each, 120 s final
+    assert ("estimated time left, one run at a time: 5m for 5 runs, 2 of them after their search, from 1 finished "
+            "runs' seconds per round and local epoch") in capsys.readouterr().out
 
 
 def test_filters_select_part_of_the_table_and_list_estimates_the_time_left(tmp_path, capsys):
@@ -448,11 +464,11 @@ def test_filters_select_part_of_the_table_and_list_estimates_the_time_left(tmp_p
     assert table_main([str(table), *root, "--list", "--methods", "a", "--seeds", "1", "2"]) == 0
     out = capsys.readouterr().out
     assert "run.name=s-a-s1" in out and "run.name=s-a-s2" in out and "s-b-" not in out and "s-a-s0" not in out
-    assert "estimated time left, one run at a time: 1m for 2 runs, from 1 finished runs' seconds per round" in out
+    assert "estimated time left, one run at a time: 1m for 2 runs, from 1 finished runs' seconds per round and local epoch" in out
     _write(t.root / "s-a-s1", t.runs[1].resolved, [],
            status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
     assert table_main([str(table), *root, "--list", "--methods", "a"]) == 0    # a diverged run is not run again
-    assert "estimated time left, one run at a time: 1m for 1 runs, from 1 finished runs' seconds per round" in \
+    assert "estimated time left, one run at a time: 1m for 1 runs, from 1 finished runs' seconds per round and local epoch" in \
         capsys.readouterr().out
     assert table_main([str(table), *root, "--list", "--methods", "zz"]) == 2
     assert "--methods zz: not in this table (its methods: a b)" in capsys.readouterr().err
