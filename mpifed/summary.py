@@ -181,9 +181,9 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     each of ``claim_settings`` (default: the settings in ``groups``) on the runs of ``family``
     (default: ``groups``; a filtered view passes the whole table's, so that Holm's adjustment covers
     every claim), showing those whose setting and methods ``groups`` holds. A run in ``counted_at``
-    (a diverged run, under a table's declared ``diverged``) counts as the value given there in
-    ``metric``, in the unit shown, and as missing in every other column; a note says so, and why
-    (``counted_why``)."""
+    (a diverged run, as the table declares or a sensitivity check asks) counts as the value given
+    there in ``metric``, in the unit shown, and as missing in every other column; a note says so,
+    and why (``counted_why``)."""
     counted_at = counted_at or {}
     percent = _in_points(metric)
     metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
@@ -218,7 +218,7 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
             for m in methods:
                 if m != reference:
                     compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
-    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs) + _counted_notes(metric, counted_at, counted_why)
+    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs) + _counted_notes(metric, counted_at, counted_why, runs)
     values = primary if family is None else _primary_values(metric, family, runs, counted_at)
     tested = check_claims(claims or [], claim_settings or settings, values)
     shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
@@ -247,12 +247,16 @@ def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[P
     return out
 
 
-def _counted_notes(metric: results.Metric, counted_at: dict[Path, float], why: str) -> list[str]:
+def _counted_notes(metric: results.Metric, counted_at: dict[Path, float], why: str,
+                   shown: dict[Path, "_RunValues"]) -> list[str]:
     if not counted_at:
         return []
     values = " / ".join(f"{v:g}" for v in sorted(set(counted_at.values())))
+    inside = sorted(p.name for p in counted_at if p in shown)
+    outside = len(counted_at) - len(inside)
     return [f"Diverged runs counted as {values} in {metric.label} ({why}; missing in the other columns): "
-            f"{len(counted_at)} - " + ", ".join(sorted(p.name for p in counted_at)) + "."]
+            + (", ".join(inside) if inside else "none in this view")
+            + (f"; {outside} more outside this view, in the claims' family" if outside else "") + "."]
 
 
 def _in_points(metric: results.Metric) -> bool:

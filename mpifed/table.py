@@ -6,8 +6,8 @@
     python -m mpifed.table TABLE --run 0 --parallel 8                  # 8 runs at once (a GPU with MPS, many cores)
     python -m mpifed.table TABLE --write-runs runs.txt                 # for slurm/array.sbatch (one run per task)
     python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
-    python -m mpifed.table TABLE --summary --by-seed                   # ... and every seed's value and difference
-    python -m mpifed.table TABLE --summary --diverged 10               # ... a diverged run counted at chance, as a check
+    python -m mpifed.table TABLE --summary --by-seed                   # ... the search's scores, every seed's value and difference
+    python -m mpifed.table TABLE --summary --diverged 10               # ... a diverged run counted at chance (or 'out'), as a check
     python -m mpifed.table TABLE --archive results                      # the settled runs without weights (mpifed.archive)
     python -m mpifed.table TABLE --reuse results                        # take identical runs from another table's folder
     python -m mpifed.table TABLE --prune                                # free the disk: settled runs' checkpoints and client state
@@ -45,6 +45,7 @@ over all of them (:mod:`mpifed.summary`).
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import statistics
 import sys
@@ -59,11 +60,13 @@ from mpifed.table_store import archive_table, prune, reuse_runs, settled_runs_un
 
 
 # ------------------------------------------------------------------ summarizing
-def summarize(table: Table, reference: str | None = None, diverged_as: float | None = None) -> Summary:
+LEAVE_OUT = "out"      # --diverged out: leave diverged runs out, whatever the table declares
+def summarize(table: Table, reference: str | None = None, diverged_as: float | str | None = None) -> Summary:
     """The table in its metric from the finished runs of the resolved configuration (see
-    :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row);
-    diverged runs counted as ``diverged_as`` where given (a sensitivity check), else as the table declares."""
-    counted_as = table.diverged if diverged_as is None else diverged_as
+    :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row).
+    A diverged final run counts as the table declares (its ``diverged`` value, else left out), or,
+    as a sensitivity check, as ``diverged_as`` (a value, or :data:`LEAVE_OUT`)."""
+    counted_as = table.diverged_value if diverged_as is None else None if diverged_as == LEAVE_OUT else float(diverged_as)
     counting = counted_as is not None
     groups, left_out, not_run = finished_runs(table, with_diverged=counting)
     whole = table.whole or table
@@ -73,6 +76,9 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | N
     counted = {p: counted_as for paths in family.values() for p in paths if counting and diverged(p)}
     why = ("the table's declared value" if diverged_as is None
            else "--diverged on the command line: a sensitivity check, not the table's declaration")
+    if diverged_as == LEAVE_OUT and table.diverged_value is not None:
+        left_out.append(f"diverged runs left out by --diverged {LEAVE_OUT} (a sensitivity check: the table counts them "
+                        f"as {table.diverged_value:g})")
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
                     reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
@@ -109,7 +115,7 @@ def search_table(table: Table) -> str:
 
 
 def summary_table(table: Table, reference: str | None = None, by_seed: bool = False,
-                  diverged_as: float | None = None) -> str:
+                  diverged_as: float | str | None = None) -> str:
     s = summarize(table, reference, diverged_as)
     if not by_seed:
         return s.markdown()
@@ -162,7 +168,9 @@ def estimate(table: Table) -> str:
     """The time the unfinished runs (those waiting for their search too) will take one after another,
     from the finished runs' seconds per round and local epoch times each run's rounds and local
     epochs: the nearest finished runs first (same setting, method and kind, search or final; then
-    same setting and method; same setting and kind; same kind; any); empty when nothing is left."""
+    same setting and method; same setting and kind; same local epochs and kind; same local epochs;
+    same kind; any); empty when nothing is left. Across local epochs the price is high, as a
+    round's evaluation does not grow with them."""
     per_round: dict[tuple[str, ...], list[float]] = {}
     whole = table.whole or table
     for r in whole.search + whole.runs:
@@ -188,7 +196,8 @@ def estimate(table: Table) -> str:
 
 def _nearness(r: TableRun) -> list[tuple[str, ...]]:
     kind = "search" if r.candidate is not None else "final"
-    return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (kind,), ()]
+    epochs = f"E={r.resolved.get('train', {}).get('local_epochs')}"
+    return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (epochs, kind), (epochs,), (kind,), ()]
 
 
 def _work(r: TableRun) -> int:
@@ -257,6 +266,19 @@ def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> None:
 
 
 @quiet_when_pipe_closes
+def _diverged_arg(text: str) -> float | str:
+    if text == LEAVE_OUT:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"a finite number (e.g. 10 for chance on ten classes, in points) or "
+                                         f"'{LEAVE_OUT}', got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
@@ -291,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                    "with per-client state over many clients (FedCurv, SCAFFOLD, MOON)")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
-    p.add_argument("--diverged", type=float, metavar="VALUE", help="--summary: count each diverged final run as "
-                   "VALUE in the primary metric (e.g. 10 for chance on ten classes): a check beside what the table "
-                   "declares (its 'diverged' key; without one such runs are left out)")
+    p.add_argument("--diverged", type=_diverged_arg, metavar="VALUE", help="--summary: count each diverged final run "
+                   f"as VALUE in the primary metric (e.g. 10 for chance on ten classes), or '{LEAVE_OUT}' to leave them "
+                   "out: a check beside what the table declares (its 'diverged' key; without one they are left out)")
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")

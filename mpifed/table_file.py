@@ -4,6 +4,7 @@ directory and state, and the finished runs a summary uses."""
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,7 @@ class Table:
     pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
     extra: list[str] = field(default_factory=list)
     whole: Table | None = None                                 # the table before select() kept a part
-    diverged: float | None = None        # the primary metric's value a diverged final run counts as (None: left out)
+    diverged_value: float | None = None   # the primary metric's value a diverged final run counts as (None: left out)
 
     def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
         """Keep only the runs of the given settings, methods and seeds (None: all), and the searches of those
@@ -131,7 +132,8 @@ def load_table(path: str | Path, runs_root: str = "runs") -> Table:
                                  f"({', '.join(methods.values())})")
     claims = _claims(spec.get("claims"), list(methods.values()), path)
     counted = spec.get("diverged")
-    if counted is not None and (isinstance(counted, bool) or not isinstance(counted, (int, float))):
+    if counted is not None and (isinstance(counted, bool) or not isinstance(counted, (int, float))
+                                or not math.isfinite(counted)):
         raise config.ConfigError(f"table {path}: diverged is the value a diverged run counts as in the primary metric, "
                                  f"in the unit the summary shows (e.g. diverged: 10.0 for chance on ten classes, in "
                                  f"points), got {counted!r}; leave it out to leave such runs out")
@@ -140,7 +142,7 @@ def load_table(path: str | Path, runs_root: str = "runs") -> Table:
     runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}")
             for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
     return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root,
-                 diverged=None if counted is None else float(counted))
+                 diverged_value=None if counted is None else float(counted))
 
 
 def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:

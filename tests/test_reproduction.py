@@ -1,6 +1,7 @@
 """docs/REPRODUCTION.md quotes what the archived runs in results/ say: the search and every
 seed-by-seed row of every finished column, and each of its declared claims' interval and
-Holm-adjusted p, recomputed from the runs, appear in the report as printed."""
+Holm-adjusted p, recomputed from the runs, appear in the report as printed; where a final run
+diverged, so do the claims with it counted at chance (the check the report gives beside)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,3 +49,17 @@ def test_the_report_quotes_the_archived_runs_seed_by_seed(folder):
         # the report's claims tables write a minus sign where --summary writes a hyphen
         unquoted = [c for c in claims if c not in report.replace("\u2212", "-")]
         assert not unquoted, f"{setting}: docs/REPRODUCTION.md does not quote these claims of results/{folder}: {unquoted}"
+
+
+@pytest.mark.parametrize("folder", sorted(ARCHIVED))
+def test_where_a_run_diverged_the_report_quotes_the_claims_with_it_at_chance(folder):
+    t = load_table(REPO / ARCHIVED[folder], str(REPO / "results"))
+    resolve(t, [])
+    if not any("diverged" in why for why in summarize(t).left_out):
+        pytest.skip(f"results/{folder}: no final run diverged")
+    report = (REPO / "docs" / "REPRODUCTION.md").read_text().replace("\u2212", "-")
+    rows = summarize(t, diverged_as=10.0).markdown().splitlines()
+    claims = [line for line in rows if line.startswith("| ") and " > " in line.split("|")[1]]
+    unquoted = [line for line in claims if line not in report.splitlines()]
+    assert claims and not unquoted, f"docs/REPRODUCTION.md does not quote these claims of results/{folder} " \
+                                    f"(--summary --diverged 10): {unquoted}"

@@ -196,6 +196,21 @@ def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path, ca
     assert not any("s-b-s1" in line for line in counted.left_out)
     assert "Diverged runs counted as 10 in final test_acc (the table's declared value" in counted.markdown()
     assert "| b | 80.00 | 10.00 (diverged) | 81.00 | 85.00 | 79.00 |" in counted.seed_tables()
+    t = load_table(tables["counted"], str(tmp_path / "counted" / "runs"))
+    resolve(t, [])
+    t.select(None, ["a"], [0, 1, 2, 3, 4])                 # the view holds a only; the claim's family still counts b's seed 1
+    view = summarize(t)
+    assert view.claims == [] and view.family == 1
+    assert "none in this view; 1 more outside this view, in the claims' family" in view.markdown()
+    t = load_table(tables["counted"], str(tmp_path / "counted" / "runs"))
+    resolve(t, [])
+    t.select(None, None, [0, 1, 2])                         # a seed filter keeps the counted seed
+    assert summarize(t).claims[0].result.n == 3
+    t = load_table(tables["counted"], str(tmp_path / "counted" / "runs"))
+    resolve(t, [])
+    out = summarize(t, diverged_as="out")                   # the check the other way: the declared value set aside
+    assert out.claims[0].result.n == 4 and ("s", "b", 1) not in out.counted
+    assert any("left out by --diverged out" in line for line in out.left_out)
     # a table that leaves them out, counted at chance from the command line as a check
     assert table_main([str(tables["left"]), "--runs-root", str(tmp_path / "left" / "runs"), "--summary",
                        "--diverged", "10"]) == 0
@@ -207,9 +222,14 @@ def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path, ca
     assert "--diverged goes with --summary" in capsys.readouterr().err
 
 
-def test_a_declared_diverged_value_must_be_a_number(tmp_path):
+@pytest.mark.parametrize("value", ["chance", "true", ".nan", ".inf"])
+def test_a_declared_diverged_value_must_be_a_finite_number(tmp_path, capsys, value):
+    table = _table(tmp_path, f"diverged: {value}\n")
     with pytest.raises(config.ConfigError, match="diverged is the value a diverged run counts as"):
-        load_table(_table(tmp_path, "diverged: chance\n"), str(tmp_path / "runs"))
+        load_table(table, str(tmp_path / "runs"))
+    with pytest.raises(SystemExit):
+        table_main([str(_table(tmp_path / "ok")), "--summary", "--diverged", value.strip(".")])
+    assert "a finite number (e.g. 10 for chance on ten classes, in points) or 'out'" in capsys.readouterr().err
 
 
 def test_a_cell_with_fewer_seeds_than_declared_is_marked(tmp_path):
