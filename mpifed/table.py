@@ -265,7 +265,6 @@ def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> None:
           + (f", {waiting} of them after their search" if waiting else "") + " (--list shows them)")
 
 
-@quiet_when_pipe_closes
 def _diverged_arg(text: str) -> float | str:
     if text == LEAVE_OUT:
         return text
@@ -279,6 +278,7 @@ def _diverged_arg(text: str) -> float | str:
     return value
 
 
+@quiet_when_pipe_closes
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
