@@ -136,12 +136,14 @@ class Summary:
         return "\n".join(lines)
 
     def seed_tables(self) -> str:
-        """Per setting, each method's metric seed by seed, and each method minus the reference on the
-        seeds both have, with the paired interval (the rows a report quotes)."""
+        """Per setting with results, each method's metric seed by seed, and each method minus the
+        reference on the seeds both have, with the paired interval (the rows a report quotes)."""
         unit = " (%)" if self.percent else ""
         out: list[str] = []
         for s in self.settings:
             seeds = sorted({seed for m in self.methods for seed in self.by_seed.get((s, m), {})})
+            if not seeds:
+                continue
             lines = [f"{s}, seed by seed: {self.metric.label}{unit}", "",
                      "| method | " + " | ".join(f"s{seed}" for seed in seeds) + " | mean ± sd |",
                      "| --- |" + " --- |" * (len(seeds) + 1)]

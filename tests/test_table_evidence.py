@@ -108,6 +108,11 @@ def test_by_seed_shows_every_seeds_value_and_difference_from_the_reference(tmp_p
     assert f"| b − a | +2.00 | +2.00 | -1.00 | - | +1.00 | {want.text()} |" in out
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--summary"]) == 0
     assert "seed by seed: final" not in capsys.readouterr().out
+    (table.parent / "s2.yaml").write_text("base: s.yaml\n")              # a setting with no runs yet: no empty table
+    table.write_text(table.read_text().replace("settings: [s.yaml]", "settings: [s.yaml, s2.yaml]"))
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--summary", "--by-seed"]) == 0
+    out = capsys.readouterr().out
+    assert "s, seed by seed" in out and "s2, seed by seed" not in out
 
 
 def test_declared_claims_are_labelled_by_interval_and_holm_over_the_family(tmp_path):
