@@ -171,7 +171,7 @@ def estimate(table: Table) -> str:
     same setting and method; same setting and kind; same local epochs and kind; same local epochs;
     same kind; any); empty when nothing is left. Across local epochs the price is high, as a
     round's evaluation does not grow with them."""
-    per_round: dict[tuple[str, ...], list[float]] = {}
+    per_round: dict[tuple[object, ...], list[float]] = {}
     whole = table.whole or table
     for r in whole.search + whole.runs:
         if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == "finished":
@@ -194,9 +194,9 @@ def estimate(table: Table) -> str:
             f"{done} finished runs' seconds per round and local epoch")
 
 
-def _nearness(r: TableRun) -> list[tuple[str, ...]]:
+def _nearness(r: TableRun) -> list[tuple[object, ...]]:
     kind = "search" if r.candidate is not None else "final"
-    epochs = f"E={r.resolved.get('train', {}).get('local_epochs')}"
+    epochs = ("local_epochs", r.resolved.get("train", {}).get("local_epochs"))     # a pair: no setting label equals it
     return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (epochs, kind), (epochs,), (kind,), ()]
 
 
