@@ -74,7 +74,7 @@ def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results
         if path.name.endswith(".table.yaml"):
             table = load_table(path, runs_root)
             resolve(table, extra)
-            groups, left_out, _ = finished_runs(table)
+            groups, left_out, _, _ = finished_runs(table)
             for key, runs in groups.items():
                 out.groups.setdefault(key, []).extend(runs)
             out.left_out += left_out

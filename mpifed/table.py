@@ -61,6 +61,8 @@ from mpifed.table_store import archive_table, prune, reuse_runs, settled_runs_un
 
 # ------------------------------------------------------------------ summarizing
 LEAVE_OUT = "out"      # --diverged out: leave diverged runs out, whatever the table declares
+
+
 def summarize(table: Table, reference: str | None = None, diverged_as: float | str | None = None) -> Summary:
     """The table in its metric from the finished runs of the resolved configuration (see
     :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row).
@@ -68,12 +70,14 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
     as a sensitivity check, as ``diverged_as`` (a value, or :data:`LEAVE_OUT`)."""
     counted_as = table.diverged_value if diverged_as is None else None if diverged_as == LEAVE_OUT else float(diverged_as)
     counting = counted_as is not None
-    groups, left_out, not_run = finished_runs(table, with_diverged=counting)
+    groups, left_out, not_run, taken = finished_runs(table, with_diverged=counting)
     whole = table.whole or table
     seeds = {r.seed for r in table.runs}
-    family = (groups if len(table.runs) == len(whole.runs)
-              else finished_runs(whole, lambda r: r.seed in seeds, with_diverged=counting)[0])
-    counted = {p: counted_as for paths in family.values() for p in paths if counting and diverged(p)}
+    if len(table.runs) != len(whole.runs):
+        family, _, _, taken = finished_runs(whole, lambda r: r.seed in seeds, with_diverged=counting)
+    else:
+        family = groups
+    counted = dict.fromkeys(taken, counted_as)
     why = ("the table's declared value" if diverged_as is None
            else "--diverged on the command line: a sensitivity check, not the table's declaration")
     if diverged_as == LEAVE_OUT and table.diverged_value is not None:

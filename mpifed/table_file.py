@@ -415,12 +415,13 @@ def _difference(held: dict[str, Any] | str, want: dict[str, Any]) -> str:
 
 
 def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: True, with_diverged: bool = False
-                  ) -> tuple[dict[tuple[str, str], list[Path]], list[str], int]:
+                  ) -> tuple[dict[tuple[str, str], list[Path]], list[str], int, list[Path]]:
     """The finished runs of the resolved configuration (see :func:`resolve`) per (setting, method),
     of the table's runs that ``keep`` keeps, and the diverged ones too if ``with_diverged``; the
-    runs left out, with why; how many were not run yet."""
+    runs left out, with why; how many were not run yet; the diverged runs it took in."""
     groups: dict[tuple[str, str], list[Path]] = {}
     left_out: list[str] = []
+    taken: list[Path] = []
     not_run = 0
     for r in filter(keep, table.runs):
         runs = groups.setdefault((r.setting, r.method), [])
@@ -432,15 +433,17 @@ def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: Tru
             if held is not None and held != r.identity:
                 left_out.append(f"{other}: {_difference(held, r.identity)}")
         state = status(r)
-        if with_diverged and state == "failed" and diverged(r.path):
+        lost = state == "failed" and diverged(r.path)
+        if lost and with_diverged:
             runs.append(r.path)
+            taken.append(r.path)
             continue
         if state != "finished":
             if state == "new":
                 not_run += 1
             else:
-                why = "diverged (its loss became NaN or infinite)" if diverged(r.path) else f"not finished ({state})"
+                why = "diverged (its loss became NaN or infinite)" if lost else f"not finished ({state})"
                 left_out.append(f"{r.path}: {why}")
             continue
         runs.append(r.path)
-    return groups, left_out, not_run
+    return groups, left_out, not_run, taken

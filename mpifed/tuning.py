@@ -188,8 +188,7 @@ class Choice:
     def text(self, percent: bool) -> str:
         parts = []
         for c in self.record.get("candidates", []):
-            score = c.get("score")
-            shown = (f"{100 * score:.2f}" if percent else f"{score:.4g}") if isinstance(score, (int, float)) else c.get("note", "-")
+            shown = _score_text(c.get("score"), percent) or c.get("note", "-")
             parts.append(f"{label(c['values'])}: {shown}")
         return f"{label(self.chosen)} (of {'; '.join(parts)})"
 
@@ -202,13 +201,19 @@ class Choice:
         for c in self.record.get("candidates", []):
             values = c["values"]
             own = {k: v for k, v in values.items() if k not in grid}
-            score, note = c.get("score"), str(c.get("note", "-"))
-            shown = ((f"{100 * score:.2f}" if percent else f"{score:.4g}") if isinstance(score, (int, float))
-                     else "diverged" if note.startswith("diverged") else note)
+            note = str(c.get("note", "-"))
+            shown = _score_text(c.get("score"), percent) or ("diverged" if note.startswith("diverged") else note)
             text = f"{label(own)}: {shown}" if own else shown
             cells.setdefault(label({k: v for k, v in values.items() if k in grid}), []).append(
                 f"**{text}**" if values == self.chosen else text)
         return {k: "; ".join(v) for k, v in cells.items()}
+
+
+def _score_text(score: Any, percent: bool) -> str | None:
+    """A candidate's recorded score as shown (None: it has none)."""
+    if not isinstance(score, (int, float)):
+        return None
+    return f"{100 * score:.2f}" if percent else f"{score:.4g}"
 
 
 def search_digest(identities: list[dict[str, Any]], select: results.Metric) -> str:
