@@ -57,6 +57,7 @@ from mpifed.runner import Job, diverged, run_jobs
 from mpifed.summary import Summary, tabulate
 from mpifed.table_file import Table, TableRun, finished_runs, load_table, resolve, settled, status
 from mpifed.table_store import archive_table, prune, reuse_runs, settled_runs_under
+from mpifed.tuning import grid_cells
 
 
 # ------------------------------------------------------------------ summarizing
@@ -98,19 +99,31 @@ def _search_notes(table: Table) -> list[str]:
     for (setting, method), choice in table.choices.items():
         lines.append(f"  {setting} x {method}: {choice.text(percent) if choice.search else 'nothing to search (no grid)'}")
     for setting, method in sorted(table.pending):
-        lines.append(f"  {setting} x {method}: search not finished (python -m mpifed.table ... --tune N)")
+        partial = table.searching.get((setting, method), [])
+        lines.append(f"  {setting} x {method}: search not finished, {sum(c.settled for c in partial)} of {len(partial)} "
+                     f"candidates scored (python -m mpifed.table ... --tune N)")
     return lines
 
 
 def search_table(table: Table) -> str:
     """The search as a report quotes it: a row per setting and method, a column per value of the
-    table-wide grid, the method's own candidates inside its cells, the choice in bold; empty
-    without a finished search."""
-    searched = {key: c for key, c in table.choices.items() if c.search}
-    if table.tuning is None or not searched:
+    table-wide grid, the method's own candidates inside its cells, the choice in bold; a search not
+    finished shows the scores it has so far, marked; empty before any candidate has its score."""
+    if table.tuning is None:
         return ""
+    grid = list(table.tuning.grid)
     percent = "acc" in table.tuning.select.column
-    rows = {key: c.grid_cells(list(table.tuning.grid), percent) for key, c in searched.items()}
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for pair in dict.fromkeys((r.setting, r.method) for r in table.runs):
+        choice, partial = table.choices.get(pair), table.searching.get(pair, [])
+        if choice is not None and choice.search:
+            rows[pair] = choice.grid_cells(grid, percent)
+        elif any(c.settled for c in partial):
+            done = sum(c.settled for c in partial)
+            rows[(pair[0], f"{pair[1]} (search not finished: {done} of {len(partial)} candidates)")] = grid_cells(
+                [c.entry() for c in partial], None, grid, percent)
+    if not rows:
+        return ""
     columns = list(dict.fromkeys(k for cells in rows.values() for k in cells))
     lines = [f"The search ({table.tuning.describe()}{', in %' if percent else ''}); the choice in bold", "",
              "| setting | method | " + " | ".join(columns) + " |", "| --- | --- |" + " --- |" * len(columns)]

@@ -73,6 +73,7 @@ class Table:
     search: list[TableRun] = field(default_factory=list)     # the search runs (with a tuning section)
     choices: dict[tuple[str, str], Choice] = field(default_factory=dict)
     pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
+    searching: dict[tuple[str, str], list[Candidate]] = field(default_factory=dict)   # a pending pair's candidates so far
     extra: list[str] = field(default_factory=list)
     whole: Table | None = None                                 # the table before select() kept a part
     diverged_value: float | None = None   # the primary metric's value a diverged final run counts as (None: left out)
@@ -97,6 +98,7 @@ class Table:
         self.runs = [r for r in self.runs if keep(r, False)]
         self.search = [r for r in self.search if keep(r, True)]
         self.pending = {p for p in self.pending if pair(*p)}
+        self.searching = {p: c for p, c in self.searching.items() if pair(*p)}
         self.choices = {p: c for p, c in self.choices.items() if pair(*p)}
 
 
@@ -294,7 +296,7 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
                                          f"(e.g. 2000) in {configs[0]}")
     book = ChoiceBook(table.root)
     changed = False
-    table.search, table.choices, table.pending = [], {}, set()
+    table.search, table.choices, table.pending, table.searching = [], {}, set(), {}
     for setting, method, configs in pairs:
         if not tuning.keys_for(method, algorithms[(setting, method)]):
             table.choices[(setting, method)] = Choice(setting, method, "", {}, {"candidates": []})
@@ -311,7 +313,7 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
         choice = book.find(setting, method, digest)
         if choice is None:
             candidates = [_score(values, runs, tuning) for values, runs in group]
-            if all(c.failed or c.score is not None for c in candidates):
+            if all(c.settled for c in candidates):
                 chosen = choose(candidates, tuning.select)
                 if chosen is None:
                     raise config.ConfigError(f"{setting} x {method}: every candidate of the search failed ("
@@ -322,6 +324,7 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
                 changed = True
         if choice is None:
             table.pending.add((setting, method))
+            table.searching[(setting, method)] = candidates
         else:
             table.choices[(setting, method)] = choice
     if changed and record:

@@ -164,6 +164,15 @@ class Candidate:
             return None
         return sum(self.scores) / len(self.scores)
 
+    @property
+    def settled(self) -> bool:
+        """Whether the candidate has its score, or failed."""
+        return bool(self.failed) or self.score is not None
+
+    def entry(self) -> dict[str, Any]:
+        """The candidate as a choice records it (its runs aside)."""
+        return {"values": self.values, "score": self.score, **({"note": "; ".join(self.failed)} if self.failed else {})}
+
 
 def choose(candidates: list[Candidate], select: results.Metric) -> dict[str, Any] | None:
     """The winning candidate's values; None when none can win (all failed)."""
@@ -193,20 +202,26 @@ class Choice:
         return f"{label(self.chosen)} (of {'; '.join(parts)})"
 
     def grid_cells(self, grid: list[str], percent: bool) -> dict[str, str]:
-        """The candidates' scores by their values of the table-wide ``grid`` keys (a label such as
-        ``lr=0.03``): the score, or each of the method's own candidates under that value with its
-        score (``mu=0.01: 31.20; mu=0.1: 29.00``); the choice in bold; ``diverged`` for a candidate
-        whose loss diverged."""
-        cells: dict[str, list[str]] = {}
-        for c in self.record.get("candidates", []):
-            values = c["values"]
-            own = {k: v for k, v in values.items() if k not in grid}
-            note = str(c.get("note", "-"))
-            shown = _score_text(c.get("score"), percent) or ("diverged" if note.startswith("diverged") else note)
-            text = f"{label(own)}: {shown}" if own else shown
-            cells.setdefault(label({k: v for k, v in values.items() if k in grid}), []).append(
-                f"**{text}**" if values == self.chosen else text)
-        return {k: "; ".join(v) for k, v in cells.items()}
+        """The candidates' scores by their values of the table-wide ``grid`` keys (see :func:`grid_cells`)."""
+        return grid_cells(self.record.get("candidates", []), self.chosen, grid, percent)
+
+
+def grid_cells(entries: list[dict[str, Any]], chosen: dict[str, Any] | None, grid: list[str], percent: bool
+               ) -> dict[str, str]:
+    """Recorded candidates' scores by their values of the table-wide ``grid`` keys (a label such as
+    ``lr=0.03``): the score, or each of the method's own candidates under that value with its score
+    (``mu=0.01: 31.20; mu=0.1: 29.00``); the ``chosen`` one in bold; ``diverged`` for a candidate whose
+    loss diverged, ``-`` for one not scored yet."""
+    cells: dict[str, list[str]] = {}
+    for c in entries:
+        values = c["values"]
+        own = {k: v for k, v in values.items() if k not in grid}
+        note = str(c.get("note", "-"))
+        shown = _score_text(c.get("score"), percent) or ("diverged" if note.startswith("diverged") else note)
+        text = f"{label(own)}: {shown}" if own else shown
+        cells.setdefault(label({k: v for k, v in values.items() if k in grid}), []).append(
+            f"**{text}**" if values == chosen else text)
+    return {k: "; ".join(v) for k, v in cells.items()}
 
 
 def _score_text(score: Any, percent: bool) -> str | None:
@@ -253,8 +268,7 @@ class ChoiceBook:
         record = {
             "setting": setting, "method": method, "search": search, "chosen": chosen,
             "select": tuning.select.to_spec(), "seeds": list(tuning.seeds), "rounds": tuning.rounds,
-            "candidates": [{"values": c.values, "score": c.score,
-                            **({"note": "; ".join(c.failed)} if c.failed else {}),
+            "candidates": [{**c.entry(),
                             "runs": [str(r.relative_to(table_root)) if r.is_relative_to(table_root) else str(r)
                                      for r in c.runs]}
                            for c in candidates],

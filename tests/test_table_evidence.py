@@ -340,6 +340,13 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
         if key in val:
             rows = [{"round": i + 1, "val_acc": val[key], "test_acc": 1.0 - val[key]} for i in range(3)]
             _write(r.path, r.resolved, rows)
+    partial = load_table(table, str(tmp_path / "runs"))
+    resolve(partial, [])                          # b's search lacks a candidate: its scores so far, no choice
+    assert partial.pending == {("s", "b")} and search_table(partial).splitlines()[2:] == [
+        "| setting | method | lr=0.01 | lr=0.1 |", "| --- | --- | --- | --- |",
+        "| s | a | **80.00** | 70.00 |",
+        "| s | b (search not finished: 3 of 4 candidates) | mu=0.01: 60.00; mu=0.1: 65.00 | mu=0.01: 90.00; mu=0.1: - |"]
+    assert "s x b: search not finished, 3 of 4 candidates scored" in summarize(partial).markdown()
     r = runs[("b", "lr=0.1+mu=0.1")]
     _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
 
