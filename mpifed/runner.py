@@ -42,10 +42,20 @@ class Outcome:
     failed: list[tuple[Path, int]] = field(default_factory=list)
 
 
+def recorded_state(path: Path) -> str | None:
+    """The state the run in ``path`` recorded (None: none yet), ``diverged`` for a run that failed
+    because its loss became NaN or infinite (a learning rate too high)."""
+    found = RunDir(path).status()
+    if not found:
+        return None
+    if found.get("state") == "failed" and "NonFiniteLoss" in str(found.get("error", "")):
+        return "diverged"
+    return str(found.get("state"))
+
+
 def diverged(path: Path) -> bool:
-    """Whether the run failed because its loss became NaN or infinite (a learning rate too high)."""
-    found = RunDir(path).status() or {}
-    return found.get("state") == "failed" and "NonFiniteLoss" in str(found.get("error", ""))
+    """Whether the run failed because its loss became NaN or infinite."""
+    return recorded_state(path) == "diverged"
 
 
 def launcher(ranks: int) -> list[str]:

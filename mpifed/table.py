@@ -53,7 +53,7 @@ from pathlib import Path
 
 from mpifed import __version__, config, results
 from mpifed.pipes import quiet_when_pipe_closes
-from mpifed.runner import Job, diverged, run_jobs
+from mpifed.runner import Job, run_jobs
 from mpifed.summary import Summary, tabulate
 from mpifed.table_file import Table, TableRun, finished_runs, load_table, resolve, settled, status
 from mpifed.table_store import archive_table, prune, reuse_runs, settled_runs_under
@@ -161,7 +161,7 @@ def listing(table: Table, extra: list[str]) -> str:
                 tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
                 (tokenizers if tokenizer else folders).add(str(missing))
                 mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
-            state = "diverged" if diverged(r.path) else status(r)
+            state = status(r)
             lines.append(f"{state:>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(extra))}{mark}")
     waiting = [r for r in table.runs if (r.setting, r.method) in table.pending]
     if waiting:
@@ -250,7 +250,7 @@ def run_all(runs: list[TableRun], ranks: int, extra: list[str], again: str, para
 
 def _write_runs(table: Table, extra: list[str], path: str) -> str:
     if table.pending:
-        runs = [r for r in table.search if status(r) != "finished"]
+        runs = [r for r in table.search if not settled(r.path)]
         Path(path).write_text("".join(shlex.join(r.args(extra)) + "\n" for r in runs))
         return (f"{len(runs)} search runs written to {path}; submit them with:\n"
                 f"  sbatch --array=0-{len(runs) - 1} slurm/array.sbatch {path}\n"

@@ -15,7 +15,7 @@ import yaml
 from mpifed import config, results
 from mpifed.packaged import find_config
 from mpifed.rundir import RunDir, check_run_name
-from mpifed.runner import diverged
+from mpifed.runner import recorded_state
 from mpifed.summary import Claim
 from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
@@ -341,7 +341,7 @@ def _score(values: dict[str, Any], runs: list[TableRun], tuning: Tuning) -> Cand
                 raise config.ConfigError(f"{r.path} has no {tuning.select.column} to choose by: the search selects on "
                                          f"the validation set, so the setting needs one (data.val_size)")
             c.scores.append(score)
-        elif state == "failed" and diverged(r.path):
+        elif state == "diverged":
             c.failed.append(f"diverged in {r.name}")
         else:
             c.scores.append(None)
@@ -383,13 +383,13 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
 
 
 def status(run: TableRun) -> str:
-    """The run's state as :meth:`RunDir.status` reads it (a dead ``running`` run is ``failed``);
-    ``running`` or ``failed`` for a run killed or still starting before it wrote a status; ``new``
-    without a run."""
-    rd = RunDir(run.path)
-    found = rd.status()
+    """The run's state as :meth:`RunDir.status` reads it (a dead ``running`` run is ``failed``;
+    ``diverged``: failed with a NaN or infinite loss, see :func:`recorded_state`); ``running`` or
+    ``failed`` for a run killed or still starting before it wrote a status; ``new`` without a run."""
+    found = recorded_state(run.path)
     if found:
-        return found["state"]
+        return found
+    rd = RunDir(run.path)
     if rd.in_progress():
         return "running"
     return "failed" if rd.holds_run() else "new"
@@ -398,7 +398,7 @@ def status(run: TableRun) -> str:
 def settled(path: Path) -> bool:
     """Whether the run in ``path`` finished, or diverged (a search scores that, and running it
     again diverges again)."""
-    return (RunDir(path).status() or {}).get("state") == "finished" or diverged(path)
+    return recorded_state(path) in ("finished", "diverged")
 
 
 def _siblings(run: TableRun) -> list[Path]:
@@ -436,7 +436,7 @@ def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: Tru
             if held is not None and held != r.identity:
                 left_out.append(f"{other}: {_difference(held, r.identity)}")
         state = status(r)
-        lost = state == "failed" and diverged(r.path)
+        lost = state == "diverged"
         if lost and with_diverged:
             runs.append(r.path)
             taken.append(r.path)

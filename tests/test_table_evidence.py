@@ -403,6 +403,23 @@ def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monk
     assert all(r.candidate for r in started) and "b" in {r.method for r in started}   # the search only
 
 
+def test_write_runs_lists_the_search_runs_left_to_run(tmp_path, capsys):
+    table = _table(tmp_path, GRID)
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    runs = _search_runs(t)
+    for candidate in ("lr=0.01", "lr=0.1"):
+        r = runs[("a", candidate)]
+        _write(r.path, r.resolved, [{"round": i + 1, "val_acc": 0.5} for i in range(3)])
+    r = runs[("b", "lr=0.1+mu=0.1")]        # diverged: settled, running it again diverges again
+    _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
+    listed = tmp_path / "runs.txt"
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--write-runs", str(listed)]) == 0
+    assert "3 search runs written" in capsys.readouterr().out
+    names = [line.split("run.name=")[1].split()[0] for line in listed.read_text().splitlines()]
+    assert names == ["s-b-lr=0.01+mu=0.01-s0", "s-b-lr=0.01+mu=0.1-s0", "s-b-lr=0.1+mu=0.01-s0"]
+
+
 def test_a_search_needs_a_validation_set(tmp_path, capsys):
     table = _table(tmp_path, GRID)
     setting = table.parent / "s.yaml"
