@@ -183,8 +183,8 @@ def listing(table: Table, extra: list[str]) -> str:
 
 def estimate(table: Table) -> str:
     """The time the unfinished runs (those waiting for their search too) will take one after another,
-    from the finished runs' seconds per round and local epoch times each run's rounds and local
-    epochs: the nearest finished runs first (same setting, method and kind, search or final; then
+    from the finished runs' seconds per round and local epoch (their median: a run slowed by other
+    work weighs little) times each run's rounds and local epochs: the nearest finished runs first (same setting, method and kind, search or final; then
     same setting and method; same setting and kind; same local epochs and kind; same local epochs;
     same kind; any); empty when nothing is left. Across local epochs the price is high, as a
     round's evaluation does not grow with them."""
@@ -202,7 +202,7 @@ def estimate(table: Table) -> str:
     if not per_round:
         return (f"no estimate of the time left yet: none of the table's runs has finished; --list prices the "
                 f"{len(left)} runs once one has (a search run, the shortest, is enough)")
-    seconds = sum(_work(r) * statistics.fmean(next(per_round[k] for k in _nearness(r) if k in per_round))
+    seconds = sum(_work(r) * statistics.median(next(per_round[k] for k in _nearness(r) if k in per_round))
                   for r in left)
     waiting = sum(1 for r in left if r.candidate is None and (r.setting, r.method) in table.pending)
     note = f", {waiting} of them after their search" if waiting else ""

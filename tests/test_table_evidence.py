@@ -488,6 +488,20 @@ def test_the_estimate_scales_the_nearest_finished_runs_seconds_per_round_to_each
             "runs' seconds per round and local epoch") in capsys.readouterr().out
 
 
+def test_the_estimate_takes_the_median_so_a_run_slowed_by_other_work_weighs_little(tmp_path, capsys):
+    table = _table(tmp_path, "tuning: {grid: {train.lr: [0.01, 0.03, 0.1, 0.3]}, rounds: 1}\n", seeds="[0]",
+                   methods="[a.yaml]")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    for r, wall in zip(t.search, (20.0, 200.0, 20.0)):     # the second paused beside other work
+        _write(r.path, r.resolved, [{"round": 1, "val_acc": 0.5}])
+        (r.path / "summary.json").write_text(json.dumps({"wall_time_s": wall}))
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    # the last candidate 20 s and the final run (2 rounds) 40 s; the mean, 80 s a round, would say 4m
+    assert "estimated time left, one run at a time: 1m for 2 runs, 1 of them after their search, from 3 finished" in \
+        capsys.readouterr().out
+
+
 def test_the_estimate_scales_another_settings_runs_by_their_local_epochs(tmp_path, capsys):
     table = _table(tmp_path, "tuning: {grid: {train.lr: [0.01, 0.1]}, rounds: 1}\n", seeds="[0]", methods="[a.yaml]")
     (table.parent / "s3.yaml").write_text("base: s.yaml\ntrain: {local_epochs: 3}\n")
