@@ -184,17 +184,18 @@ def listing(table: Table, extra: list[str]) -> str:
 def estimate(table: Table) -> str:
     """The time the unfinished runs (those waiting for their search too) will take one after another,
     from the finished runs' seconds per round and local epoch (their median: a run slowed by other
-    work weighs little) times each run's rounds and local epochs: the nearest finished runs first (same setting, method and kind, search or final; then
-    same setting and method; same setting and kind; same local epochs and kind; same local epochs;
-    same kind; any); empty when nothing is left. Across local epochs the price is high, as a
-    round's evaluation does not grow with them."""
+    work weighs little) times each run's rounds and local epochs: the nearest finished runs first
+    (same setting, method and kind, search or final; then same setting and method; same setting and
+    kind; the nearest local epochs that have finished runs, same kind; the same, any kind; same kind;
+    any); empty when nothing is left. Across local epochs the price is high, as a round's
+    evaluation does not grow with them."""
     per_round: dict[tuple[object, ...], list[float]] = {}
     whole = table.whole or table
     for r in whole.search + whole.runs:
         if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == "finished":
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):
-                for key in _nearness(r):
+                for key in _nearness(r, _epochs(r)):
                     per_round.setdefault(key, []).append(float(wall) / _work(r))
     left = [r for r in table.search + table.runs if not settled(r.path)]
     if not left:
@@ -202,7 +203,13 @@ def estimate(table: Table) -> str:
     if not per_round:
         return (f"no estimate of the time left yet: none of the table's runs has finished; --list prices the "
                 f"{len(left)} runs once one has (a search run, the shortest, is enough)")
-    seconds = sum(_work(r) * statistics.median(next(per_round[k] for k in _nearness(r) if k in per_round))
+    timed = {k[0][1] for k in per_round if len(k) == 1 and isinstance(k[0], tuple)}
+
+    def nearest(epochs: int) -> int:
+        return min(timed, key=lambda e: (abs(math.log(e / epochs)), e))
+
+    seconds = sum(_work(r) * statistics.median(next(per_round[k] for k in _nearness(r, nearest(_epochs(r)))
+                                                    if k in per_round))
                   for r in left)
     waiting = sum(1 for r in left if r.candidate is None and (r.setting, r.method) in table.pending)
     note = f", {waiting} of them after their search" if waiting else ""
@@ -211,18 +218,22 @@ def estimate(table: Table) -> str:
             f"{done} finished runs' seconds per round and local epoch")
 
 
-def _nearness(r: TableRun) -> list[tuple[object, ...]]:
+def _nearness(r: TableRun, epochs: int) -> list[tuple[object, ...]]:
     kind = "search" if r.candidate is not None else "final"
-    epochs = ("local_epochs", r.resolved.get("train", {}).get("local_epochs"))     # a pair: no setting label equals it
-    return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (epochs, kind), (epochs,), (kind,), ()]
+    by_epochs = ("local_epochs", epochs)              # a pair: no setting label equals it
+    return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (by_epochs, kind), (by_epochs,),
+            (kind,), ()]
+
+
+def _epochs(r: TableRun) -> int:
+    epochs = r.resolved.get("train", {}).get("local_epochs")
+    return epochs if isinstance(epochs, int) and epochs > 0 else 1
 
 
 def _work(r: TableRun) -> int:
     """Rounds x local epochs: what a run's time scales with, to first order (evaluation aside)."""
-    train = r.resolved.get("train", {})
-    rounds, epochs = train.get("rounds"), train.get("local_epochs")
-    return ((rounds if isinstance(rounds, int) and rounds > 0 else 1)
-            * (epochs if isinstance(epochs, int) and epochs > 0 else 1))
+    rounds = r.resolved.get("train", {}).get("rounds")
+    return (rounds if isinstance(rounds, int) and rounds > 0 else 1) * _epochs(r)
 
 
 def _duration(seconds: float) -> str:

@@ -518,6 +518,21 @@ def test_the_estimate_scales_another_settings_runs_by_their_local_epochs(tmp_pat
             "runs' seconds per round and local epoch") in capsys.readouterr().out
 
 
+def test_the_estimate_prices_unmeasured_local_epochs_from_the_nearest_measured_ones(tmp_path, capsys):
+    table = _table(tmp_path, seeds="[0]", methods="[a.yaml]")
+    for epochs in (10, 20):
+        (table.parent / f"s{epochs}.yaml").write_text(f"base: s.yaml\ntrain: {{local_epochs: {epochs}}}\n")
+    table.write_text(table.read_text().replace("settings: [s.yaml]", "settings: [s.yaml, s10.yaml, s20.yaml]"))
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    for r, wall in zip(t.runs[:2], (20.0, 100.0)):        # 2 rounds: 10 s a round at E = 1, 5 s a round-epoch at E = 10
+        _write(r.path, r.resolved, [{"round": 1, "test_acc": 0.5}])
+        (r.path / "summary.json").write_text(json.dumps({"wall_time_s": wall}))
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    # E = 20's run, 2 rounds x 20 epochs at E = 10's 5 s: 200 s (both runs' median, 7.5 s, would say 5m)
+    assert "estimated time left, one run at a time: 3m for 1 runs, from 2 finished" in capsys.readouterr().out
+
+
 def test_filters_select_part_of_the_table_and_list_estimates_the_time_left(tmp_path, capsys):
     table = _table(tmp_path, seeds="[0, 1, 2]")
     root = ["--runs-root", str(tmp_path / "runs")]
