@@ -190,11 +190,13 @@ def estimate(table: Table) -> str:
     any); empty when nothing is left. Across local epochs the price is high, as a round's
     evaluation does not grow with them."""
     per_round: dict[tuple[object, ...], list[float]] = {}
+    timed: set[int] = set()                            # the local epochs finished runs have measured
     whole = table.whole or table
     for r in whole.search + whole.runs:
         if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == "finished":
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):
+                timed.add(_epochs(r))
                 for key in _nearness(r, _epochs(r)):
                     per_round.setdefault(key, []).append(float(wall) / _work(r))
     left = [r for r in table.search + table.runs if not settled(r.path)]
@@ -203,8 +205,6 @@ def estimate(table: Table) -> str:
     if not per_round:
         return (f"no estimate of the time left yet: none of the table's runs has finished; --list prices the "
                 f"{len(left)} runs once one has (a search run, the shortest, is enough)")
-    timed = {k[0][1] for k in per_round if len(k) == 1 and isinstance(k[0], tuple)}
-
     def nearest(epochs: int) -> int:
         return min(timed, key=lambda e: (abs(math.log(e / epochs)), e))
 
