@@ -196,8 +196,9 @@ def estimate(table: Table) -> str:
         if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == "finished":
             wall = results.read_json(r.path / "summary.json").get("wall_time_s")
             if isinstance(wall, (int, float)):
-                timed.add(_epochs(r))
-                for key in _nearness(r, _epochs(r)):
+                epochs = _epochs(r)
+                timed.add(epochs)
+                for key in _nearness(r, epochs):
                     per_round.setdefault(key, []).append(float(wall) / _work(r))
     left = [r for r in table.search + table.runs if not settled(r.path)]
     if not left:
