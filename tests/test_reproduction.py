@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 ARCHIVED = {"fedntd-table1": "configs/repro/fedntd/table1.table.yaml",      # results/ folder -> its table
             "fedntd-epochs": "configs/repro/fedntd/epochs.table.yaml",
             "fedcad-table1": "configs/repro/fedcad/table1.table.yaml",
-            "fedcsd-table1": "configs/repro/fedcsd/table1.table.yaml"}
+            "fedcsd-table1": "configs/repro/fedcsd/table1.table.yaml",
+            "fedntd-long": "configs/repro/fedntd/long.table.yaml"}
 
 
 def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
