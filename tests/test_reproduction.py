@@ -42,6 +42,10 @@ def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
     return found
 
 
+def test_every_archived_table_is_listed_here():
+    assert sorted(p.name for p in (REPO / "results").iterdir() if p.is_dir()) == sorted(ARCHIVED)
+
+
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
 def test_the_report_quotes_the_archived_runs_seed_by_seed(folder):
     report = (REPO / "docs" / "REPRODUCTION.md").read_text()
