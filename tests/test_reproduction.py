@@ -37,7 +37,7 @@ def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
         if s.not_run == 0 and all("diverged" in why for why in s.left_out):     # a diverged run is settled
             claims = [f"{c.result.text(verdict=False)} | {c.holm_p:.3f} |" for c in s.claims if c.result is not None]
             found.append((setting, f"{search}\n{s.seed_tables()}", claims))
-        elif search and all((r.setting, r.method) in t.choices for r in t.runs):
+        elif search and not t.pending:          # every method's search has made its choice
             found.append((setting, search, []))
     return found
 
