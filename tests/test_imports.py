@@ -1,4 +1,5 @@
-"""The modules of mpifed depend on each other one way: no import cycle, at import time or at run time.
+"""The modules of mpifed depend on each other one way: no import cycle, at import time or at run time,
+and no import up the layers of docs/architecture.md's module table.
 
 The graph is read from the source: every import a module can run (at module level or inside
 a function; ``if TYPE_CHECKING:`` blocks excluded), and every registry it reads (reading a
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ import mpifed
 from mpifed import registry
 
 ROOT = Path(mpifed.__file__).parent
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
 REGISTRIES = {name: r for name, r in vars(registry).items() if isinstance(r, registry.Registry)}
 
 
@@ -169,6 +172,61 @@ def _cycle_through(graph: dict[str, set[str]], component: set[str]) -> list[str]
                 previous[w] = v
                 queue.append(w)
     raise AssertionError("not a strongly connected component")
+
+
+def layers(text: str) -> list[tuple[str, list[str]]]:
+    """The module table of docs/architecture.md's "Modules, one way down", top layer first:
+    (layer, its modules as written, e.g. ``data.store`` or ``algorithms/*``)."""
+    section = text.split("## Modules, one way down", 1)[1].split("\n## ", 1)[0]
+    rows = [re.match(r"\| ([^|]+) \| ([^|]+) \|", line) for line in section.splitlines()]
+    return [(m.group(1).strip(), re.findall(r"`([a-z_./*]+)`", m.group(2)))
+            for m in rows if m and m.group(1).strip() not in ("layer", "---")]
+
+
+def layer_of(module: str, table: list[tuple[str, list[str]]]) -> int | None:
+    """The index in ``table`` of the layer listing ``module`` (``mpifed.x.y``), or None."""
+    name = module.removeprefix("mpifed.")
+    for index, (_, modules) in enumerate(table):
+        for entry in modules:
+            package = entry.removesuffix("/*").replace("/", ".")
+            if name == package or (entry.endswith("/*") and name.startswith(package + ".")):
+                return index
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], table: list[tuple[str, list[str]]]) -> list[str]:
+    """Every dependency of a module on one in a layer above its own, as 'a (layer) -> b (layer)'."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        own = layer_of(module, table)
+        for dep in sorted(deps):
+            other = layer_of(dep, table)
+            if own is not None and other is not None and other < own:
+                found.append(f"{module} ({table[own][0]}) -> {dep} ({table[other][0]})")
+    return found
+
+
+def test_every_module_sits_in_one_layer_of_the_architecture_table():
+    table = layers(ARCHITECTURE.read_text())
+    listed = [entry for _, modules in table for entry in modules]
+    assert len(listed) == len(set(listed)), "a module is listed in two layers"
+    packages = {"mpifed", "mpifed.data"}            # bare packages: their __init__ imports nothing
+    assert all(not import_graph()[p] for p in packages)
+    unlisted = sorted(m for m in module_files() if m not in packages and layer_of(m, table) is None)
+    assert not unlisted, f"add these to docs/architecture.md's module table: {unlisted}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    found = upward_imports(import_graph(), layers(ARCHITECTURE.read_text()))
+    assert not found, ("imports up docs/architecture.md's layers (move a module, or the import):\n"
+                       + "\n".join(found))
+
+
+def test_an_upward_import_is_found():
+    table = [("top", ["main"]), ("middle", ["config"]), ("plug-ins", ["algorithms/*"])]
+    graph = {"mpifed.main": {"mpifed.config"}, "mpifed.config": {"mpifed.algorithms.fedavg"},
+             "mpifed.algorithms.fedavg": {"mpifed.config"}}
+    assert upward_imports(graph, table) == ["mpifed.algorithms.fedavg (plug-ins) -> mpifed.config (middle)"]
 
 
 def test_no_import_cycle():

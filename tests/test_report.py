@@ -55,6 +55,14 @@ def test_report_of_a_table_writes_figures_and_correct_tables(tmp_path, capsys):
     assert "\\begin{tabular}{lcc}" in tex and "65.00 $\\pm$ 5.57 (n=3)" in tex and "T(65\\%)" in tex
 
 
+def test_a_given_metric_replaces_the_tables_own(tmp_path, capsys):
+    table = hand_written_table(tmp_path)
+    out = tmp_path / "report"
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--metric", "best", "--out", str(out)]) == 0
+    columns = {r["column"] for r in csv.DictReader((out / "table.csv").open())}
+    assert "best test_acc" in columns and "T(65%)" not in columns
+
+
 def test_report_of_folders_never_mixes_configurations(tmp_path, capsys):
     table = write_table(tmp_path / "t", tmp_path / "data")
     root = tmp_path / "runs" / "mine"
