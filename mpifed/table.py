@@ -379,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods), ("--seeds", a.seeds)) if v
                        for w in (flag, *map(str, v))]
-            summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *filters, "--summary"])
+            overrides = ["--set", *extra] if extra else []
+            summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *filters, *overrides,
+                                  "--summary"])
             print(archive_table(table, Path(a.archive), summary))
         except (config.ConfigError, OSError) as exc:
             print(f"[mpifed.table] {exc}", file=sys.stderr)

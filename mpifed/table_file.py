@@ -413,6 +413,8 @@ def _difference(held: dict[str, Any] | str, want: dict[str, Any]) -> str:
     if isinstance(held, str):
         return held
     keys = config.diff_keys(held, want)
+    # a value changed on both sides first: an option that only one side has follows from another key
+    keys.sort(key=lambda k: config.lookup(held, k) is None or config.lookup(want, k) is None)
     shown = ", ".join(f"{k}={config.lookup(held, k)!r} (here {config.lookup(want, k)!r})" for k in keys[:4])
     return f"made with {shown}" + (f" and {len(keys) - 4} more differences" if len(keys) > 4 else "")
 

@@ -94,6 +94,10 @@ def test_an_archive_continues_as_a_runs_root_and_cannot_be_written_over_its_sour
     assert "that is where the table's runs are; name another folder" in capsys.readouterr().err
     assert table_main([str(table), "--runs-root", str(more), "--archive", str(tmp_path / "again"), "--methods", "a"]) == 0
     assert f"its summary: python -m mpifed.table {table} --runs-root {tmp_path / 'again'} --methods a --summary" in capsys.readouterr().out
+    assert table_main([str(table), "--runs-root", str(more), "--archive", str(tmp_path / "again"), "--methods", "a",
+                       "--set", "train.local_epochs=2"]) == 0                # runs with other results: the summary names them
+    assert (f"its summary: python -m mpifed.table {table} --runs-root {tmp_path / 'again'} --methods a --set train.local_epochs=2 "
+            f"--summary") in capsys.readouterr().out
     with pytest.raises(SystemExit):
         table_main([str(table), "--runs-root", str(more), "--list", "--by-seed"])
     assert "--by-seed goes with --summary" in capsys.readouterr().err

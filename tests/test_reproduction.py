@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mpifed.table import search_table, summarize
-from mpifed.table_file import load_table, resolve
+from mpifed.table_file import load_table, resolve, settled
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,8 @@ ARCHIVED = {"fedntd-table1": "configs/repro/fedntd/table1.table.yaml",      # re
             "fedntd-epochs": "configs/repro/fedntd/epochs.table.yaml",
             "fedcad-table1": "configs/repro/fedcad/table1.table.yaml",
             "fedcsd-table1": "configs/repro/fedcsd/table1.table.yaml",
-            "fedntd-long": "configs/repro/fedntd/long.table.yaml"}
+            "fedntd-long": "configs/repro/fedntd/long.table.yaml",
+            "fedgkd-table4": "configs/repro/fedgkd/table4.table.yaml"}
 
 
 def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
@@ -34,7 +35,7 @@ def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
         t.select([setting], None, None)
         search = search_table(t)
         s = summarize(t)
-        if s.not_run == 0 and all("diverged" in why for why in s.left_out):     # a diverged run is settled
+        if all(settled(r.path) for r in t.runs):             # finished or diverged
             claims = [f"{c.result.text(verdict=False)} | {c.holm_p:.3f} |" for c in s.claims if c.result is not None]
             found.append((setting, f"{search}\n{s.seed_tables()}", claims))
         elif search and not t.pending:          # every method's search has made its choice

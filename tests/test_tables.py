@@ -99,6 +99,15 @@ def test_plain_directory_with_another_configuration_is_not_reused(tmp_path):
     assert "train.lr=0.5 (here 0.05)" in "\n".join(summarize(t).left_out)
 
 
+def test_a_left_out_run_names_the_value_that_changed_before_the_options_that_follow_from_it(tmp_path):
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    t = load_table(table, str(tmp_path / "runs"))
+    fake_run(t.runs[0].root / "s-a-s0", resolved_config(table, 0, "data.partition={name: iid}"), [0.5, 0.6])
+    resolve(t, [])
+    (line,) = summarize(t).left_out
+    assert "s-a-s0: made with data.partition.name='iid' (here 'dirichlet'), data.partition.balance=None" in line
+
+
 def test_overrides_that_do_not_change_results_keep_the_plain_run(tmp_path):
     table = write_table(tmp_path / "t", tmp_path / "data")
     t = load_table(table, str(tmp_path / "runs"))
