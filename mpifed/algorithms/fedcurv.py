@@ -34,7 +34,9 @@ def empirical_fisher(ctx: ClientContext, samples: int) -> torch.Tensor:
 
 class FedCurvClient(Client):
     """CE + lambda (P.w^2 - 2 Q.w), with P and Q the server's sums less the client's own last
-    contribution; after training, its Fisher diagonal F_k and F_k * w_k replace that contribution."""
+    contribution; after training, its Fisher diagonal F_k and F_k * w_k replace that contribution.
+    The penalty's constant sum_j F_j w_j^2 is left out (it changes no gradient, and would need a
+    third sum on the wire), so the logged train_loss can be negative."""
 
     def round_start(self, rnd, down):
         self.fisher_sum, self.fisher_weights_sum = down.fisher, down.fisher_weights
