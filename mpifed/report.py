@@ -15,10 +15,10 @@ For every setting (a table's setting, or the folder that holds the runs) it writ
                                 named where the data set names them)
 
 and for all inputs ``table.md``, ``table.csv`` and ``table.tex``: the table in its metric
-(``--metric`` where given, else a table file's own, else final test accuracy), mean ± sample std (n - 1) with n. Methods are shown as
-papers write them (fedntd: FedNTD), each in one colour in every figure; titles carry the
-table's title and the ``--set`` overrides the runs were made with. Without matplotlib the
-tables are still written.
+(``--metric`` where given, else a table file's own, else final test accuracy), mean ± sample
+std (n - 1) with n. Methods are shown as papers write them (fedntd: FedNTD), each in one
+colour in every figure; titles carry the table's title and the ``--set`` overrides the runs
+were made with. Without matplotlib the tables are still written.
 """
 from __future__ import annotations
 
@@ -284,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="a table file's overrides: report the runs made with them (as for python -m mpifed.table)")
     p.add_argument("--mlflow", action="store_true", help="also add the tables and each setting's figures to the MLflow "
                    "run of every reported run that has one (made with run.mlflow=true), under report/")
-    p.add_argument("--metric", metavar="YAML", help="the table's metric for folders of runs, e.g. best or "
-                   "'{kind: final, rounds_to: [0.8]}' (default: a table file's own metric, for folders final test accuracy; a given --metric replaces a table's)")
+    p.add_argument("--metric", metavar="YAML", help="the metric to report, e.g. best or "
+                   "'{kind: final, rounds_to: [0.8]}' (default: a table file's own metric, for folders final test "
+                   "accuracy; a given --metric replaces a table's)")
     a = p.parse_args(argv)
     from mpifed import plots
     try:
