@@ -87,7 +87,8 @@ class FedNova(Algorithm):
     to 0 and never updates (its ``_update_weighted_d`` is never called), so c_k = -d_k. The
     server is FedNova's, so with equal client sizes (sharding) the aggregation is still FedAvg's,
     but the local steps are not: this is why FedNTD's Table 1 has FedNova away from FedAvg under
-    sharding. d_k lives in the client state.
+    sharding. d_k lives in the client state. The logged train_loss is the loss the gradient is
+    taken of, CE - <w_k, d_k>, so it can be negative.
 
     Choices: the official code never averages BatchNorm statistics (they stay on each worker)
     and FedNTD's code extrapolates them with the parameters; here they are averaged with p_k.
