@@ -1,8 +1,9 @@
-"""docs/REPRODUCTION.md quotes what the archived runs in results/ say: every finished search (a
-table's choices are quoted before its final runs end), and every seed-by-seed row of every finished
-column with each of its declared claims' interval and Holm-adjusted p, recomputed from the runs,
-appear in the report as printed; where a final run diverged, so do the claims with it counted at
-chance (the check the report gives beside)."""
+"""The reports quote what the archived runs in results/ say (docs/REPRODUCTION.md the papers'
+tables, benchmarks/RESULTS.md the methods benchmark): every search score so far (a table's choices
+are quoted before its final runs end, a search that spans sessions as it stands), and every
+seed-by-seed row of every finished column with each of its declared claims' interval and
+Holm-adjusted p, recomputed from the runs, appear in the report as printed; where a final run
+diverged, so do the claims with it counted at chance (the check the report gives beside)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,18 +16,21 @@ from mpifed.table_file import load_table, resolve, settled
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
-ARCHIVED = {"fedntd-table1": "configs/repro/fedntd/table1.table.yaml",      # results/ folder -> its table
-            "fedntd-epochs": "configs/repro/fedntd/epochs.table.yaml",
-            "fedcad-table1": "configs/repro/fedcad/table1.table.yaml",
-            "fedcsd-table1": "configs/repro/fedcsd/table1.table.yaml",
-            "fedntd-long": "configs/repro/fedntd/long.table.yaml",
-            "fedgkd-table4": "configs/repro/fedgkd/table4.table.yaml"}
+REPRODUCTION = "docs/REPRODUCTION.md"
+ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml", REPRODUCTION),  # results/ folder -> table, report
+            "fedntd-epochs": ("configs/repro/fedntd/epochs.table.yaml", REPRODUCTION),
+            "fedcad-table1": ("configs/repro/fedcad/table1.table.yaml", REPRODUCTION),
+            "fedcsd-table1": ("configs/repro/fedcsd/table1.table.yaml", REPRODUCTION),
+            "fedntd-long": ("configs/repro/fedntd/long.table.yaml", REPRODUCTION),
+            "fedgkd-table4": ("configs/repro/fedgkd/table4.table.yaml", REPRODUCTION),
+            "bench-methods": ("configs/bench/methods.table.yaml", "benchmarks/RESULTS.md")}
 
 
 def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
     """(setting, the rows the report must quote, its claims' "difference [CI], seeds, p | Holm p"
-    cells) for each setting of the table whose search has finished: the search's rows, and where
-    every final run has finished or diverged, the seed-by-seed rows and the claims as well."""
+    cells) for each setting of the table whose search has a score: the search's rows (marked where
+    it is not finished), and where every final run has finished or diverged, the seed-by-seed rows
+    and the claims as well."""
     found = []
     probe = load_table(REPO / table_file, str(REPO / "results"))
     for setting in dict.fromkeys(r.setting for r in probe.runs):
@@ -38,7 +42,7 @@ def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
         if all(settled(r.path) for r in t.runs):             # finished or diverged
             claims = [f"{c.result.text(verdict=False)} | {c.holm_p:.3f} |" for c in s.claims if c.result is not None]
             found.append((setting, f"{search}\n{s.seed_tables()}", claims))
-        elif search and not t.pending:          # every method's search has made its choice
+        elif search:
             found.append((setting, search, []))
     return found
 
@@ -49,26 +53,28 @@ def test_every_archived_table_is_listed_here():
 
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
 def test_the_report_quotes_the_archived_runs_seed_by_seed(folder):
-    report = (REPO / "docs" / "REPRODUCTION.md").read_text()
-    settled = _settled(ARCHIVED[folder])
-    assert settled, f"results/{folder} holds neither a finished search nor a finished column"
+    table_file, report_file = ARCHIVED[folder]
+    report = (REPO / report_file).read_text()
+    settled = _settled(table_file)
+    assert settled, f"results/{folder} holds neither a search's score nor a finished column"
     for setting, rows, claims in settled:
         missing = [line for line in rows.splitlines() if line.startswith("| ") and line not in report.splitlines()]
-        assert not missing, f"{setting}: docs/REPRODUCTION.md does not quote these rows of results/{folder}: {missing}"
+        assert not missing, f"{setting}: {report_file} does not quote these rows of results/{folder}: {missing}"
         # the report's claims tables write a minus sign where --summary writes a hyphen
         unquoted = [c for c in claims if c not in report.replace("\u2212", "-")]
-        assert not unquoted, f"{setting}: docs/REPRODUCTION.md does not quote these claims of results/{folder}: {unquoted}"
+        assert not unquoted, f"{setting}: {report_file} does not quote these claims of results/{folder}: {unquoted}"
 
 
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
 def test_where_a_run_diverged_the_report_quotes_the_claims_with_it_at_chance(folder):
-    t = load_table(REPO / ARCHIVED[folder], str(REPO / "results"))
+    table_file, report_file = ARCHIVED[folder]
+    t = load_table(REPO / table_file, str(REPO / "results"))
     resolve(t, [])
     if not any("diverged" in why for why in summarize(t).left_out):
         pytest.skip(f"results/{folder}: no final run diverged")
-    report = (REPO / "docs" / "REPRODUCTION.md").read_text().replace("\u2212", "-")
+    report = (REPO / report_file).read_text().replace("\u2212", "-")
     rows = summarize(t, diverged_as=10.0).markdown().splitlines()
     claims = [line for line in rows if line.startswith("| ") and " > " in line.split("|")[1]]
     unquoted = [line for line in claims if line not in report.splitlines()]
-    assert claims and not unquoted, f"docs/REPRODUCTION.md does not quote these claims of results/{folder} " \
+    assert claims and not unquoted, f"{report_file} does not quote these claims of results/{folder} " \
                                     f"(--summary --diverged 10): {unquoted}"
