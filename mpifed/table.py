@@ -97,7 +97,12 @@ def _search_notes(table: Table) -> list[str]:
     percent = "acc" in table.tuning.select.column
     lines = [f"Tuned on the validation set ({table.tuning.describe()}); each method's choice and every candidate's score:"]
     for (setting, method), choice in table.choices.items():
-        lines.append(f"  {setting} x {method}: {choice.text(percent) if choice.search else 'nothing to search (no grid)'}")
+        if not choice.search:
+            lines.append(f"  {setting} x {method}: nothing to search (no grid)")
+            continue
+        edges = choice.edges()
+        lines.append(f"  {setting} x {method}: {choice.text(percent)}" + (
+            f"; at the grid's edge ({'; '.join(edges)}): a value beyond it was not tried" if edges else ""))
     for setting, method in sorted(table.pending):
         partial = table.searching.get((setting, method), [])
         lines.append(f"  {setting} x {method}: search not finished, {sum(c.settled for c in partial)} of {len(partial)} "

@@ -201,6 +201,19 @@ class Choice:
             parts.append(f"{label(c['values'])}: {shown}")
         return f"{label(self.chosen)} (of {'; '.join(parts)})"
 
+    def edges(self) -> list[str]:
+        """The chosen numeric values that lie at an end of the values searched (``lr=0.01, the smallest
+        of 3``): nothing beyond them was tried, so a wider grid may score higher."""
+        found = []
+        for key, value in self.chosen.items():
+            tried = {c["values"].get(key) for c in self.record.get("candidates", [])}
+            if not _numeric(value) or len(tried) < 2 or not all(_numeric(v) for v in tried):
+                continue
+            end = "smallest" if value == min(tried) else "largest" if value == max(tried) else None
+            if end:
+                found.append(f"{label({key: value})}, the {end} of {len(tried)}")
+        return found
+
     def grid_cells(self, grid: list[str], percent: bool) -> dict[str, str]:
         """The candidates' scores by their values of the table-wide ``grid`` keys (see :func:`grid_cells`)."""
         return grid_cells(self.record.get("candidates", []), self.chosen, grid, percent)
@@ -222,6 +235,10 @@ def grid_cells(entries: list[dict[str, Any]], chosen: dict[str, Any] | None, gri
         cells.setdefault(label({k: v for k, v in values.items() if k in grid}), []).append(
             f"**{text}**" if values == chosen else text)
     return {k: "; ".join(v) for k, v in cells.items()}
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _score_text(score: Any, percent: bool) -> str | None:

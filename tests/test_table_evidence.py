@@ -23,6 +23,7 @@ from mpifed import config, results, stats
 from mpifed.rundir import RunDir
 from mpifed.table import main as table_main, search_table, summarize
 from mpifed.table_file import load_table, resolve
+from mpifed.tuning import Choice
 
 
 # ------------------------------------------------------------------ paired statistics, by hand
@@ -375,13 +376,24 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
     assert any("train.lr=0.05 (here 0.01)" in line for line in s.left_out)
     text = s.markdown()
     assert "Tuned on the validation set (mean of last 2 val_acc, mean over seeds [0], 3 rounds)" in text
-    assert "s x a: lr=0.01 (of lr=0.01: 80.00; lr=0.1: 70.00)" in text
+    assert "s x a: lr=0.01 (of lr=0.01: 80.00; lr=0.1: 70.00); at the grid's edge (lr=0.01, the smallest of 2)" in text
+    assert "mu=0.01: 90.00; lr=0.1+mu=0.1: diverged in s-b-lr=0.1+mu=0.1-s0); at the grid's edge " \
+           "(lr=0.1, the largest of 2; mu=0.01, the smallest of 2)" in text
 
     # another grid is another search: the recorded choice is not reused
     table.write_text(table.read_text().replace("[0.01, 0.1]}, per_method", "[0.01, 0.03]}, per_method"))
     t = load_table(table, str(tmp_path / "runs"))
     resolve(t, [])
     assert t.pending == {("s", "a"), ("s", "b")} and not t.choices
+
+
+def test_a_choice_inside_its_grid_is_not_at_an_edge():
+    def choice(chosen: dict) -> Choice:
+        values = [{"train.lr": lr, "algorithm.loss": name} for lr in (0.01, 0.03, 0.1) for name in ("ce", "kl")]
+        return Choice("s", "m", "digest", chosen, {"candidates": [{"values": v, "score": 0.5} for v in values]})
+    assert choice({"train.lr": 0.03, "algorithm.loss": "kl"}).edges() == []
+    assert choice({"train.lr": 0.1, "algorithm.loss": "ce"}).edges() == ["lr=0.1, the largest of 3"]
+    assert Choice("s", "m", "digest", {"train.lr": 0.1}, {"candidates": [{"values": {"train.lr": 0.1}}]}).edges() == []
 
 
 def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monkeypatch):
