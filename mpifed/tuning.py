@@ -206,12 +206,12 @@ class Choice:
         of 3``): nothing beyond them was tried, so a wider grid may score higher."""
         found = []
         for key, value in self.chosen.items():
-            tried = {c["values"].get(key) for c in self.record.get("candidates", [])}
-            if not _numeric(value) or len(tried) < 2 or not all(_numeric(v) for v in tried):
+            tried = [c["values"].get(key) for c in self.record.get("candidates", [])]
+            if not _numeric(value) or not all(_numeric(v) for v in tried) or len(set(tried)) < 2:
                 continue
             end = "smallest" if value == min(tried) else "largest" if value == max(tried) else None
             if end:
-                found.append(f"{label({key: value})}, the {end} of {len(tried)}")
+                found.append(f"{label({key: value})}, the {end} of {len(set(tried))}")
         return found
 
     def grid_cells(self, grid: list[str], percent: bool) -> dict[str, str]:
