@@ -207,11 +207,12 @@ class Choice:
         found = []
         for key, value in self.chosen.items():
             tried = [c["values"].get(key) for c in self.record.get("candidates", [])]
-            if not _numeric(value) or not all(_numeric(v) for v in tried) or len(set(tried)) < 2:
+            if not _numeric(value) or not all(_numeric(v) for v in tried):
                 continue
-            end = "smallest" if value == min(tried) else "largest" if value == max(tried) else None
-            if end:
-                found.append(f"{label({key: value})}, the {end} of {len(set(tried))}")
+            distinct = set(tried)
+            if len(distinct) >= 2 and value in (min(distinct), max(distinct)):
+                end = "smallest" if value == min(distinct) else "largest"
+                found.append(f"{label({key: value})}, the {end} of {len(distinct)}")
         return found
 
     def grid_cells(self, grid: list[str], percent: bool) -> dict[str, str]:
