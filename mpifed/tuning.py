@@ -210,8 +210,11 @@ class Choice:
             if not _numeric(value) or not all(_numeric(v) for v in tried):
                 continue
             distinct = set(tried)
-            if len(distinct) >= 2 and value in (min(distinct), max(distinct)):
-                end = "smallest" if value == min(distinct) else "largest"
+            if len(distinct) < 2:
+                continue
+            lowest, highest = min(distinct), max(distinct)
+            if value in (lowest, highest):
+                end = "smallest" if value == lowest else "largest"
                 found.append(f"{label({key: value})}, the {end} of {len(distinct)}")
         return found
 

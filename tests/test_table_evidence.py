@@ -394,6 +394,7 @@ def test_a_choice_inside_its_grid_is_not_at_an_edge():
     assert choice({"train.lr": 0.03, "algorithm.loss": "kl"}).edges() == []
     assert choice({"train.lr": 0.1, "algorithm.loss": "ce"}).edges() == ["lr=0.1, the largest of 3"]
     assert Choice("s", "m", "digest", {"train.lr": 0.1}, {"candidates": [{"values": {"train.lr": 0.1}}]}).edges() == []
+    assert Choice("s", "m", "digest", {"train.lr": 0.1}, {"candidates": []}).edges() == []
     pairs = [{"algorithm": {"beta": b, "gamma": g}} for b, g in ((0.1, 1.0), (0.5, 2.0))]   # a grid of pairs
     assert Choice("s", "m", "digest", pairs[0], {"candidates": [{"values": v} for v in pairs]}).edges() == []
 
