@@ -5,7 +5,9 @@ starts munged (if not running), slurmctld and slurmd on free ports with a config
 in a temporary folder (the node declares 16 CPUs with SlurmdParameters=config_overrides),
 its job ids starting at a random number (a step killed in an earlier session leaves its
 pmix folder in /tmp under its job id, and a later job of that id would fail to start),
-and stops what it started at the end. Without root or apt-get the tests are skipped.
+and credentials that expire after 20 s instead of 120 (Slurm holds a requeued job that
+long before starting it again), and stops what it started at the end. Without root or
+apt-get the tests are skipped.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class Cluster:
         self.conf.write_text(f"""ClusterName=mpifedtest
 SlurmctldHost={host}
 AuthType=auth/munge
+AuthInfo=cred_expire=20
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -141,6 +144,26 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             time.sleep(1)
         raise TimeoutError(f"job {jid} still {self.job(jid).get('JobState')} after {timeout} s")
 
+    def log_lines(self, jid: str) -> str:
+        """The lines of slurmctld's and slurmd's logs that name job ``jid`` (for a failed test's message)."""
+        lines = [f"{log}: {line}" for log in ("slurmctld", "slurmd")
+                 for line in (self.root / "log" / f"{log}.log").read_text().splitlines() if jid in line]
+        return "\n".join(lines)
+
+    def start_requeued_when_eligible(self, jid: str, timeout: float = 60) -> None:
+        """Once the requeued job ``jid`` may start again, have the scheduler start it now.
+
+        Slurm keeps a requeued job pending until the old job's credentials have expired
+        (cred_expire). Started sooner with StartTime=now, a restarted job once failed in CI
+        before its script printed anything; after EligibleTime, StartTime=now only saves the
+        wait for the next backfill cycle.
+        """
+        eligible = time.mktime(time.strptime(self.job(jid)["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
+        assert eligible - time.time() < timeout, f"job {jid} is not eligible until {self.job(jid)['EligibleTime']}"
+        self.wait_for_steps_to_end(jid)
+        time.sleep(max(0.0, eligible + 1 - time.time()))
+        self.run("scontrol", "update", f"JobId={jid}", "StartTime=now")
+
     def wait_for_steps_to_end(self, jid: str, timeout: float = 60) -> None:
         """Until no slurmstepd of job ``jid`` is left on the node."""
         deadline = time.time() + timeout
@@ -212,10 +235,9 @@ def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_pat
         assert time.time() < deadline, "the job never reached round 3"
         time.sleep(0.3)
     cluster.run("scancel", "--batch", "--signal=USR1", cut)      # what --signal=B:USR1@T sends
-    assert cluster.wait(cut, ("PENDING",), timeout=120) == "PENDING"   # requeued by the script
-    cluster.wait_for_steps_to_end(cut)   # released while its old slurmstepd is still there, the job fails
-    cluster.run("scontrol", "update", f"JobId={cut}", "StartTime=now")  # skip Slurm's 120 s requeue delay
-    assert cluster.wait(cut) == "COMPLETED", out.read_text()
+    assert cluster.wait(cut, ("PENDING",), timeout=120) == "PENDING", out.read_text()   # requeued by the script
+    cluster.start_requeued_when_eligible(cut)
+    assert cluster.wait(cut) == "COMPLETED", out.read_text() + "\n" + cluster.log_lines(cut)
     assert cluster.wait(full) == "COMPLETED"
     log = out.read_text()
     assert "warning signal" in log and "requeueing" in log and "(restart 1)" in log and "resuming" in log
