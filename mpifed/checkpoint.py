@@ -10,15 +10,18 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mpifed.nofollow import LinkRefused, read_bytes
 from mpifed.rundir import write_then_rename
 
 MAGIC = b"MPIFEDCKPT1\n"
+RUN_STATE = ("rounds_done", "global_floats", "global_ints", "algorithm", "metrics", "config", "config_math")
 _NAME = re.compile(r"^round_(\d{6})\.ckpt$")
 
 
@@ -44,12 +47,18 @@ def save(folder: Path, rounds_done: int, payload: dict[str, Any], keep: int) -> 
     return path
 
 
-def load(path: Path) -> dict[str, Any]:
-    """Read and verify a checkpoint."""
+def load(path: Path, trusted: bool = False) -> dict[str, Any]:
+    """Read and verify a checkpoint. Its payload is read without running code (tensors, numbers,
+    strings, lists and dicts only: all an mpifed checkpoint holds); one that holds other Python
+    objects is refused unless ``trusted`` (``--trust-checkpoint``), since unpickling them runs code
+    from the file, and its checksum proves only that it was not altered since it was written, not
+    who wrote it."""
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except LinkRefused as exc:
+        raise CheckpointError(str(exc)) from None
     head = len(MAGIC) + 32 + 8
     if len(raw) < head or not raw.startswith(MAGIC):
         raise CheckpointError(f"{path} is not an mpifed checkpoint (bad header); delete it to resume from the one before")
@@ -60,7 +69,26 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is truncated ({len(data)} of {length} bytes); delete it to resume from the one before")
     if hashlib.sha256(data).digest() != digest:
         raise CheckpointError(f"{path} is corrupt (checksum mismatch); delete it to resume from the one before")
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    try:
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=not trusted)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        what = f" ({found.group(1)})" if found else ""
+        raise CheckpointError(f"{path} holds a Python object{what} beyond the tensors and plain values of an mpifed "
+                              f"checkpoint, and loading it would run code from the file, so it was not loaded. If it "
+                              f"comes from someone you trust (a checkpoint of an older mpifed, or of your own plugin "
+                              f"that keeps such state), resume with --trust-checkpoint") from None
+    return payload
+
+
+def load_run_state(path: Path, trusted: bool = False) -> dict[str, Any]:
+    """A run's checkpoint (:func:`load`) with every entry a resume reads, else a CheckpointError."""
+    payload = load(path, trusted)
+    missing = [k for k in RUN_STATE if k not in payload] if isinstance(payload, dict) else list(RUN_STATE)
+    if missing:
+        raise CheckpointError(f"{path} is not a checkpoint of an mpifed run (it lacks {', '.join(missing)}); delete "
+                              f"it to resume from the one before")
+    return payload
 
 
 def rounds_done(path: Path) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpifed.nofollow import LinkRefused, read_bytes
 from mpifed.protocol import Layout
 from mpifed.rundir import write_then_rename
 
@@ -109,7 +110,10 @@ class ClientStates:
         if not before:
             return None
         path = self.root / str(cid) / f"r{before[-1]}.bin"
-        buf = np.fromfile(path, dtype=np.uint8)
+        try:
+            buf = np.frombuffer(read_bytes(path), dtype=np.uint8).copy()
+        except LinkRefused as exc:
+            raise ClientStateError(str(exc)) from None
         if buf.nbytes != self.layout.nbytes:
             raise ClientStateError(f"{path} holds {buf.nbytes} bytes, the method's client state has {self.layout.nbytes}: "
                                    f"the file is damaged or from another run; resume from an earlier checkpoint or start afresh")

@@ -37,7 +37,8 @@ CLEAN_EXITS = (EXIT_STOPPED, EXIT_USAGE)
 
 _MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK")
 _SIGNALS = {"SIGINT": "Ctrl-C (SIGINT)", "SIGUSR1": "SIGUSR1 (a scheduler's warning, or kill -USR1)",
-            "SIGTERM": "SIGTERM (preemption, or mpirun ending the job after a rank failed)"}
+            "SIGTERM": "SIGTERM (preemption, or mpirun ending the job after a rank failed)",
+            "SIGHUP": "SIGHUP (the terminal closed)"}
 
 
 def launched_by_mpi() -> bool:

@@ -8,7 +8,8 @@ this Python interpreter. Rank 0 shows a live progress bar only when the launcher
 output is a terminal (a log file gets one line per round).
 
 Stopping: mpirun runs in a session of its own, so the terminal's Ctrl-C reaches only this
-launcher. The first Ctrl-C or SIGTERM is a clean stop: the launcher passes it to mpirun as
+launcher. The first Ctrl-C, SIGTERM or SIGHUP (the terminal closed: the launcher's console
+output then goes to devnull) is a clean stop: the launcher passes it to mpirun as
 SIGUSR1 (Open MPI passes that to every rank), saying why (see :mod:`mpifed.handoff`); the
 server finishes the round, writes a checkpoint, marks the run ``stopped``, prints the
 command that resumes it and the launcher exits with code 75. The second Ctrl-C or SIGTERM
@@ -42,7 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 
-from mpifed import __version__, handoff, mps
+from mpifed import __version__, handoff, mps, pipes
 
 SCRIPT = "MPIFED_LAUNCH_SCRIPT"  # set by launch/local.sh: its own name, for the resume command
 
@@ -154,12 +155,17 @@ class Forwarder:
     def install(self) -> None:
         signal.signal(signal.SIGINT, self.on_stop)
         signal.signal(signal.SIGTERM, self.on_stop)
+        signal.signal(signal.SIGHUP, self.on_stop)
         signal.signal(signal.SIGUSR1, self.forward)
 
     def on_stop(self, signum: int, frame: object) -> None:
-        """Ctrl-C or SIGTERM: a clean stop, then the job ends at once, then mpirun is killed."""
+        """Ctrl-C, SIGTERM or SIGHUP (the terminal closed): a clean stop, then the job ends at once,
+        then mpirun is killed."""
         self.requests += 1
-        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            pipes.leave_terminal()
+        what = {signal.SIGINT: "Ctrl-C", signal.SIGHUP: "SIGHUP (the terminal closed)"}.get(
+            signum, signal.Signals(signum).name)
         if self.requests == 1:
             self._note(f"{what} at the launcher")
             caveat = ""

@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="import a Python file or module first, e.g. one that registers a method of your own "
                         "(@ALGORITHMS.register); repeatable")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory of the same name")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="with --resume: load a checkpoint that holds Python objects beyond tensors and plain values "
+                        "(unpickling them runs code from the file: only for a checkpoint from someone you trust)")
     p.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--config-reference", action="store_true", help="print every config key with its default and exit")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
@@ -117,8 +120,9 @@ def resolve(args: argparse.Namespace) -> Resolved:
     if args.resume is None:
         resume.make_room(run, args.overwrite)
         return Resolved(d, run_path, new=new)
-    decision = resume.decide(run, cfg, d, saved)
-    return Resolved(d, run_path, decision.resume_from, resuming=True, nothing_to_do=decision.nothing_to_do, new=new)
+    decision = resume.decide(run, cfg, d, saved, trusted=args.trust_checkpoint)
+    return Resolved(d, run_path, decision.resume_from, resuming=True, nothing_to_do=decision.nothing_to_do, new=new,
+                    trust_checkpoint=args.trust_checkpoint)
 
 
 def _run_path(args: argparse.Namespace, cfg: config.Config, d: dict[str, Any]) -> Path:

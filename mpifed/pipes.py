@@ -1,8 +1,11 @@
-"""Output piped into a reader that stops early (``mpifed table X --list | head``, ``mpifed run ... | head -1``)."""
+"""Output whose reader goes away: a pipe into a reader that stops early (``mpifed table X --list |
+head``, ``mpifed run ... | head -1``), or a terminal that closed (SIGHUP)."""
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import stat
 import sys
 from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
@@ -24,6 +27,9 @@ def quiet_when_pipe_closes(main: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
+_GONE = (errno.EPIPE, errno.EIO)   # the pipe's reader exited; the terminal closed
+
+
 class _Surviving:
     """A text stream that, once its reader has gone, sends everything to devnull instead of raising."""
 
@@ -33,14 +39,18 @@ class _Surviving:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
+        except OSError as exc:
+            if exc.errno not in _GONE:
+                raise
             self._to_devnull()
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
+        except OSError as exc:
+            if exc.errno not in _GONE:
+                raise
             self._to_devnull()
 
     def _to_devnull(self) -> None:
@@ -56,11 +66,27 @@ class _Surviving:
 
 @contextmanager
 def survive_closed_output() -> Iterator[None]:
-    """While a run is in progress: if stdout's or stderr's reader goes away (``... | head -1``), the
-    run goes on, its messages still reach log.txt, and the console's are dropped."""
+    """While a run is in progress: if stdout's or stderr's reader goes away (``... | head -1``, a
+    closed terminal), the run goes on, its messages still reach log.txt, and the console's are dropped."""
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Surviving(sys.stdout), _Surviving(sys.stderr)
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def leave_terminal() -> None:
+    """After SIGHUP (the terminal closed): stdout and stderr, where they are that terminal, go to
+    devnull, so that what the stop still prints cannot fail (writing to a closed terminal raises EIO);
+    log.txt keeps it. A hung-up terminal no longer answers isatty(), so any character device counts."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(devnull, fd)
+            except OSError:
+                continue
+    finally:
+        os.close(devnull)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mpifed.evaluation import forgetting as forgetting_of
+from mpifed.nofollow import LinkRefused, read_text
 
 KINDS = ("final", "best", "last_k", "at_best")
 KEYS = ("kind", "column", "k", "select", "rounds_to", "forgetting", "at_rounds", "groups")
@@ -133,8 +134,8 @@ class Metric:
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl (a line cut short by a crash is skipped)."""
     try:
-        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
+        lines = read_text(Path(run_dir) / "metrics.jsonl").splitlines()
+    except (FileNotFoundError, LinkRefused, UnicodeDecodeError):
         return []
     rows = []
     for line in lines:
@@ -148,8 +149,8 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from a file (summary.json, status.json); empty when absent or unreadable."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(read_text(Path(path)))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
 

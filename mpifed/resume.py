@@ -15,6 +15,8 @@ at start-up, with the run's lock held):
                                   write left are removed
     a new run, directory taken    refused, unless --overwrite, which deletes only a directory
                                   mpifed made (it holds the ``.mpifed-run`` marker)
+    a folder mpifed did not make  refused, whatever the request: mpifed writes only into a new or
+                                  empty folder or one with its marker, never through a link
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import yaml
 
 from mpifed import checkpoint, config
 from mpifed.progress import count
-from mpifed.rundir import MARKER, RunDir, RunLocked
+from mpifed.rundir import MARKER, NotOurs, RunDir, RunLocked
 
 
 class RunError(RuntimeError):
@@ -69,7 +71,12 @@ def saved_config(run: RunDir) -> dict[str, Any]:
 
 
 def take_lock(run: RunDir) -> None:
-    """Hold the run directory's lock (for this process's life), or say plainly why not."""
+    """Hold the run directory's lock (for this process's life), or say plainly why not: another
+    process holds it, or the directory is not mpifed's to write into (:meth:`RunDir.check_ours`)."""
+    try:
+        run.check_ours()
+    except NotOurs as exc:
+        raise RunError(str(exc)) from None
     try:
         warning = run.lock()
     except RunLocked as exc:
@@ -98,13 +105,15 @@ def make_room(run: RunDir, overwrite: bool) -> None:
     run.clear()
 
 
-def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None) -> Decision:
+def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
+           trusted: bool = False) -> Decision:
     """For ``--resume``: where the run continues from, given its state and the config now
-    (``resolved``; ``saved`` is the run's config.yaml), or a RunError saying why it cannot."""
+    (``resolved``; ``saved`` is the run's config.yaml), or a RunError saying why it cannot
+    (``trusted``: the checkpoint may hold other Python objects, see :func:`mpifed.checkpoint.load`)."""
     status = run.status()
     latest = checkpoint.latest(run.checkpoints)
     if latest is not None:
-        decision = _from_checkpoint(run, cfg, resolved, saved, checkpoint.load(latest), status)
+        decision = _from_checkpoint(run, cfg, resolved, saved, checkpoint.load_run_state(latest, trusted), status)
         if decision.nothing_to_do:
             return decision
     elif status is not None and status["state"] == "finished":

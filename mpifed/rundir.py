@@ -9,11 +9,14 @@
     log.txt          what rank 0 printed, plus each rank's host and device
     checkpoints/     see checkpoint.py
     client_state/    see client_state.py
-    .mpifed-run      marks a directory mpifed made (only such a directory is replaced by --overwrite)
+    .mpifed-run      marks a directory mpifed made: mpifed writes only into a new or empty folder or one
+                     with this marker, and --overwrite replaces only such a directory
     .lock            held (an OS lock) by the server rank while the run is in progress
 
 A run name is one path component of letters, digits and ``._+-@=`` (not starting with a
-dot), so a run never writes outside ``run.root``.
+dot), so a run never writes outside ``run.root``. Nothing in a run directory is followed through
+a symbolic link: a run refuses to start in a directory whose own files are links, files are read
+and appended without following one (:mod:`mpifed.nofollow`), and a run's record leaves links out.
 
 The lock is a POSIX record lock (``fcntl``) on ``.lock``: the kernel releases it when the
 holder dies, however it dies, so a killed run leaves no stale lock. POSIX locks are
@@ -40,6 +43,8 @@ from typing import Any, Callable
 
 import yaml
 
+from mpifed.nofollow import open_append, open_lock, read_text
+
 MARKER = ".mpifed-run"
 LOCK = ".lock"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+@=-]*$")
@@ -50,6 +55,13 @@ _made: set[Path] = set()     # the held run directories that taking the lock cre
 
 class RunLocked(RuntimeError):
     """Another live process holds the run directory."""
+
+
+class NotOurs(OSError):
+    """A folder mpifed did not make, or whose own files are links: mpifed does not write into it."""
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def release_locks() -> None:
@@ -119,25 +131,49 @@ class RunDir:
 
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / MARKER).touch()
-        self._log = open(self.path / "log.txt", "a", buffering=1)
+        open_append(self.path / MARKER).close()
+        self._log = open_append(self.path / "log.txt", buffering=1)
 
     def holds_run(self) -> bool:
         return (self.path / "config.yaml").exists()
 
     def made_by_mpifed(self) -> bool:
-        return (self.path / MARKER).is_file()
+        return (self.path / MARKER).is_file() and not (self.path / MARKER).is_symlink()
+
+    def check_ours(self) -> None:
+        """Raise :class:`NotOurs` unless mpifed may write into this directory: it does not exist yet, is
+        empty, or mpifed made it (its marker), and none of a run's own files in it is a symbolic link."""
+        if not self.path.is_dir() or all(p.name == LOCK for p in self.path.iterdir()):   # a lock: a run's start
+            return
+        if not self.made_by_mpifed():
+            raise NotOurs(errno.EEXIST, f"{self.path} exists and was not made by mpifed (it has no {MARKER} file), so "
+                                        f"mpifed writes nothing into it and deletes nothing there: choose another "
+                                        f"run.name, or move the folder away")
+        links = self.links()
+        if links:
+            raise NotOurs(errno.ELOOP, f"{self.path} holds symbolic links where a run keeps its own files "
+                                       f"({', '.join(str(p.relative_to(self.path)) for p in links)}); mpifed never writes "
+                                       f"through a link: replace each by the file or folder itself, or remove it")
+
+    def links(self) -> list[Path]:
+        """The symbolic links among the directory's entries and those of its checkpoints/ (a run's own
+        files never are links; client_state/ is checked itself, not its many folders)."""
+        found = []
+        for folder in (self.path, self.checkpoints):
+            if folder.is_dir() and not folder.is_symlink():
+                found += sorted(p for p in folder.iterdir() if p.is_symlink())
+        return found
 
     def record_files(self) -> list[Path]:
         """The files of the run's record, relative to its directory: everything but the weights
         (model.pt, checkpoints/, client_state/), the lock and temporary files."""
         skip = {self.path / "model.pt", self.checkpoints, self.client_state, self.path / LOCK}
         found: list[Path] = []
-        for folder, dirs, files in os.walk(self.path):
+        for folder, dirs, files in os.walk(self.path):   # os.walk does not enter a linked folder
             here = Path(folder)
             dirs[:] = sorted(d for d in dirs if here / d not in skip)
             found += [(here / f).relative_to(self.path) for f in sorted(files)
-                      if here / f not in skip and not _TEMPORARY.match(f)]
+                      if here / f not in skip and not _TEMPORARY.match(f) and not (here / f).is_symlink()]
         return found
 
     def drop_state(self) -> int:
@@ -159,7 +195,7 @@ class RunDir:
             raise RunLocked(f"{self.path} is in use by this process already")
         made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(self.path / LOCK)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -199,7 +235,7 @@ class RunDir:
     def lock_holder(self) -> str:
         """"host H pid P" of the run's lock holder, from the lock file."""
         try:
-            who = json.loads((self.path / LOCK).read_text())
+            who = json.loads(read_text(self.path / LOCK))
             return f"host {who['host']} pid {who['pid']}"
         except (OSError, ValueError, KeyError, TypeError):
             return "holder unknown"
@@ -270,11 +306,11 @@ class RunDir:
         atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def read_config(self) -> dict[str, Any]:
-        return yaml.safe_load((self.path / "config.yaml").read_text())
+        return yaml.safe_load(read_text(self.path / "config.yaml"))
 
     def append_row(self, name: str, row: dict[str, Any]) -> None:
         """Append one complete line to a .jsonl log (one write, then flushed to disk)."""
-        with open(self.path / name, "a") as f:
+        with open_append(self.path / name) as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -286,7 +322,7 @@ class RunDir:
     def keep_rounds(self, name: str, rounds_done: int) -> None:
         """Rewrite a .jsonl log (atomically) without the lines of rounds after ``rounds_done``."""
         path = self.path / name
-        lines = path.read_text().splitlines() if path.exists() else []
+        lines = read_text(path).splitlines() if path.exists() else []
         kept = [line for line in lines if (r := _round_of(line)) is not None and r <= rounds_done]
         atomic_write(path, "".join(line + "\n" for line in kept))
 
@@ -295,7 +331,7 @@ class RunDir:
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
-            data = json.loads((self.path / name).read_text())
+            data = json.loads(read_text(self.path / name))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -306,7 +342,7 @@ class RunDir:
         if not self.path.is_dir():
             return
         try:
-            with open(self.path / "log.txt", "a") as log:
+            with open_append(self.path / "log.txt") as log:
                 log.write(f"{time.strftime('%H:%M:%S')} [mpifed] failed: {error}\n")
             self.write_json("status.json", {"state": "failed", "error": error,
                                             "checkpoint": str(checkpoint) if checkpoint else None})

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from mpifed.pipes import leave_terminal
 from mpifed.rundir import RunDir
 
 EXIT_STOPPED = 75
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 @dataclass
@@ -72,6 +73,8 @@ def run_jobs(jobs: list[Job], ranks: int, parallel: int = 1, say: Callable[[str]
     running: dict[subprocess.Popen, tuple[Job, IO[Any] | None]] = {}
 
     def forward(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            leave_terminal()
         out.received.append(signal.Signals(signum).name)
         for proc in running:
             proc.send_signal(signum)

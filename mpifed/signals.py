@@ -1,12 +1,13 @@
-"""Stop requests: Ctrl-C (SIGINT), Slurm's warning signal (SIGUSR1) and preemption (SIGTERM).
+"""Stop requests: Ctrl-C (SIGINT), Slurm's warning signal (SIGUSR1), preemption (SIGTERM) and a
+closing terminal (SIGHUP, after which the console's output goes to devnull; log.txt keeps it).
 
 While a run is in progress (:func:`listening`), the signals are blocked in every thread and
 received by one listener thread with ``sigwait``, so they are seen at once even while the
 main thread is inside a blocking MPI call (where a Python signal handler would not run
 until the call returns). A signal sets a flag and calls the registered callback (the
 server prints where the last checkpoint is); the server finishes the round in progress,
-writes a checkpoint and stops every rank. A second SIGINT or SIGTERM ends the process at
-once.
+writes a checkpoint and stops every rank. A second SIGINT, SIGTERM or SIGHUP ends the process
+at once.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-_WATCHED = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
-_IMMEDIATE_ON_SECOND = {"SIGTERM", "SIGINT"}
+from mpifed.pipes import leave_terminal
+
+_WATCHED = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+_IMMEDIATE_ON_SECOND = {"SIGTERM", "SIGINT", "SIGHUP"}
 
 
 class _Listener:
@@ -33,6 +36,8 @@ class _Listener:
         while True:
             sig = signal.sigwait(_WATCHED)
             name = signal.Signals(sig).name
+            if name == "SIGHUP":
+                leave_terminal()
             if name in _IMMEDIATE_ON_SECOND and name in self.received:
                 sys.stderr.write(f"\n[mpifed] second {name}: exiting now\n")
                 sys.stderr.flush()

@@ -65,6 +65,7 @@ class Resolved:
     resuming: bool = False             # --resume was given
     nothing_to_do: str | None = None   # why the run needs no work (it is finished): printed instead
     new: bool = False                  # the run directory held no run before
+    trust_checkpoint: bool = False     # --trust-checkpoint: the checkpoint may hold other Python objects
 
 
 @dataclass
@@ -282,7 +283,7 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
     from mpifed.server import RoundServer
     run.create()
     run.write_config(resolved.config)
-    resume = checkpoint.load(resolved.resume_from) if resolved.resume_from else None
+    resume = checkpoint.load_run_state(resolved.resume_from, resolved.trust_checkpoint) if resolved.resume_from else None
     if resume is None:
         shutil.rmtree(run.client_state, ignore_errors=True)
     else:
@@ -328,7 +329,7 @@ def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ra
 
 def announce_stop(server: RoundServer, name: str) -> None:
     """Rank 0's answer to a stop signal: what happens now, and how to continue."""
-    again = f"; a second {name} ends the job at once" if name in ("SIGINT", "SIGTERM") else ""
+    again = f"; a second {name} ends the job at once" if name in ("SIGINT", "SIGTERM", "SIGHUP") else ""
     lost = (" If a rank has failed, mpirun ends the job at once instead, and the run continues from the "
             "last checkpoint." if name == "SIGTERM" else "")
     server.progress.write(f"[mpifed] rank 0: {handoff.describe_signal(name)}: finishing the current round, then "

@@ -25,6 +25,8 @@ def archive_table(table: Table, dest: Path, summary_command: str) -> str:
              f"they are; {done.size / 1e6:.1f} MB without their weights)"]
     if len(kept) < len(every):
         lines.append(f"{len(every) - len(kept)} runs not settled (not run, running, stopped or failed) were left out")
+    if done.links:
+        lines.append(f"{len(done.links)} symbolic links were left out, not followed: " + ", ".join(map(str, done.links)))
     lines.append(f"its summary: {summary_command}")
     return "\n".join(lines)
 

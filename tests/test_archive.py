@@ -60,7 +60,8 @@ def test_archive_keeps_the_settled_runs_records_without_weights_and_summarises_t
     assert not (copy / "s-b-s2").exists()
     for run in [p for p in copy.rglob("config.yaml")]:
         original = root / run.parent.relative_to(copy)
-        assert sorted(p.name for p in run.parent.iterdir()) == ["config.yaml", "metrics.jsonl", "status.json", "summary.json"]
+        assert sorted(p.name for p in run.parent.iterdir()) == [".mpifed-run", "config.yaml", "metrics.jsonl",
+                                                                 "status.json", "summary.json"]
         assert (run.parent / "metrics.jsonl").read_bytes() == (original / "metrics.jsonl").read_bytes()
     assert not [p for p in copy.rglob("*") if p.name in ("model.pt", "checkpoints", "client_state", ".lock")]
 

@@ -247,3 +247,90 @@ def test_changed_partition_file_refuses_resume_until_it_is_put_back(tmp_path):
     split.write_text(json.dumps(clients))
     run_debug(["--resume", str(run), "--set", "train.rounds=3"])
     assert len(metrics(run)) == 3 and RunDir(run).status()["state"] == "finished"
+
+
+# ------------------------------------------------------------------ nothing runs, nothing is lost
+def _finished(tmp, reference, name="done"):
+    same_data(tmp, reference)
+    run_debug(args(tmp, "train.rounds=2", name=name, rounds=SHORT))
+    return tmp / "runs" / name
+
+
+def _rewrite_checkpoint(run, **extra):
+    """The run's latest checkpoint written again with ``extra`` entries (a well-formed file: header and checksum)."""
+    latest = checkpoint.latest(run / "checkpoints")
+    payload = {**checkpoint.load(latest), **extra}
+    checkpoint.save(run / "checkpoints", checkpoint.rounds_done(latest), payload, keep=2)
+
+
+class _Runs:
+    """Unpickling this calls open(path, "w"): code from the file, run by loading it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_that_would_run_code_is_not_loaded(tmp_path, short_reference):
+    run = _finished(tmp_path, short_reference)
+    ran = tmp_path / "the-payload-ran"
+    _rewrite_checkpoint(run, extra=_Runs(ran))
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and not ran.exists()
+    assert re.search(r"holds a Python object \(\S*open\) beyond the tensors and plain values", p.stderr)
+    assert "--trust-checkpoint" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_trusted_checkpoint_with_other_objects_resumes_when_asked(tmp_path, short_reference):
+    import argparse
+    run = _finished(tmp_path, short_reference)
+    _rewrite_checkpoint(run, note=argparse.Namespace(by="an older mpifed"))
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "argparse.Namespace" in p.stderr
+    run_debug(["--resume", str(run), "--set", "train.rounds=3", "--trust-checkpoint"])
+    assert len(metrics(run)) == 3
+
+
+def test_a_checkpoint_without_a_runs_state_is_one_message(tmp_path, short_reference):
+    run = _finished(tmp_path, short_reference)
+    latest = checkpoint.latest(run / "checkpoints")
+    checkpoint.save(run / "checkpoints", checkpoint.rounds_done(latest), {"rounds_done": 2}, keep=2)
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "is not a checkpoint of an mpifed run (it lacks global_floats" in p.stderr
+
+
+def test_links_in_a_run_directory_are_never_followed(tmp_path, short_reference):
+    from mpifed.archive import archive_runs
+    run = _finished(tmp_path, short_reference)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password hashes\n")
+    (run / "notes.txt").symlink_to(secret)
+    done = archive_runs([run], run.parent, tmp_path / "archive", [])
+    copy = tmp_path / "archive" / run.name
+    assert done.links == [run / "notes.txt"] and not (copy / "notes.txt").exists() and (copy / "metrics.jsonl").is_file()
+    (run / "notes.txt").unlink()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's log\n")
+    (run / "log.txt").unlink()
+    (run / "log.txt").symlink_to(victim)
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "holds symbolic links where a run keeps its own files (log.txt)" in p.stderr
+    assert victim.read_text() == "someone else's log\n" and len(metrics(run)) == 2
+
+
+def test_a_run_never_takes_over_a_folder_mpifed_did_not_make(tmp_path, short_reference):
+    same_data(tmp_path, short_reference)
+    foreign = tmp_path / "runs" / "foreign"
+    (foreign / "client_state").mkdir(parents=True)
+    (foreign / "client_state" / "important.txt").write_text("keep me\n")
+    (foreign / "notes.txt").write_text("mine\n")
+    before = sorted(p.relative_to(foreign) for p in foreign.rglob("*"))
+    for extra in ([], ["--overwrite"]):
+        p = run_debug(args(tmp_path, name="foreign", rounds=SHORT) + extra, check=False)
+        assert p.returncode == 2 and f"{foreign} exists and was not made by mpifed" in p.stderr
+        assert sorted(p.relative_to(foreign) for p in foreign.rglob("*")) == before
+    (tmp_path / "runs" / "empty").mkdir()
+    run_debug(args(tmp_path, "train.rounds=1", name="empty", rounds=SHORT))   # an empty folder is used
+    assert (tmp_path / "runs" / "empty" / ".mpifed-run").is_file()

@@ -273,3 +273,58 @@ def alive(pid):
     except ProcessLookupError:
         return False
     return True
+
+
+def on_a_terminal(cmd, marker, timeout=240):
+    """Start ``cmd`` with a new pseudo-terminal as its controlling terminal (a shell in a terminal
+    window), read it until ``marker``, then close the terminal (the window closes: the kernel sends
+    SIGHUP, and the terminal is gone for what the job still prints); returns the exit code."""
+    import fcntl
+    import pty
+    import termios
+    master, slave = pty.openpty()
+
+    def controlling_terminal():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=controlling_terminal)
+    os.close(slave)
+    seen, deadline = b"", time.time() + timeout
+    while marker.encode() not in seen and time.time() < deadline:
+        try:
+            seen += os.read(master, 4096)
+        except OSError:
+            break
+    assert marker.encode() in seen, seen.decode(errors="replace")
+    os.close(master)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def check_stopped_on_sighup(tmp_path, code, resume, full):
+    cut = tmp_path / "runs" / "cut"
+    log = (cut / "log.txt").read_text()
+    assert code == 75, log
+    assert json.loads((cut / "status.json").read_text())["state"] == "stopped"
+    assert "SIGHUP (the terminal closed)" in log and "continue with:" in log
+    resume(["--resume", str(cut)])
+    assert metrics(cut) == metrics(full)
+
+
+@pytest.mark.e2e
+def test_a_closing_terminal_stops_the_debug_mode_cleanly_and_it_resumes(tmp_path, shared_run):
+    full = shared_run(args=long_rounds)
+    code = on_a_terminal([sys.executable, "-m", "mpifed.main", *long_rounds(tmp_path, name="cut")], "round 2/6")
+    check_stopped_on_sighup(tmp_path, code, run_debug, full)
+
+
+@pytest.mark.mpi
+@pytest.mark.e2e
+def test_a_closing_terminal_stops_the_launcher_cleanly_and_it_resumes(has_mpirun, tmp_path, shared_run):
+    full = shared_run(args=long_rounds)
+    code = on_a_terminal([str(LAUNCH), "3", *long_rounds(tmp_path, name="cut")], "round 2/6")
+    check_stopped_on_sighup(tmp_path, code, lambda args: run_mpi(3, args), full)

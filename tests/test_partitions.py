@@ -142,21 +142,43 @@ def test_dirichlet_chunks_gives_equal_clients_from_grouped_dirichlet_lists():
 
 def write_split(tmp_path, clients, name="split.json"):
     path = tmp_path / name
-    if name.endswith(".npy"):
-        arr = np.empty(len(clients), dtype=object)
-        arr[:] = [np.asarray(c) for c in clients]
-        np.save(path, arr, allow_pickle=True)
+    if name.endswith(".npz"):
+        np.savez(path, *[np.asarray(c) for c in clients])
+    elif name.endswith(".npy"):
+        np.save(path, np.asarray(clients))
     else:
         path.write_text(json.dumps({str(k): c for k, c in enumerate(clients)}))
     return str(path)
 
 
-@pytest.mark.parametrize("name", ["split.json", "split.npy"])
+@pytest.mark.parametrize("name", ["split.json", "split.npz"])
 def test_from_file_reproduces_the_split_exactly(tmp_path, name):
     y = labels(50)
     clients = [[3, 1, 4], [15, 9, 2, 6], [5, 35]]
     parts = split("from_file", y, 3, path=write_split(tmp_path, clients, name))
     assert [p.tolist() for p in parts] == [sorted(c) for c in clients]
+
+
+def test_from_file_reads_equal_clients_from_a_2d_npy(tmp_path):
+    clients = [[3, 1], [15, 9], [5, 35]]
+    parts = split("from_file", labels(50), 3, path=write_split(tmp_path, clients, "split.npy"))
+    assert [p.tolist() for p in parts] == [sorted(c) for c in clients]
+
+
+def test_a_pickled_npy_partition_is_refused_without_running_it(tmp_path):
+    """An object array is a pickle: loading it could run code (here, write a file), so it is not loaded."""
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+    arr = np.empty(2, dtype=object)
+    arr[:] = [Payload(), np.array([1])]
+    path = tmp_path / "evil.npy"
+    np.save(path, arr, allow_pickle=True)
+    with pytest.raises(PartitionError, match=r"holds Python objects .* numpy.savez\('evil.npz', \*clients\)"):
+        split("from_file", labels(50), 2, path=str(path))
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("clients,message", [
@@ -183,8 +205,9 @@ def write_bad(tmp_path, name, content):
 
 @pytest.mark.parametrize("name,content,message", [
     ("zero-d.npy", np.array(5), "holds a single value, not one index array per client"),
-    ("garbage.npy", b"\x93NUMPY\x01\x00" + b"\xff" * 40, "is not a readable NumPy .npy file"),
-    ("text.npy", b"[[1, 2], [3]]\n", "is not a readable NumPy .npy file"),
+    ("garbage.npy", b"\x93NUMPY\x01\x00" + b"\xff" * 40, "is not a readable NumPy file"),
+    ("text.npy", b"[[1, 2], [3]]\n", "is not a NumPy .npy or .npz file"),
+    ("garbage.npz", b"PK\x03\x04" + b"\xff" * 40, "is not a readable NumPy file"),
     ("binary.json", b"\xff\xfe\x00garbage", "is not valid JSON"),
     ("ragged.json", b'{"0": [[1, 2], [3]], "1": [4], "2": [5]}', "client 0 is not a list of integer indices"),
     ("empty.json", b"[]", "lists no clients"),

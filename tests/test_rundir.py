@@ -50,7 +50,7 @@ def test_overwrite_removes_only_a_directory_mpifed_made(tmp_path):
     foreign.mkdir(parents=True)
     (foreign / "config.yaml").write_text("mine: 1\n")
     p = run_debug(tiny(tmp_path) + ["--overwrite"], check=False)
-    assert p.returncode == 2 and ".mpifed-run" in p.stderr and "not deleted" in p.stderr
+    assert p.returncode == 2 and ".mpifed-run" in p.stderr and "deletes nothing there" in p.stderr
     assert (foreign / "config.yaml").read_text() == "mine: 1\n"
     (foreign / "config.yaml").unlink()
     run_debug(tiny(tmp_path))
@@ -311,8 +311,12 @@ def test_a_lock_file_this_user_cannot_read_leaves_status_as_written(tmp_path, mo
     (run.path / ".lock").touch()
     run.write_json("status.json", {"state": "running", "rounds_done": 2, "checkpoint": None})
 
+    real = os.open
+
     def unreadable(path, flags, *args, **kwargs):
-        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        if str(path).endswith(".lock"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
     monkeypatch.setattr(rundir.os, "open", unreadable)
     assert run.status()["state"] == "running"
 

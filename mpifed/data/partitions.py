@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 import hashlib
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -254,17 +256,24 @@ class DirichletChunks:
         return [np.sort(flat[k * share: (k + 1) * share]) for k in range(num_clients)]
 
 
+def _npz_order(name: str) -> tuple[int, str]:
+    """numpy.savez(f, *clients) names them arr_0, arr_1, ...: their number orders them (then names)."""
+    found = re.fullmatch(r"(?:arr_)?(\d+)", name)
+    return (int(found.group(1)), "") if found else (sys.maxsize, name)
+
+
 @PARTITIONS.register("from_file")
 class FromFile:
     """A split made elsewhere, exactly: a JSON file mapping each client to its training-sample
-    indices (``{"0": [...], "1": [...]}`` or a list of lists) or a NumPy ``.npy`` file (an object
-    array of index arrays, or a 2-D array of equal-sized clients). Indices refer to the training
+    indices (``{"0": [...], "1": [...]}`` or a list of lists), a NumPy ``.npz`` file of one index
+    array per client (``numpy.savez(f, *clients)``) or a ``.npy`` file of a 2-D array of
+    equal-sized clients; NumPy files are read without unpickling (an object array is refused). Indices refer to the training
     set as mpifed reads it (after ``data.train_subset``). They are checked: the number of
     clients, indices in range, no sample given twice, none held by the server."""
 
     @dataclass
     class Options:
-        path: str = opt("", "JSON or .npy file mapping each client to its training-sample indices")
+        path: str = opt("", "JSON, .npz or .npy file mapping each client to its training-sample indices")
 
     @staticmethod
     def fingerprint(options: "FromFile.Options") -> dict[str, str]:
@@ -279,12 +288,12 @@ class FromFile:
     def _existing(path: str | Path) -> Path:
         """``path`` as a Path, or a PartitionError saying why it is not a file to read."""
         if not str(path):
-            raise PartitionError("data.partition.path is not set: give the JSON or .npy file that maps each client "
+            raise PartitionError("data.partition.path is not set: give the JSON, .npz or .npy file that maps each client "
                                  "to its training-sample indices")
         path = Path(path)
         if path.is_dir():
             raise PartitionError(f"partition file {path} is a folder, not a file; set data.partition.path to the "
-                                 f"JSON or .npy file")
+                                 f"JSON, .npz or .npy file")
         if not path.is_file():
             raise PartitionError(f"partition file {path} does not exist; set data.partition.path")
         return path
@@ -292,7 +301,7 @@ class FromFile:
     @staticmethod
     def read(path: str | Path) -> list[np.ndarray]:
         path = FromFile._existing(path)
-        clients = FromFile._read_npy(path) if path.suffix == ".npy" else FromFile._read_json(path)
+        clients = FromFile._read_npy(path) if path.suffix in (".npy", ".npz") else FromFile._read_json(path)
         if not clients:
             raise PartitionError(f"partition file {path} lists no clients; it must map each client 0..K-1 to its "
                                  f"training-sample indices")
@@ -310,14 +319,32 @@ class FromFile:
 
     @staticmethod
     def _read_npy(path: Path) -> list[Any]:
+        """A .npy file of a 2-D integer array (a row per client), or a .npz file of one index array
+        per client; read without unpickling (which could run code from the file)."""
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith((b"\x93NUMPY", b"PK")):
+            raise PartitionError(f"partition file {path} is not a NumPy .npy or .npz file (it lacks their header); write "
+                                 f"it with numpy.save or numpy.savez, or use a JSON file")
         try:
-            data = np.load(path, allow_pickle=True)
-        except Exception as exc:  # a damaged file fails inside numpy or pickle in many ways
-            raise PartitionError(f"partition file {path} is not a readable NumPy .npy file ({type(exc).__name__}: "
-                                 f"{exc}); write it with numpy.save, or use a JSON file") from None
+            data = np.load(path, allow_pickle=False)
+        except ValueError as exc:
+            if "allow_pickle" not in str(exc):
+                raise PartitionError(f"partition file {path} is not a readable NumPy file ({exc})") from None
+            raise PartitionError(f"partition file {path} holds Python objects (an object array), which NumPy reads "
+                                 f"only by unpickling, and unpickling can run code from the file, so it was not read. "
+                                 f"Save one index array per client without pickling: numpy.savez('{path.stem}.npz', "
+                                 f"*clients) (clients of any sizes), or a JSON file") from None
+        except Exception as exc:  # a damaged file fails inside numpy in many ways
+            raise PartitionError(f"partition file {path} is not a readable NumPy file ({type(exc).__name__}: "
+                                 f"{exc}); write it with numpy.save or numpy.savez, or use a JSON file") from None
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                names = sorted(data.files, key=_npz_order)
+                return [data[name] for name in names]
         if not isinstance(data, np.ndarray) or data.ndim == 0:
             raise PartitionError(f"partition file {path} holds a single value, not one index array per client: save "
-                                 f"an object array of index arrays, or a 2-D array of equal-sized clients")
+                                 f"a 2-D array of equal-sized clients, or numpy.savez('{path.stem}.npz', *clients)")
         return list(data)
 
     @staticmethod
@@ -325,7 +352,7 @@ class FromFile:
         try:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PartitionError(f"partition file {path} is not valid JSON ({exc}); a .npy file must end in .npy") from None
+            raise PartitionError(f"partition file {path} is not valid JSON ({exc}); a NumPy file must end in .npz or .npy") from None
         except OSError as exc:
             raise PartitionError(f"partition file {path} cannot be read ({exc.strerror})") from None
         if isinstance(data, dict):
