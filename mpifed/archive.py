@@ -4,8 +4,9 @@
     python -m mpifed.table TABLE --runs-root results --summary    # the same summary, from the copy
 
 A run's record is its directory without the weights (:meth:`RunDir.record_files`): the
-configuration, every round's metrics, the clients' log, the summary, the status, the provenance
-and the log (symbolic links are never followed: they are left out, and the archive says so); tens of kilobytes where the weights take megabytes, so a repository or a paper's
+configuration, every round's metrics, the clients' log, the summary, the status, the provenance,
+the log and the copies of its plugins' source (symbolic links are never followed: they are left
+out, and the archive says so); tens of kilobytes where the weights take megabytes, so a repository or a paper's
 supplement can hold a whole table. Only settled runs are copied: finished ones, and those whose
 loss diverged (a search scores them, a summary names them). The table's recorded choices go with
 them, so the copy resolves to the same runs as the source.

@@ -6,6 +6,7 @@ commands:
   prepare  write a config's client shards; --download fetches the raw data     (= python -m mpifed.prepare)
   table    expand a paper table into runs, run them, summarise them            (= python -m mpifed.table)
   report   curves, per-class heatmaps and tables from finished runs            (= python -m mpifed.report)
+  evaluate a finished run's model on its test set, validation set or a config's (= python -m mpifed.evaluate)
   config   list the configs shipped with mpifed, or copy them to edit          (= python -m mpifed.packaged)
   slurm    write the Slurm job scripts shipped with mpifed into ./slurm         (= python -m mpifed.jobscripts)
 
@@ -22,7 +23,7 @@ from typing import Callable
 from mpifed import __version__
 
 COMMANDS = {"run": "mpifed.main", "launch": "mpifed.launch", "prepare": "mpifed.prepare", "table": "mpifed.table",
-            "report": "mpifed.report", "config": "mpifed.packaged", "slurm": "mpifed.jobscripts"}
+            "report": "mpifed.report", "evaluate": "mpifed.evaluate", "config": "mpifed.packaged", "slurm": "mpifed.jobscripts"}
 
 
 def command_main(name: str) -> Callable[[list[str]], int] | None:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal, Union
 
 import yaml
 
+from mpifed import plugins as plugin_code
 from mpifed.options import ConfigError, NoOptions, opt
 from mpifed.packaged import find_config
 from mpifed.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, Registry, nearest
@@ -166,7 +167,16 @@ class TrainConfig:
 
 
 @dataclass
+class CodeConfig:
+    algorithm: str | None = opt(None, "SHA-256 of the plugin that defines the chosen algorithm (null: mpifed's own); recorded by mpifed from the code it loads, never set by hand")
+    model: str | None = opt(None, "SHA-256 of the plugin that defines the chosen model (null: mpifed's own)")
+    dataset: str | None = opt(None, "SHA-256 of the plugin that defines the chosen data set (null: mpifed's own)")
+    partition: str | None = opt(None, "SHA-256 of the plugin that defines the chosen partition (null: mpifed's own)")
+
+
+@dataclass
 class Config:
+    plugins: list[str] = opt([], "Python files (a path relative to the config file that names it) or modules to load first: methods, models, data sets or partitions of your own (docs/tutorial.md); the files of every config add up", math=False)
     run: RunConfig = section(RunConfig, "run directory, seed, evaluation and checkpoint frequency")
     data: DataConfig = section(DataConfig, "data set, clients and partition")
     model: Choice = choice(_models, "digits_cnn", "network (digits_cnn, fedavg_cnn, resnet8, ...)")
@@ -174,6 +184,7 @@ class Config:
     algorithm: Choice = choice(_algorithms, "fedavg", "federated algorithm (fedavg, fedntd, fedgkd, ...)")
     resources: ResourcesConfig = section(ResourcesConfig, "devices, threads, memory")
     comm: CommConfig = section(CommConfig, "collective timeouts and idle waiting")
+    code: CodeConfig = section(CodeConfig, "the code of the chosen entries that come from plugins, by hash (recorded by mpifed): a changed plugin is a changed setting")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -448,7 +459,9 @@ def _parse_yaml(text: str) -> Any:
 
 
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a config file; a top-level ``base:`` (path relative to the file) is merged under it."""
+    """Read a config file; a top-level ``base:`` (path relative to the file) is merged under it.
+    ``plugins`` file paths are made absolute (relative to the file that names them), and the
+    plugins of the bases and the file add up."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist (`mpifed config list` shows the configs shipped "
@@ -464,17 +477,37 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections (run, data, model, train, algorithm, ...), not {type(data).__name__}")
+    own = plugin_specs(data.pop("plugins", None), f"config file {str(path)!r}", path.parent)
     bases = data.pop("base", None)
     if bases is None:
-        return data
+        return {**data, "plugins": own} if own else data
     merged: dict[str, Any] = {}
+    inherited: list[str] = []
     for base in [bases] if isinstance(bases, str) else list(bases):
-        merged = merge(merged, read_yaml(path.parent / base, _seen + (resolved,)))
-    return merge(merged, data)
+        layer = read_yaml(path.parent / base, _seen + (resolved,))
+        inherited += layer.pop("plugins", [])
+        merged = merge(merged, layer)
+    merged = merge(merged, data)
+    specs = list(dict.fromkeys(inherited + own))
+    return {**merged, "plugins": specs} if specs else merged
+
+
+def plugin_specs(value: Any, source: str, relative_to: Path | None) -> list[str]:
+    """A ``plugins`` value (a file or module, or a list of them) as a list of specs, file paths made
+    absolute relative to ``relative_to`` (the folder of the file that names them; None: the current folder)."""
+    if value is None:
+        return []
+    listed = [value] if isinstance(value, str) else value
+    if not isinstance(listed, list) or not all(isinstance(v, str) and v.strip() for v in listed):
+        raise ConfigError(f"{source}: plugins must be a list of Python files or modules, e.g. plugins: "
+                          f"[my_method.py, mylab.methods], got {value!r}")
+    return [plugin_code.resolve_spec(v.strip(), relative_to) for v in listed]
 
 
 def build(data: dict[str, Any]) -> Config:
-    """Validate a plain dict into a :class:`Config`, raising one error listing every problem."""
+    """Validate a plain dict into a :class:`Config`, raising one error listing every problem (the
+    installed plugins loaded first, so that their entries are known)."""
+    plugin_code.load_installed()
     builder = _Builder()
     cfg = builder.dataclass(Config, data, "")
     if not builder.errors:
@@ -554,23 +587,40 @@ def _per_algorithm(layer: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def load(paths: list[str] | None = None, overrides: list[str] | None = None,
-         base: dict[str, Any] | None = None) -> tuple[Config, dict[str, Any]]:
+         base: dict[str, Any] | None = None, plugins: list[str] | tuple[str, ...] = ()) -> tuple[Config, dict[str, Any]]:
     """Defaults (or ``base``, e.g. a run's saved config), then each YAML file (with its
     ``per_algorithm`` values for the chosen algorithm), then each ``key=value`` override;
     returns the config and its plain dict.
+
+    Plugins are loaded first: ``plugins`` (a command line's ``--plugin``, relative to the current
+    folder), then those the files and overrides name (:func:`read_yaml`); ``base``'s are only
+    listed (a resumed run's code is restored from its record, :mod:`mpifed.resume`). The
+    resolved ``code`` section holds the hash of each plugin that defines a chosen entry.
 
     ``per_algorithm`` lets a setting file hold the values a paper uses for a method on that
     setting (FedProx's mu per data set, say). They count as written in that file, once the
     algorithm is known: over the files before it, under the files after it (a method file
     that sets mu itself, for a sweep, wins), and under the command line's ``--set``.
     """
+    specs = plugin_specs(list(plugins), "--plugin", None)
+    layers = [read_yaml(find_config(p)) for p in paths or []]
+    given = [o for o in overrides or [] if o.split("=", 1)[0].strip() == "plugins"]
+    for text in given:
+        specs += plugin_specs(parse_override(text)["plugins"], f"override {text!r}", None)
+    for layer in layers:
+        specs += layer.pop("plugins", [])
+    for spec in dict.fromkeys(specs):
+        plugin_code.load(spec)
+    for source, layer in [(str(p), layer) for p, layer in zip(paths or [], layers)] + [(f"override {o!r}", parse_override(o))
+                                                                                     for o in overrides or []]:
+        if "code" in layer:
+            raise ConfigError(f"{source}: 'code' is recorded by mpifed (the SHA-256 of each plugin a run uses), not a "
+                              f"setting; remove it")
     data = merge(to_dict(Config()), base) if base else to_dict(Config())
-    layers: list[dict[str, Any]] = []
-    per_algorithm: list[dict[str, Any]] = []
-    for p in paths or []:
-        layers.append(read_yaml(find_config(p)))
-        per_algorithm.append(_per_algorithm(layers[-1], str(p)))
-        data = merge(data, layers[-1])
+    listed = data.get("plugins") if isinstance(data.get("plugins"), list) else []
+    per_algorithm = [_per_algorithm(layer, str(p)) for p, layer in zip(paths or [], layers)]
+    for layer in layers:
+        data = merge(data, layer)
 
     # a choice's name first, so that `--set x.opt=1 x.name=y` keeps x.opt
     def picks_choice(o: str) -> bool:
@@ -579,7 +629,7 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
 
     ordered: list[dict[str, Any]] = []
     chosen = data
-    for text in sorted(overrides or [], key=lambda o: not picks_choice(o)):
+    for text in sorted((o for o in overrides or [] if o not in given), key=lambda o: not picks_choice(o)):
         ordered.append(parse_override(text, chosen))
         chosen = merge(chosen, ordered[-1])
     algorithm = chosen.get("algorithm", {})
@@ -592,8 +642,23 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
                 data = merge(data, later)
     for o in ordered:
         data = merge(data, o)
+    data["plugins"] = list(dict.fromkeys(listed + specs))
     cfg = build(data)
+    cfg.code = code_of(cfg)
     return cfg, cfg.to_dict()
+
+
+def code_of(cfg: Config) -> CodeConfig:
+    """The hash of the plugin that defines each entry ``cfg`` chooses (None: mpifed's own), from the
+    code loaded in this process."""
+    found = {kind: plugin_code.provider(kind, name) for kind, name in chosen_entries(cfg)}
+    return CodeConfig(**{kind: p.sha256 if p else None for kind, p in found.items()})
+
+
+def chosen_entries(cfg: Config) -> list[tuple[str, str]]:
+    """The (kind, name) of each registry entry ``cfg`` chooses, as :mod:`mpifed.plugins` names them."""
+    return [("algorithm", cfg.algorithm.name), ("model", cfg.model.name), ("dataset", cfg.data.dataset.name),
+            ("partition", cfg.data.partition.name)]
 
 
 def load_resources(paths: list[str] | None = None, overrides: list[str] | None = None,
@@ -653,7 +718,9 @@ def checkpoint_changes(stored: dict[str, Any], current: dict[str, Any],
         return diff_keys(stored, want), []
     predates = [k for k in diff_keys(stored, filled) if not _holds(stored, k)]
     for key in predates:
-        if saved is not None and _holds(saved, key):
+        if key.split(".")[0] == "code":   # from before runs recorded their code: the code loaded now
+            _put(filled, key, lookup(want, key))
+        elif saved is not None and _holds(saved, key):
             _put(filled, key, lookup(saved, key))
     return diff_keys(filled, want), predates
 

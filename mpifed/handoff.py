@@ -141,10 +141,9 @@ def start_command(ranks: int) -> str:
     return main
 
 
-def resume_command(run_path: Path | str, ranks: int, plugins: list[str]) -> str:
-    """The exact command that continues the run in ``run_path`` (with the ``--plugin`` it needs)."""
-    words = [w for p in plugins for w in ("--plugin", p)] + ["--resume", str(run_path)]
-    return f"{start_command(ranks)} {shlex.join(words)}"
+def resume_command(run_path: Path | str, ranks: int) -> str:
+    """The exact command that continues the run in ``run_path`` (its plugins are part of its record)."""
+    return f"{start_command(ranks)} {shlex.join(['--resume', str(run_path)])}"
 
 
 def _read(path: Path) -> str | None:

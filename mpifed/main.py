@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib
-import importlib.util
 import os
 import sys
 import traceback
@@ -19,8 +17,7 @@ import yaml
 
 # Only light modules at import time: signals.listening() must block the stop signals before
 # numpy or torch start their thread pools (a thread created earlier could receive SIGTERM and die).
-from mpifed import __version__, config, handoff, pipes, signals
-from mpifed.registry import RegistryError
+from mpifed import __version__, config, handoff, pipes, plugins, signals
 from mpifed.rundir import RunDir, check_run_name, claim_new, default_run_name, release_locks
 
 if TYPE_CHECKING:
@@ -39,8 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="continue the run in RUN_DIR (or in run.root/run.name) from its latest checkpoint; "
                         "starts it if it has none")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
-                   help="import a Python file or module first, e.g. one that registers a method of your own "
-                        "(@ALGORITHMS.register); repeatable")
+                   help="load a Python file or module first, e.g. one that registers a method of your own "
+                        "(@ALGORITHMS.register); repeatable. A run records its plugins: --resume needs none")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory of the same name")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="with --resume: load a checkpoint that holds Python objects beyond tensors and plain values "
@@ -55,13 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run mpifed with command-line arguments ``argv``; returns the exit code. Re-entrant: a
     process may call it several times (the tests do, in the debug mode)."""
     args = parse_args(argv)
-    try:
-        for plugin in args.plugin:
-            load_plugin(plugin)
-    except (ImportError, OSError, RegistryError) as exc:
-        sys.stderr.write(f"[mpifed] --plugin: {exc}\n")
-        return 2
     if args.config_reference:
+        try:
+            for spec in args.plugin:
+                plugins.load(spec)
+            plugins.load_installed()
+        except plugins.PluginError as exc:
+            sys.stderr.write(f"[mpifed] {exc}\n")
+            return 2
         print(config.reference())
         return 0
     # OpenMP threads waiting for work spin by default; with other processes on the cores (ranks
@@ -100,29 +98,39 @@ def _run(args: argparse.Namespace, w: Comm, mpi_world: Any, errors: tuple[type[E
             print(yaml.safe_dump(resolved.config, sort_keys=False) if args.show_config else resolved.nothing_to_do,
                   flush=True)
         return 0
-    return startup.start(resolved, handoff.resume_command(resolved.run_path, w.size, args.plugin)).walk()
+    return startup.start(resolved, handoff.resume_command(resolved.run_path, w.size)).walk()
 
 
 def resolve(args: argparse.Namespace) -> Resolved:
-    """Rank 0: the validated config, the run directory (locked) and how the run starts."""
+    """Rank 0: the validated config, the run directory (locked) and how the run starts. The code
+    comes first: the ``--plugin``s, then (for ``--resume``) the plugins the run recorded, then
+    those its config files name."""
     from mpifed import resume
     from mpifed.startup import Resolved, check_extras
-    saved = resume.saved_config(RunDir(Path(args.resume))) if args.resume else None
-    cfg, d = config.load(args.config, [o for group in args.set for o in group], base=saved)
+    for spec in args.plugin:
+        plugins.load(spec)
+    saved = None
+    if args.resume:
+        saved = resume.saved_config(RunDir(Path(args.resume)))
+        resume.restore_code(RunDir(Path(args.resume)))
+    cfg, d = config.load(args.config, [o for group in args.set for o in group], base=saved, plugins=args.plugin)
     run_path = _run_path(args, cfg, d)
     cfg = config.build(d)
     check_extras(cfg)
+    how = tuple(p.how_to_load() for p in plugins.loaded() if p.kind != "entry point")
     if args.show_config:
-        return Resolved(d, run_path)
+        return Resolved(d, run_path, plugins=how)
     run = RunDir(run_path)
     new = not run.holds_run()
     resume.take_lock(run)
     if args.resume is None:
         resume.make_room(run, args.overwrite)
-        return Resolved(d, run_path, new=new)
+        return Resolved(d, run_path, new=new, plugins=how)
+    if not args.resume:   # run.root/run.name: its code is checked against its record now that its place is known
+        resume.restore_code(run)
     decision = resume.decide(run, cfg, d, saved, trusted=args.trust_checkpoint)
     return Resolved(d, run_path, decision.resume_from, resuming=True, nothing_to_do=decision.nothing_to_do, new=new,
-                    trust_checkpoint=args.trust_checkpoint)
+                    plugins=how, trust_checkpoint=args.trust_checkpoint)
 
 
 def _run_path(args: argparse.Namespace, cfg: config.Config, d: dict[str, Any]) -> Path:
@@ -184,23 +192,6 @@ def _crashed(w: Comm) -> int:
         sys.stderr.write(f"[mpifed] rank {w.rank}: ending the whole job (MPI Abort)\n")
         w.abort(1)
     return 1
-
-
-def load_plugin(spec: str) -> None:
-    """Import a Python file (path ending in .py) or an importable module by name."""
-    if spec.endswith(".py"):
-        path = Path(spec)
-        if not path.is_file():
-            raise ImportError(f"{spec} does not exist")
-        name = f"mpifed_plugin_{path.stem}"
-        if name in sys.modules:
-            return
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        importlib.import_module(spec)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="config file (repeatable; later files override earlier ones); default: the quick start")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override config keys, e.g. --set data.dataset.name=cifar10 data.num_clients=100")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="load a Python file or module first (a data set or partition of your own); repeatable")
     p.add_argument("--force", action="store_true", help="rebuild the prepared folder even if it exists")
     p.add_argument("--show", action="store_true", help="print the per-client class counts")
     p.add_argument("--plot", action="store_true", help="draw the per-client class counts to partition.png in the "
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[mpifed.prepare] --plot: {exc}", file=sys.stderr)
             return 2
     try:
-        cfg, _ = config.load(args.config, [o for group in args.set for o in group])
+        cfg, _ = config.load(args.config, [o for group in args.set for o in group], plugins=args.plugin)
         if args.download:
             fetch(cfg.data.dataset.name, _dataset_root(cfg), args.mirror)
         manifest = prepare(cfg) if args.force else ensure_prepared(cfg)

@@ -147,13 +147,20 @@ def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size:
         model_sums=Layout("the integer buffers' sums", {"ints": ((num_ints,), np.float64), "samples": ((1,), np.float64)}),
         rows=Layout(f"{method}'s per-client uplink", {k: (u.shape, np.float32) for k, u in messages.up.items()
                                                       if u.travel == "per_client"}),
-        evaluation=Layout("evaluation sums", {"loss": ((-(-test_size // eval_batch_size),), np.float64),
-                                              "correct": ((num_classes,), np.float64),
-                                              "group_correct": ((num_groups,), np.float64),
-                                              "val_loss": ((-(-val_size // eval_batch_size),), np.float64),
-                                              "val_correct": ((1 if val_size else 0,), np.float64)}),
+        evaluation=evaluation_layout(test_size, eval_batch_size, num_classes, num_groups, val_size),
         client_state=Layout(f"{method}'s client state", {k: (s, np.float32) for k, s in messages.client_state.items()}),
     )
+
+
+def evaluation_layout(test_size: int, eval_batch_size: int, num_classes: int, num_groups: int,
+                      val_size: int = 0) -> Layout:
+    """The evaluation sums (:func:`mpifed.evaluation.evaluate_share`): per test batch its loss, per class
+    and per group the correct predictions; per validation batch its loss, and the validation set's correct ones."""
+    return Layout("evaluation sums", {"loss": ((-(-test_size // eval_batch_size),), np.float64),
+                                      "correct": ((num_classes,), np.float64),
+                                      "group_correct": ((num_groups,), np.float64),
+                                      "val_loss": ((-(-val_size // eval_batch_size),), np.float64),
+                                      "val_correct": ((1 if val_size else 0,), np.float64)})
 
 
 @dataclass

@@ -7,8 +7,11 @@ Rank 0 writes the file when a run starts and adds a segment each time it is resu
                    "cuda": null, "ranks": [{"rank": 0, "role": "server", "host": "n1",
                    "cpu": "AMD EPYC 7763 64-Core Processor", "device": "cpu", "gpu": null, "threads": 1}, ...]}]}
 
-``git_commit`` and ``git_dirty`` (tracked files of the checkout changed since that commit)
-are recorded when mpifed runs from a git checkout, else null. :func:`machine` describes the machine(s) of a
+``git_commit`` and ``git_dirty`` (tracked files of the checkout changed since that commit, or
+files inside the package that git does not track) are recorded when mpifed runs from a git
+checkout, else null. ``plugins`` lists the code from outside mpifed that was loaded (name,
+origin, SHA-256, what it registered, whether the run uses it, and its copy in the run's
+``plugins/`` folder). :func:`machine` describes the machine(s) of a
 run in one line, so that runs made on different machines can be told apart.
 """
 from __future__ import annotations
@@ -54,23 +57,30 @@ def _git(*args: str) -> str | None:
 
 
 def source_commit() -> tuple[str | None, bool | None]:
-    """The git commit of mpifed's source and whether its tracked files differ from it; (None, None)
-    when the source is not the top of a git checkout (an installed package)."""
+    """The git commit of mpifed's source and whether the checkout differs from it: a tracked file
+    changed, or a file inside the package that git does not track (a method dropped into
+    mpifed/algorithms/); (None, None) when the source is not the top of a git checkout (an
+    installed package)."""
+    package = Path(__file__).resolve().parent
     top = _git("rev-parse", "--show-toplevel")
-    if top is None or Path(top).resolve() != Path(__file__).resolve().parents[1]:
+    if top is None or Path(top).resolve() != package.parent:
         return None, None
     changes = _git("status", "--porcelain", "--untracked-files=no")
-    return _git("rev-parse", "HEAD"), None if changes is None else bool(changes)
+    untracked = _git("status", "--porcelain", "--untracked-files=all", "--", str(package))
+    if changes is None or untracked is None:
+        return _git("rev-parse", "HEAD"), None
+    return _git("rev-parse", "HEAD"), bool(changes) or any(line.startswith("??") for line in untracked.splitlines())
 
 
-def segment(ranks: list[dict[str, Any]], start_round: int) -> dict[str, Any]:
-    """One start of a run: when, from which round, which software, and each rank's machine."""
+def segment(ranks: list[dict[str, Any]], start_round: int, plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One start of a run: when, from which round, which software (with every plugin loaded, see
+    :func:`mpifed.plugins.keep_copies`), and each rank's machine."""
     import torch
     commit, dirty = source_commit()
     keep = ("rank", "role", "host", "cpu", "device", "gpu", "threads")
     return {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_round": start_round, "mpifed": __version__,
             "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
-            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "plugins": list(plugins or []),
             "ranks": [{k: r.get(k) for k in keep} for r in ranks]}
 
 
@@ -83,11 +93,23 @@ def read(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("segments"), list) else None
 
 
-def record(run_dir: Path, ranks: list[dict[str, Any]], start_round: int) -> None:
+def record(run_dir: Path, ranks: list[dict[str, Any]], start_round: int,
+           plugins: list[dict[str, Any]] | None = None) -> None:
     """Add this start's segment to the run's provenance (atomically; the file is made on the first start)."""
     found = read(run_dir) or {"segments": []}
-    found["segments"].append(segment(ranks, start_round))
+    found["segments"].append(segment(ranks, start_round, plugins))
     atomic_write(Path(run_dir) / FILE, json.dumps(found, indent=1) + "\n")
+
+
+def recorded_plugins(run_dir: Path) -> list[dict[str, Any]]:
+    """The plugins the run's latest start recorded (empty for a run that used none, or from before
+    runs recorded them)."""
+    found = read(run_dir)
+    segments = found["segments"] if found else []
+    last = segments[-1] if segments and isinstance(segments[-1], dict) else {}
+    listed = last.get("plugins")
+    return [p for p in listed if isinstance(p, dict) and {"kind", "origin", "module", "sha256"} <= set(p)] \
+        if isinstance(listed, list) else []
 
 
 def machine(provenance: dict[str, Any]) -> str:

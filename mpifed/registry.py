@@ -94,6 +94,10 @@ class Registry(Generic[T]):
         self._load()
         return sorted(self._entries)
 
+    def forget(self, name: str) -> None:
+        """Remove the entry ``name`` (a plugin being unloaded, or reloaded after its file changed)."""
+        self._entries.pop(name, None)
+
     def items(self) -> dict[str, T]:
         self._load()
         return dict(sorted(self._entries.items()))

@@ -63,16 +63,20 @@ class Collection:
     groups: dict[tuple[str, str], list[Path]] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
     figure_title: str = ""
+    notes: list[str] = field(default_factory=list)        # settings split because their runs hold different data
+    starts: dict[Path, str] = field(default_factory=dict)  # each run's initial model, in words (pairing needs one)
 
 
-def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results.Metric | None) -> Collection:
-    """Group the runs of every input (see the module docstring), methods by their display names."""
+def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results.Metric | None,
+            plugins: list[str] | None = None) -> Collection:
+    """Group the runs of every input (see the module docstring), methods by their display names;
+    a setting whose runs hold different data is split, one setting per data (:func:`split_by_data`)."""
     titles, tables = [], []
     out = Collection("", metric or results.Metric())
     for item in inputs:
         path = Path(item)
         if path.name.endswith(".table.yaml"):
-            table = load_table(path, runs_root)
+            table = load_table(path, runs_root, plugins)
             resolve(table, extra)
             groups, left_out, _, _ = finished_runs(table)
             for key, runs in groups.items():
@@ -93,8 +97,72 @@ def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results
     overrides = f" (--set {' '.join(extra)})" if extra else ""
     out.title = "; ".join(titles) + overrides
     out.figure_title = "; ".join(tables) + overrides if tables else ""
+    split_by_data(out)
     out.groups = with_display_names(out.groups)
     return out
+
+
+def split_by_data(c: Collection) -> None:
+    """Give each data a setting of its own: a setting whose runs hold different data (another data
+    set, class set, partition, number of clients, subset or hold-out, or another plugin's code for
+    them) becomes one setting per data, named by what differs, with a note; and note each run's
+    initial model (``c.starts``), so that only runs that share it are paired."""
+    found: dict[Path, dict[str, Any]] = {}
+    for runs in c.groups.values():
+        for run in runs:
+            held = stored_identity(run)
+            if isinstance(held, dict):
+                found[run] = held
+                c.starts[run] = _start(held)
+    datas: dict[str, dict[str, dict[str, Any]]] = {}
+    for (setting, _), runs in c.groups.items():
+        for run in runs:
+            if run in found:
+                data = _data(found[run])
+                datas.setdefault(setting, {})[config.digest(data)] = data
+    groups: dict[tuple[str, str], list[Path]] = {}
+    for (setting, method), runs in c.groups.items():
+        kinds = datas.get(setting, {})
+        for run in runs:
+            name = setting
+            if len(kinds) > 1 and run in found:
+                name = f"{setting} ({_described(kinds, config.digest(_data(found[run])))})"
+            groups.setdefault((name, method), []).append(run)
+    c.groups = groups
+    for setting, kinds in datas.items():
+        if len(kinds) > 1:
+            differ = ", ".join(k.removeprefix("data.") for k in _differing(kinds))
+            c.notes.append(f"The runs of {setting} hold different data ({differ}): they are "
+                           f"reported as {len(kinds)} settings, and no method is compared across them.")
+
+
+def _data(identity: dict[str, Any]) -> dict[str, Any]:
+    """What a run's clients and evaluation sets hold, from its result fingerprint."""
+    code = identity.get("code") or {}
+    data = {k: v for k, v in (identity.get("data") or {}).items() if k != "augment"}   # training-time only
+    return {"data": data, "code": {k: code.get(k) for k in ("dataset", "partition")}}
+
+
+def _start(identity: dict[str, Any]) -> str:
+    """A run's initial model in words: the model with its options (and its plugin's hash)."""
+    model = dict(identity.get("model") or {})
+    name = model.pop("name", "?")
+    sha = (identity.get("code") or {}).get("model")
+    options = ", ".join(f"{k}={v}" for k, v in sorted(model.items()))
+    return f"{name}" + (f" ({options})" if options else "") + (f" [code {sha[:8]}]" if sha else "")
+
+
+def _differing(kinds: dict[str, dict[str, Any]]) -> list[str]:
+    """The dotted keys on which the data of a setting's runs differ (a choice whose name differs
+    counts once, by its name)."""
+    first, *others = kinds.values()
+    keys = list(dict.fromkeys(k for other in others for k in config.diff_keys(first, other)))
+    renamed = [k.removesuffix(".name") for k in keys if k.endswith(".name")]
+    return [k for k in keys if not any(k.startswith(f"{r}.") and k != f"{r}.name" for r in renamed)]
+
+
+def _described(kinds: dict[str, dict[str, Any]], digest: str) -> str:
+    return ", ".join(f"{k.removeprefix('data.')}={config.lookup(kinds[digest], k)}" for k in _differing(kinds)[:3])
 
 
 def display_name(label: str) -> str:
@@ -280,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, metavar="DIR", help="folder the figures and tables are written to")
     p.add_argument("--format", choices=FORMATS, default="png", help="figure format (default: png)")
     p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
+                   "module of your own first (as for python -m mpifed.table); runs made with plugins need none, "
+                   "they keep a copy of their code")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="a table file's overrides: report the runs made with them (as for python -m mpifed.table)")
     p.add_argument("--mlflow", action="store_true", help="also add the tables and each setting's figures to the MLflow "
@@ -294,14 +365,16 @@ def main(argv: list[str] | None = None) -> int:
         if a.metric:
             spec = yaml.safe_load(a.metric)
             metric = results.Metric.parse({"kind": spec} if spec in results.KINDS else spec)
-        c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric)
+        c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric, a.plugin)
         if metric is not None:
             check_metric(c, a.metric)
     except (ReportError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
         print(f"[mpifed.report] {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
-    summary = tabulate(c.title, c.metric, c.groups, c.left_out)
+    summary = tabulate(c.title, c.metric, c.groups, c.left_out, notes=c.notes, starts=c.starts)
+    for note in c.notes:
+        print(f"[mpifed.report] warning: {note}", file=sys.stderr)
     tables = [out / "table.md", out / "table.csv", out / "table.tex"]
     drawn: dict[str, list[Path]] = {}
     try:

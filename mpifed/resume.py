@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from mpifed import checkpoint, config
+from mpifed import checkpoint, config, plugins, provenance
+from mpifed.plugins import COPIES
 from mpifed.progress import count
 from mpifed.rundir import MARKER, NotOurs, RunDir, RunLocked
 
@@ -133,13 +134,22 @@ def _from_checkpoint(run: RunDir, cfg: config.Config, resolved: dict[str, Any], 
         raise RunError(f"cannot resume {run.path} with train.rounds={rounds}: it has already completed "
                        f"{count(state['rounds_done'], 'round')}. Set train.rounds to at least that")
     changed, predates = config.checkpoint_changes(state["config_math"], resolved, saved)
+    code = [k for k in changed if k.split(".")[0] == "code"]
+    if code:
+        which = ", ".join(k.split(".", 1)[-1] for k in code)
+        raise RunError(f"cannot resume {run.path}: the code of its {which} differs from the code the checkpoint was "
+                       f"trained with ({_hashes(state['config_math'], resolved, code)}). Load the plugin the run "
+                       f"started with (it keeps a copy in {run.path / COPIES}), or start a new run (another run.name)")
     if changed:
         raise RunError(f"cannot resume {run.path}: these settings differ from the checkpoint and change the results: "
                        f"{', '.join(changed)}. Undo them, or start a new run (another run.name)")
-    if predates:
-        shown = ", ".join(f"{k}={config.lookup(resolved, k)!r}" for k in predates)
+    shown = ", ".join(f"{k}={config.lookup(resolved, k)!r}" for k in predates if k.split(".")[0] != "code")
+    if shown:
         print(f"[mpifed] {run.path}'s checkpoint predates the settings {shown}: resuming with these defaults",
               flush=True)
+    if any(k.split(".")[0] == "code" for k in predates) and any((resolved.get("code") or {}).values()):
+        print(f"[mpifed] {run.path}'s checkpoint predates the record of a run's code: resuming with the plugins "
+              f"loaded now", flush=True)
     if status is not None and status["state"] == "finished" and state["rounds_done"] == rounds:
         return Decision(nothing_to_do=f"[mpifed] {run.path} is finished ({count(rounds, 'round')}): nothing to resume, "
                                       f"nothing changed. To train it further, resume with "
@@ -156,6 +166,21 @@ def _finished_without_checkpoint(run: RunDir, cfg: config.Config, status: dict[s
                        f"nothing was changed. Start a new run (another run.name) instead")
     return Decision(nothing_to_do=f"[mpifed] {run.path} is finished ({done} rounds; its checkpoints were deleted): "
                                   f"nothing to resume, nothing changed")
+
+
+def _hashes(stored: dict[str, Any], now: dict[str, Any], keys: list[str]) -> str:
+    def short(v: Any) -> str:
+        return f"{v[:12]}..." if isinstance(v, str) else "mpifed's own"
+    return "; ".join(f"{k.split('.', 1)[-1]}: {short(config.lookup(stored, k))} then, {short(config.lookup(now, k))} now"
+                     for k in keys)
+
+
+def restore_code(run: RunDir) -> None:
+    """Load the plugins the run in ``run`` recorded using (its provenance), before its config is read:
+    the same code where it came from, else the run's copy; a PluginError when that code changed."""
+    recorded = provenance.recorded_plugins(run.path)
+    if recorded:
+        plugins.restore(recorded, run.path, f"cannot resume {run.path}", changed="refuse")
 
 
 def check_same_data(run_path: Path, state: dict[str, Any], cfg: config.Config) -> None:

@@ -9,6 +9,7 @@
     log.txt          what rank 0 printed, plus each rank's host and device
     checkpoints/     see checkpoint.py
     client_state/    see client_state.py
+    plugins/         a copy of the source of each plugin the run loaded (see plugins.py)
     .mpifed-run      marks a directory mpifed made: mpifed writes only into a new or empty folder or one
                      with this marker, and --overwrite replaces only such a directory
     .lock            held (an OS lock) by the server rank while the run is in progress
@@ -156,10 +157,10 @@ class RunDir:
                                        f"through a link: replace each by the file or folder itself, or remove it")
 
     def links(self) -> list[Path]:
-        """The symbolic links among the directory's entries and those of its checkpoints/ (a run's own
-        files never are links; client_state/ is checked itself, not its many folders)."""
+        """The symbolic links among the directory's entries and those of its checkpoints/ and plugins/
+        (a run's own files never are links; client_state/ is checked itself, not its many folders)."""
         found = []
-        for folder in (self.path, self.checkpoints):
+        for folder in (self.path, self.checkpoints, self.path / "plugins"):
             if folder.is_dir() and not folder.is_symlink():
                 found += sorted(p for p in folder.iterdir() if p.is_symlink())
         return found

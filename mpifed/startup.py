@@ -6,8 +6,10 @@ so a rank that hangs or fails is reported under the phase it did not finish
 (``start-up: <phase>``)::
 
     resolve     rank 0 -> all     the config, the run directory and how the run starts: rank 0
-                                  reads the command line, locks the run directory and applies the
-                                  resume policy (:mod:`mpifed.resume`)
+                                  loads the plugins, reads the command line, locks the run directory
+                                  and applies the resume policy (:mod:`mpifed.resume`)
+    plugins     all -> all        every rank loads rank 0's plugins (checked by hash) and builds the
+                                  config
     prepare     rank 0 -> all     the prepared data, written once (by rank 0) and checked
     shards      all -> all        each worker checks the shards of the clients it may train
     placement   all -> all        each rank's device and torch threads
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from mpifed import checkpoint, config, handoff, provenance, signals
+from mpifed import checkpoint, config, handoff, plugins, provenance, signals
 from mpifed.comm import Comm
 from mpifed.data.prepared import Manifest, verify_client_shards
 from mpifed.progress import count
@@ -65,6 +67,7 @@ class Resolved:
     resuming: bool = False             # --resume was given
     nothing_to_do: str | None = None   # why the run needs no work (it is finished): printed instead
     new: bool = False                  # the run directory held no run before
+    plugins: tuple[dict[str, Any], ...] = ()   # how every rank loads rank 0's plugins (Plugin.how_to_load)
     trust_checkpoint: bool = False     # --trust-checkpoint: the checkpoint may hold other Python objects
 
 
@@ -112,7 +115,7 @@ class Startup:
     def start(self, resolved: Resolved, resume_command: str) -> Started:
         """The phases after resolve: this rank, ready for round 1 (``resume_command`` continues the run)."""
         w, rank, size = self.world, self.rank, self.size
-        cfg = config.build(resolved.config)
+        cfg = self._everyone("plugins", lambda: load_code(resolved, rank))
         run = RunDir(resolved.run_path)
         w.on_abort = lambda reason: run.mark_failed(reason, checkpoint.latest(run.checkpoints))
         w.timeout_s, w.poll_s = cfg.comm.timeout_s, cfg.comm.poll_ms / 1000.0
@@ -138,8 +141,9 @@ class Startup:
             worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, index, workers)
         if is_server:
             server = make_server(cfg, resolved, algo, setup, layouts, manifest, transform, run, workers, resume_command)
-            provenance.record(run.path, ranks, server.rnd)
-            log_start(run, cfg, manifest, size, ranks, server.mlflow.describe() if server.mlflow else None)
+            code = plugins.keep_copies(run.path, config.chosen_entries(cfg))
+            provenance.record(run.path, ranks, server.rnd, code)
+            log_start(run, cfg, manifest, size, ranks, server.mlflow.describe() if server.mlflow else None, code)
             w.context = server.describe_checkpoint
             signals.on_signal(lambda name: announce_stop(server, name))
         return Started(RoundProtocol(layouts, w, peers, server, worker, setup.clients_per_round), server, run, rank)
@@ -187,6 +191,22 @@ class Startup:
 
 
 # ------------------------------------------------------------------ phases' work
+def load_code(resolved: Resolved, rank: int) -> config.Config:
+    """Plugins: rank 0's plugins loaded on this rank too (the same files, checked by hash), then the
+    config, whose recorded code must be what this rank loaded (an installed plugin of another
+    version on one node is refused here)."""
+    for how in resolved.plugins:
+        plugins.load_again(how)
+    cfg = config.build(resolved.config)
+    here = config.code_of(cfg)
+    if here != cfg.code:
+        differ = [f"{f}: {getattr(here, f) or 'mpifed own'} here, {getattr(cfg.code, f) or 'mpifed own'} on rank 0"
+                  for f in ("algorithm", "model", "dataset", "partition") if getattr(here, f) != getattr(cfg.code, f)]
+        raise plugins.PluginError(f"rank {rank} has other plugin code than rank 0 ({'; '.join(differ)}): install the "
+                                  f"same version of each plugin on every node")
+    return cfg
+
+
 def check_extras(cfg: config.Config) -> None:
     """Resolve: the optional packages the config asks for are installed (before anything starts)."""
     from mpifed.resume import RunError
@@ -302,9 +322,9 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
 
 
 def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ranks: list[dict[str, Any]],
-              mlflow: str | None) -> None:
-    """The run's first lines in log.txt: the method, the data, the mode, where each rank runs, and
-    where the run is tracked (TensorBoard, ``mlflow``)."""
+              mlflow: str | None, code: list[dict[str, Any]]) -> None:
+    """The run's first lines in log.txt: the method, the data, the mode, where each rank runs, the
+    plugins the run uses (``code``: their records), and where the run is tracked (TensorBoard, ``mlflow``)."""
     mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
     run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {count(manifest.num_clients, 'client')}, "
             f"{count(cfg.train.rounds, 'round')}; {mode}; run directory {run.path}")
@@ -312,6 +332,10 @@ def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ra
         gpu = f" ({r['gpu']})" if r["gpu"] else ""
         run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']}{gpu} "
                 f"threads {r['threads']}")
+    for p in code:
+        if p["used"]:
+            run.log(f"[mpifed]   plugin {p['origin']} ({', '.join(p['provides'])}): SHA-256 {p['sha256'][:16]}..., "
+                    f"copy in {run.path / p['copy']}")
     if cfg.data.test_subset and cfg.run.eval_test:
         full = manifest.test_source_size
         if full is None or manifest.test_size < full:

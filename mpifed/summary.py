@@ -93,6 +93,14 @@ class Summary:
     by_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)   # the metric per seed
     family: int = 0                # the claims Holm's adjustment covers (the table's, whatever ``claims`` shows)
     counted: set[tuple[str, str, int]] = field(default_factory=set)   # (setting, method, seed) of diverged runs counted
+    unpaired: dict[tuple[str, str], str] = field(default_factory=dict)   # (setting, method) not paired with the reference: why
+
+    def comparison_text(self, setting: str, method: str) -> str:
+        """The method's paired comparison with the reference in ``setting``, or why there is none."""
+        if (setting, method) in self.unpaired:
+            return f"not paired: {self.unpaired[(setting, method)]}"
+        found = self.paired.get((setting, method))
+        return found.text() if found is not None else "fewer than 2 common seeds"
 
     def markdown(self) -> str:
         unit = " (%)" if self.percent else ""
@@ -112,8 +120,7 @@ class Summary:
             for m in self.methods:
                 if m == self.reference:
                     continue
-                row = [(p.text() if (p := self.paired.get((s, m))) is not None else "fewer than 2 common seeds")
-                       for s in self.settings]
+                row = [self.comparison_text(s, m) for s in self.settings]
                 lines.append(f"| {m} | " + " | ".join(row) + " |")
         if self.claims:
             lines += ["", f"The table's declared claims, each paired seed by seed in {self.metric.label}; "
@@ -156,11 +163,9 @@ class Summary:
             for m in self.methods:
                 if m == self.reference or self.reference is None:
                     continue
-                got = self.by_seed.get((s, m), {})
+                got = {} if (s, m) in self.unpaired else self.by_seed.get((s, m), {})
                 cells = [f"{got[seed] - ref[seed]:+.2f}" if seed in got and seed in ref else "-" for seed in seeds]
-                compared = self.paired.get((s, m))
-                lines.append(f"| {m} − {self.reference} | " + " | ".join(cells) + " | "
-                             + (compared.text() if compared is not None else "fewer than 2 common seeds") + " |")
+                lines.append(f"| {m} − {self.reference} | " + " | ".join(cells) + f" | {self.comparison_text(s, m)} |")
             out.append("\n".join(lines))
         return "\n\n".join(out)
 
@@ -176,7 +181,8 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
              reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
              claims: list[Claim] | None = None, claim_settings: list[str] | None = None,
              family: dict[tuple[str, str], list[Path]] | None = None,
-             counted_at: dict[Path, float] | None = None, counted_why: str = "the table's declared value") -> Summary:
+             counted_at: dict[Path, float] | None = None, counted_why: str = "the table's declared value",
+             starts: dict[Path, str] | None = None) -> Summary:
     """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
     ((setting, method) -> runs), with each method's paired comparison against ``reference``
     (a method label; default: the row whose algorithm is FedAvg, if any), and ``claims`` tested in
@@ -185,7 +191,9 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     every claim), showing those whose setting and methods ``groups`` holds. A run in ``counted_at``
     (a diverged run, as the table declares or a sensitivity check asks) counts as the value given
     there in ``metric``, in the unit shown, and as missing in every other column; a note says so,
-    and why (``counted_why``)."""
+    and why (``counted_why``). Where ``starts`` describes each run's initial model, a method whose
+    runs start from another model than the reference's in a setting is not paired with it (its
+    seeds do not share their initialisation)."""
     counted_at = counted_at or {}
     percent = _in_points(metric)
     metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
@@ -214,19 +222,27 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     settings = list(dict.fromkeys(s for s, _ in groups))
     methods = list(dict.fromkeys(m for _, m in groups))
     reference = reference if reference is not None else _fedavg_row(groups, runs)
-    compared = {}
+    compared, unpaired = {}, {}
+    starts = starts or {}
     if reference is not None:
         for s in settings:
             for m in methods:
-                if m != reference:
-                    compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
+                if m == reference:
+                    continue
+                mine, theirs = ({starts[p] for p in groups.get((s, k), []) if p in starts} for k in (m, reference))
+                if starts and mine and theirs and mine != theirs:
+                    unpaired[(s, m)] = (f"its runs start from {' / '.join(sorted(mine))}, {reference}'s from "
+                                        f"{' / '.join(sorted(theirs))}: the seeds do not share their initial model")
+                    continue
+                compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
     notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs) + _counted_notes(metric, counted_at, counted_why, runs)
     values = primary if family is None else _primary_values(metric, family, runs, counted_at)
     tested = check_claims(claims or [], claim_settings or settings, values)
     shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
                    compared, reference if reference in methods else None, declared_seeds, notes, shown, primary,
-                   len(tested), {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at})
+                   len(tested), {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at},
+                   unpaired)
 
 
 def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[Path]],

@@ -16,6 +16,7 @@
 A table file::
 
     title: "FedNTD Table 1, scaled"
+    plugins: [../my_method.py]            # optional: code of your own (relative to the table), for every run
     metric: {kind: last_k, k: 5}          # the primary metric, declared before any run: the comparisons use it
     paper_metric: {kind: final, forgetting: true}   # optional: the paper's metric, shown beside
     reference: fedavg                     # optional: the row the others are compared with (default: FedAvg's)
@@ -290,7 +291,7 @@ def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> None:
         for source, r in copied:
             print(f"[mpifed.table] reused {source} as {r.path}", flush=True)
         reused += len(copied)
-        table = load_table(a.table, a.runs_root)
+        table = load_table(a.table, a.runs_root, a.plugin)
         resolve(table, extra, record=True)
         table.select(a.settings, a.methods, a.seeds)
     left = sum(not settled(r.path) for r in table.search + table.runs)
@@ -319,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with mpifed")
     p.add_argument("--runs-root", default="runs", help="folder that holds the table's run folder (default: runs)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
+                   "module of your own first (a method, model, data set or partition), for every run of the table "
+                   "too; repeatable. A table file can name its own under plugins:")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="added to every run; runs with other results go to their own directories")
@@ -359,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = [o for group in a.set for o in group]
     again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:
-        table = load_table(a.table, a.runs_root)
+        table = load_table(a.table, a.runs_root, a.plugin)
         if a.reference is not None and a.reference not in {r.method for r in table.runs}:
             raise config.ConfigError(f"--reference {a.reference}: not a method of this table "
                                      f"({', '.join(dict.fromkeys(r.method for r in table.runs))})")
@@ -385,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods), ("--seeds", a.seeds)) if v
                        for w in (flag, *map(str, v))]
             overrides = ["--set", *extra] if extra else []
-            summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *filters, *overrides,
-                                  "--summary"])
+            code = [w for spec in a.plugin for w in ("--plugin", spec)]
+            summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *code, *filters,
+                                  *overrides, "--summary"])
             print(archive_table(table, Path(a.archive), summary))
         except (config.ConfigError, OSError) as exc:
             print(f"[mpifed.table] {exc}", file=sys.stderr)
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             return code
         try:
             kept = (a.settings, a.methods, a.seeds)
-            table = load_table(a.table, a.runs_root)
+            table = load_table(a.table, a.runs_root, a.plugin)
             resolve(table, extra, record=True)
             table.select(*kept)
         except config.ConfigError as exc:

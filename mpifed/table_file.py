@@ -12,15 +12,15 @@ from typing import Any, Callable
 
 import yaml
 
-from mpifed import config, results
+from mpifed import config, plugins as plugin_code, provenance, results
 from mpifed.packaged import find_config
 from mpifed.rundir import RunDir, check_run_name
 from mpifed.runner import recorded_state
 from mpifed.summary import Claim
 from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
-TOP_KEYS = ("title", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims", "tuning",
-            "diverged")
+TOP_KEYS = ("title", "plugins", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims",
+            "tuning", "diverged")
 
 
 @dataclass
@@ -36,6 +36,7 @@ class TableRun:
     name: str
     overrides: list[str] = field(default_factory=list)      # the table's own: a candidate's values, or the choice
     candidate: str | None = None                             # a search run: its candidate's label
+    plugins: list[str] = field(default_factory=list)         # the table's plugins (--plugin of every run)
     resolved: dict[str, Any] = field(default_factory=dict)   # its config with the overrides, as a dict
     identity: dict[str, Any] = field(default_factory=dict)   # config.result_fingerprint(resolved)
 
@@ -49,7 +50,7 @@ class TableRun:
         return self.root / self.name
 
     def args(self, extra: list[str]) -> list[str]:
-        out: list[str] = []
+        out: list[str] = [w for p in self.plugins for w in ("--plugin", p)]
         for c in self.configs:
             out += ["--config", str(c)]
         return out + ["--set", f"run.seed={self.seed}", f"run.root={self.root}", f"run.name={self.name}",
@@ -75,6 +76,7 @@ class Table:
     pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
     searching: dict[tuple[str, str], list[Candidate]] = field(default_factory=dict)   # a pending pair's candidates so far
     extra: list[str] = field(default_factory=list)
+    plugins: list[str] = field(default_factory=list)          # loaded before its configs: its own and --plugin's
     whole: Table | None = None                                 # the table before select() kept a part
     diverged_value: float | None = None   # the primary metric's value a diverged final run counts as (None: left out)
 
@@ -103,15 +105,21 @@ class Table:
 
 
 # ------------------------------------------------------------------ reading a table file
-def load_table(path: str | Path, runs_root: str = "runs") -> Table:
-    """The table file's runs (not yet resolved: see :func:`resolve`); ConfigError names any problem."""
+def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | None = None) -> Table:
+    """The table file's runs (not yet resolved: see :func:`resolve`), with its plugins loaded (the
+    command line's ``plugins``, relative to the current folder, then the table's own, relative to the
+    table file); ConfigError names any problem."""
     path = find_config(path)
     try:
         spec = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise config.ConfigError(f"table {path}: {exc}") from None
     if not isinstance(spec, dict):
-        raise config.ConfigError(f"table {path} must be a mapping with {', '.join(TOP_KEYS[1:5])}")
+        raise config.ConfigError(f"table {path} must be a mapping with {', '.join(TOP_KEYS[2:6])}")
+    specs = list(dict.fromkeys(config.plugin_specs(list(plugins or []), "--plugin", None)
+                               + config.plugin_specs(spec.get("plugins"), f"table {path}", path.parent)))
+    for plugin in specs:
+        plugin_code.load(plugin)
     missing = {"settings", "methods", "seeds", "metric"} - set(spec)
     if missing:
         raise config.ConfigError(f"table {path} lacks {', '.join(sorted(missing))}")
@@ -140,11 +148,11 @@ def load_table(path: str | Path, runs_root: str = "runs") -> Table:
                                  f"in the unit the summary shows (e.g. diverged: 10.0 for chance on ten classes, in "
                                  f"points), got {counted!r}; leave it out to leave such runs out")
     table = path.name.removesuffix(".table.yaml")
-    root = Path(runs_root) / f"{path.parent.name}-{table}"
-    runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}")
+    root = Path(runs_root) / f"{path.resolve().parent.name}-{table}"   # however the path is spelled
+    runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}", plugins=specs)
             for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
     return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root,
-                 diverged_value=None if counted is None else float(counted))
+                 diverged_value=None if counted is None else float(counted), plugins=specs)
 
 
 def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:
@@ -246,8 +254,8 @@ class _Loader:
         if key not in self.cache:
             files = [str(c) for c in r.configs]
             try:
-                with_extra = config.load(files, [*r.overrides, *self.extra])[1]
-                own = config.load(files, list(r.overrides))[1] if self.extra else with_extra
+                with_extra = config.load(files, [*r.overrides, *self.extra], plugins=r.plugins)[1]
+                own = config.load(files, list(r.overrides), plugins=r.plugins)[1] if self.extra else with_extra
             except config.ConfigError as exc:
                 what = f" with {' '.join(r.overrides)}" if r.overrides else ""
                 raise config.ConfigError(f"{r.setting} x {r.method}{what}: {exc}") from None
@@ -280,7 +288,7 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
     methods = {m for _, m, _ in pairs}
     algorithms = {}
     for setting, method, configs in pairs:
-        probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "")
+        probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "", plugins=table.plugins)
         algorithms[(setting, method)] = loader(probe)[0]["algorithm"]["name"]
     named = set(tuning.per_method)
     unknown = named - methods - set(algorithms.values())
@@ -289,7 +297,7 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
                                  f"({', '.join(sorted(methods))}) nor the algorithm of one")
     if tuning.select.column.startswith("val"):
         for setting, method, configs in pairs:
-            probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "")
+            probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "", plugins=table.plugins)
             if not loader(probe)[0]["data"].get("val_size"):
                 raise config.ConfigError(f"{setting} x {method}: the search chooses on the validation set "
                                          f"({tuning.select.column}) but the setting holds none; set data.val_size "
@@ -304,7 +312,7 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
         group: list[tuple[dict[str, Any], list[TableRun]]] = []
         for values in tuning.candidates(method, algorithms[(setting, method)]):
             runs = [TableRun(setting, method, seed, list(configs), table.root / "tuning", "",
-                             tuning.overrides(values), candidate_label(values)) for seed in tuning.seeds]
+                             tuning.overrides(values), candidate_label(values), table.plugins) for seed in tuning.seeds]
             for r in runs:
                 _place(r, loader)
             group.append((values, runs))
@@ -376,6 +384,10 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
         return None
     except (OSError, yaml.YAMLError) as exc:
         return f"its config.yaml is unreadable ({exc})"
+    try:
+        plugin_code.restore(provenance.recorded_plugins(path), path, f"the run in {path}", changed="keep")
+    except plugin_code.PluginError as exc:
+        return f"its code cannot be loaded ({exc})"
     try:
         return config.result_fingerprint(config.build(stored).to_dict())
     except (config.ConfigError, TypeError, AttributeError) as exc:

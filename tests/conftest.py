@@ -28,6 +28,36 @@ def tiny(tmp: Path, *extra: str, name: str = "run") -> list[str]:
             f"run.name={name}", *extra]
 
 
+PLUGIN_METHOD = '''"""FedAvg plus a penalty on the squared logits: a method of a user's own, in a file outside mpifed."""
+from dataclasses import dataclass
+
+from mpifed.algorithms.base import Algorithm, Client
+from mpifed.options import opt
+from mpifed.registry import ALGORITHMS
+
+
+class PenaltyClient(Client):
+    def loss(self, ctx, batch, out):
+        return super().loss(ctx, batch, out) + self.options.penalty * out.logits.pow(2).mean()
+
+
+@ALGORITHMS.register("NAME")
+class Penalty(Algorithm):
+    """FedAvg with a logit penalty."""
+
+    @dataclass
+    class Options:
+        penalty: float = opt(0.05, "weight of the mean squared logit", min=0)
+
+    Client = PenaltyClient
+'''
+
+
+def plugin_method(name: str) -> str:
+    """The source of :data:`PLUGIN_METHOD`, registering the method as ``name``."""
+    return PLUGIN_METHOD.replace("NAME", name)
+
+
 def write_tiny_table(folder: Path, data_root: Path, seeds: str = "[0, 1]") -> Path:
     """A table of one tiny synthetic setting x {fedavg, fedntd}; returns the table file."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -154,14 +154,13 @@ def test_a_failed_job_ends_with_rank_0s_last_note_of_where_to_continue(tmp_path,
 
 def test_resume_command_is_the_command_that_started_the_run(monkeypatch):
     monkeypatch.setenv("MPIFED_RESUME_WITH", "launch/local.sh 3")
-    assert handoff.resume_command("runs/my run", 3, ["my_method.py"]) == \
-        "launch/local.sh 3 --plugin my_method.py --resume 'runs/my run'"
+    assert handoff.resume_command("runs/my run", 3) == "launch/local.sh 3 --resume 'runs/my run'"   # plugins: recorded
     monkeypatch.delenv("MPIFED_RESUME_WITH")
     for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"):
         monkeypatch.delenv(var, raising=False)
-    assert handoff.resume_command("runs/x", 1, []).endswith(" -m mpifed.main --resume runs/x")
+    assert handoff.resume_command("runs/x", 1).endswith(" -m mpifed.main --resume runs/x")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
-    assert handoff.resume_command("runs/x", 4, []).startswith("mpirun -n 4 ")
+    assert handoff.resume_command("runs/x", 4).startswith("mpirun -n 4 ")
 
 
 def test_local_sh_keeps_its_usage_line():

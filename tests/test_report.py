@@ -177,3 +177,26 @@ def test_partition_plot_title_says_what_the_split_is_not_how_it_was_searched_for
     title, subtitle = drawn["heatmap"][:2]
     assert title == "synthetic: 5 clients, dirichlet partition (beta 0.5)"
     assert subtitle == "training samples per client and class (blank: none)"
+
+
+def test_a_report_never_mixes_data_sets_or_pairs_runs_that_start_apart(tmp_path, capsys):
+    """A folder holding digits and synthetic runs: two settings, a note, each its own figures and class
+    names; a method whose runs start from another model is not paired with the reference."""
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    mixed = tmp_path / "runs" / "mixed"
+    for seed in (0, 1):
+        fake_run(mixed / f"fedavg-s{seed}", resolved_config(table, seed), [0.5, 0.6 + 0.01 * seed], [[0.5, 0.7]] * 2)
+        fake_run(mixed / f"other-s{seed}", resolved_config(table, seed, "data.dataset.name=digits"),
+                 [0.8, 0.9 + 0.01 * seed], [[0.9] * 10] * 2)
+        fake_run(mixed / f"wide-s{seed}", resolved_config(table, seed, "model.name=fedavg_cnn"),
+                 [0.5, 0.7 + 0.02 * seed], [[0.5, 0.7]] * 2)
+    out = tmp_path / "report"
+    assert report_main([str(mixed), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    md = (out / "table.md").read_text()
+    note = "The runs of mixed hold different data (dataset.name): they are reported as 2 settings"
+    assert note in md and f"warning: {note}" in err
+    settings = {r["setting"] for r in csv.DictReader((out / "table.csv").open())}
+    assert settings == {"mixed (dataset.name=synthetic)", "mixed (dataset.name=digits)"}
+    assert (out / "mixed_dataset.name_digits-per-class.png").is_file()
+    assert "| wide | not paired: its runs start from fedavg_cnn, FedAvg's from digits_cnn: the seeds do not share" in md

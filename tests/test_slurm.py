@@ -246,8 +246,23 @@ def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_pat
     assert metrics(run_dir(runs, cut)) == metrics(run_dir(runs, full))
 
 
+PLUGIN = """from mpifed.algorithms.base import Algorithm
+from mpifed.registry import ALGORITHMS
+
+
+@ALGORITHMS.register("slurm_mine")
+class Mine(Algorithm):
+    \"\"\"FedAvg under a name of its own, from a file outside mpifed.\"\"\"
+"""
+
+
 def test_table_as_array_job(cluster, tmp_path):
+    """One task per run; the table's own method comes from a file outside the repository, which the
+    table names: the tasks need nothing more."""
     table = write_tiny_table(tmp_path / "t", tmp_path / "data", seeds="[0]")
+    (tmp_path / "mine.py").write_text(PLUGIN)
+    (tmp_path / "t" / "b.yaml").write_text("algorithm: slurm_mine\n")
+    table.write_text("plugins: [../mine.py]\n" + table.read_text())
     runs_file = tmp_path / "runs.txt"
     subprocess.run([sys.executable, "-m", "mpifed.table", str(table), "--runs-root", str(tmp_path / "runs"),
                     "--write-runs", str(runs_file)], cwd=REPO, env=cluster.env, check=True, capture_output=True)
@@ -256,3 +271,4 @@ def test_table_as_array_job(cluster, tmp_path):
         assert cluster.wait(f"{jid}_{task}") == "COMPLETED", (tmp_path / f"{jid}_{task}.out").read_text()
     for name in ("s-a-s0", "s-b-s0"):
         assert json.loads((tmp_path / "runs" / "t-x" / name / "summary.json").read_text())["status"] == "finished"
+    assert json.loads((tmp_path / "runs" / "t-x" / "s-b-s0" / "summary.json").read_text())["algorithm"] == "slurm_mine"

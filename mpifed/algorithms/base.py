@@ -587,3 +587,44 @@ class Algorithm:
 
     def client(self) -> Client:
         return self.Client(self.options, self.setup)
+
+
+# the hooks a role may override, with the arguments the round passes them (after self)
+_HOOKS: dict[type, dict[str, int]] = {
+    Client: {"round_start": 2, "statistics": 2, "use_statistics": 1, "local_round": 1, "begin_client": 1, "train": 1,
+             "optimizer": 1, "step": 3, "on_batch": 3, "loss": 3, "capture_key": 1, "end_client": 1, "uplink": 1},
+    Server: {"start": 1, "downlink": 2, "aggregate": 3, "reported": 1, "log": 0, "state_dict": 0,
+             "load_state_dict": 1},
+}
+
+
+def role_problems(cls: Any) -> list[str]:
+    """Why a registered algorithm cannot run in the round (empty when it can): not an Algorithm,
+    roles that are not a Server and a Client, a hook that cannot take the round's arguments, or a
+    server ``state`` that is not a tuple of attribute names."""
+    import inspect
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        return ["is not a subclass of mpifed.algorithms.base.Algorithm (register the method's Algorithm class)"]
+    problems = []
+    for role, base in (("Server", Server), ("Client", Client)):
+        given = getattr(cls, role)
+        if not (isinstance(given, type) and issubclass(given, base)):
+            problems.append(f"its {role} is {given!r}, not a subclass of mpifed.algorithms.base.{base.__name__}")
+            continue
+        for hook, count in _HOOKS[base].items():
+            mine = getattr(given, hook)
+            if mine is getattr(base, hook):
+                continue
+            try:
+                inspect.signature(mine).bind(None, *[None] * count)
+            except TypeError:
+                wanted = ", ".join(["self"] + list(inspect.signature(getattr(base, hook)).parameters)[1:])
+                problems.append(f"{given.__name__}.{hook}{inspect.signature(mine)} cannot be called as the round "
+                                f"calls it: {hook}({wanted})")
+            except ValueError:
+                continue
+    state = getattr(cls.Server, "state", ())
+    if isinstance(cls.Server, type) and (not isinstance(state, tuple) or not all(isinstance(s, str) for s in state)):
+        problems.append(f"{cls.Server.__name__}.state is {state!r}; it names the attributes a checkpoint keeps, as a "
+                        f"tuple of strings, e.g. state = (\"momentum\",)")
+    return problems

@@ -158,12 +158,14 @@ class Manifest:
 
 
 def prepare_spec(cfg: Config) -> dict[str, Any]:
-    """Everything that determines the prepared files (and nothing else)."""
+    """Everything that determines the prepared files (and nothing else): with a data set or partition
+    from a plugin, its code's hash (absent for mpifed's own, so earlier folders keep their names)."""
     d = cfg.data
     partition = to_dict(d.partition)
     split_file = getattr(PARTITIONS.get(d.partition.name), "fingerprint", None)
     if split_file is not None:
         partition["fingerprint"] = split_file(d.partition.options)
+    code = {k: v for k, v in (("dataset", cfg.code.dataset), ("partition", cfg.code.partition)) if v}
     text = {}
     if modality(DATASETS.get(d.dataset.name)) == "text":
         from mpifed.data.tokenize import fingerprint as tokenizer_fingerprint
@@ -178,6 +180,7 @@ def prepare_spec(cfg: Config) -> dict[str, Any]:
         **({"val_size": d.val_size} if d.val_size else {}),   # absent at 0: earlier folders keep their names
         "server_holdout_per_class": d.server_holdout_per_class,
         **text,
+        **({"code": code} if code else {}),
     }
 
 

@@ -1,0 +1,179 @@
+"""Plugins (mpifed.plugins): a method, model, data set or partition from a file or module outside mpifed,
+loaded once, hashed, checked against its registry's interface, named in configs relative to the file
+that names them, and part of a run's identity through the config's ``code`` section.
+
+Each test unloads what it loaded, so the registries of this process stay mpifed's own."""
+import hashlib
+import sys
+import textwrap
+
+import pytest
+
+from conftest import plugin_method
+from mpifed import config, plugins
+from mpifed.registry import ALGORITHMS, MODELS
+
+def method(name="plug_penalty"):
+    return plugin_method(name)
+
+
+@pytest.fixture(autouse=True)
+def unloaded():
+    """Whatever a test loads is unloaded after it (entries, modules)."""
+    before = set(map(id, plugins.loaded()))
+    yield
+    for p in plugins.loaded():
+        if id(p) not in before:
+            plugins.unload(p)
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_file_plugin_registers_its_entries_under_the_hash_of_its_source(tmp_path):
+    f = write(tmp_path / "mine.py", method())
+    p = plugins.load(str(f))
+    assert p.kind == "file" and p.origin == str(f) and p.provides == [("algorithm", "plug_penalty")]
+    assert p.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()     # what sha256sum prints
+    assert ALGORITHMS.get("plug_penalty").__doc__ == "FedAvg with a logit penalty."
+    assert plugins.provider("algorithm", "plug_penalty") is p and plugins.provider("algorithm", "fedavg") is None
+    assert plugins.load(str(f)) is p                                    # the same source: loaded once
+
+
+def test_an_edited_file_replaces_its_earlier_version(tmp_path):
+    f = write(tmp_path / "mine.py", method())
+    old = plugins.load(str(f))
+    f.write_text(method("plug_renamed"))
+    new = plugins.load(str(f))
+    assert new.sha256 != old.sha256 and "plug_penalty" not in ALGORITHMS and "plug_renamed" in ALGORITHMS
+    assert old.module not in sys.modules
+
+
+@pytest.mark.parametrize("source,message", [
+    ("import no_such_module_here\n", r"failed to import: ModuleNotFoundError: No module named 'no_such_module_here' "
+                                     r"\(.*broken\.py, line 1\)"),
+    ("x = 1\ny = undefined_name\n", r"failed to import: NameError: name 'undefined_name' is not defined \(.*, line 2\)"),
+    ("def f(:\n", r"failed to import: SyntaxError: .*\(.*broken\.py, line 1\)"),
+    ("x = 1\n", r"registers nothing: a plugin defines a method, model, data set or partition and registers it"),
+    (plugin_method("fedavg"), r"algorithm 'fedavg' is registered twice: by mpifed\.algorithms\.fedavg\.FedAvg"),
+    (plugin_method("plug_bad").replace("def loss(self, ctx, batch, out)", "def loss(self, batch, out)"),
+     r"PenaltyClient\.loss\(self, batch, out\) cannot be called as the round calls it: loss\(self, ctx, batch, out\)"),
+    ("from mpifed.registry import ALGORITHMS\n@ALGORITHMS.register('plug_thing')\nclass Thing:\n    pass\n",
+     r"algorithm 'plug_thing' \(Thing\) has no Options dataclass"),
+    ("from mpifed.options import NoOptions\nfrom mpifed.registry import ALGORITHMS\n"
+     "@ALGORITHMS.register('plug_thing')\nclass Thing:\n    Options = NoOptions\n",
+     r"'plug_thing' \(Thing\): is not a subclass of mpifed\.algorithms\.base\.Algorithm"),
+    ("from mpifed.options import NoOptions\nfrom mpifed.registry import MODELS\n"
+     "@MODELS.register('plug_net')\nclass Net:\n    Options = NoOptions\n", r"model 'plug_net' \(Net\) has no build\(\)"),
+])
+def test_a_broken_plugin_is_one_message_and_leaves_nothing_registered(tmp_path, source, message):
+    f = write(tmp_path / "broken.py", source)
+    before = {r.kind: r.names() for r in (ALGORITHMS, MODELS)}
+    with pytest.raises(plugins.PluginError, match=message) as e:
+        plugins.load(str(f))
+    assert str(f) in str(e.value)
+    assert {r.kind: r.names() for r in (ALGORITHMS, MODELS)} == before
+    assert not [m for m in sys.modules if m.startswith("mpifed_plugin_broken")]
+    f.write_text(method("plug_fixed"))                                  # fixed, it loads
+    assert plugins.load(str(f)).provides == [("algorithm", "plug_fixed")]
+
+
+def test_a_missing_file_or_module_is_named(tmp_path):
+    with pytest.raises(plugins.PluginError, match=r"nothere\.py does not exist"):
+        plugins.load(str(tmp_path / "nothere.py"))
+    with pytest.raises(plugins.PluginError, match=r"plugin module nolab\.methods cannot be found: no module named 'nolab'"):
+        plugins.load("nolab.methods")
+
+
+def test_a_module_plugin_is_its_whole_package_with_its_helpers(tmp_path, monkeypatch):
+    write(tmp_path / "mylab" / "__init__.py", "")
+    write(tmp_path / "mylab" / "helpers.py", "PENALTY = 0.5\n")
+    write(tmp_path / "mylab" / "methods.py", method().replace("0.05", "__import__('mylab.helpers').helpers.PENALTY"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = plugins.load("mylab.methods")
+    assert p.kind == "module" and p.files == ("mylab/__init__.py", "mylab/helpers.py", "mylab/methods.py")
+    sha = p.sha256
+    plugins.unload(p)
+    (tmp_path / "mylab" / "helpers.py").write_text("PENALTY = 0.25\n")   # a helper changed: the plugin's code changed
+    assert plugins.load("mylab.methods").sha256 != sha
+
+
+def test_configs_name_plugins_relative_to_themselves_and_their_bases_add_up(tmp_path):
+    write(tmp_path / "code" / "a.py", method("plug_a"))
+    write(tmp_path / "code" / "b.py", method("plug_b"))
+    write(tmp_path / "conf" / "base.yaml", "plugins: [../code/a.py]\n")
+    top = write(tmp_path / "conf" / "sub" / "top.yaml", "base: ../base.yaml\nplugins: ../../code/b.py\n"
+                                                         "algorithm: {name: plug_b, penalty: 0.2}\n")
+    cfg, d = config.load([str(top)])
+    assert d["plugins"] == [str(tmp_path / "code" / "a.py"), str(tmp_path / "code" / "b.py")]
+    assert cfg.algorithm.options.penalty == 0.2
+    assert d["code"] == {"algorithm": plugins.provider("algorithm", "plug_b").sha256, "model": None, "dataset": None,
+                         "partition": None}
+    assert config.load([])[1]["code"] == {"algorithm": None, "model": None, "dataset": None, "partition": None}
+
+
+def test_code_is_recorded_not_set(tmp_path):
+    with pytest.raises(config.ConfigError, match="'code' is recorded by mpifed"):
+        config.load([], ["code.algorithm=abc"])
+    bad = write(tmp_path / "c.yaml", "code: {algorithm: abc}\n")
+    with pytest.raises(config.ConfigError, match=f"{bad}: 'code' is recorded by mpifed"):
+        config.load([str(bad)])
+    with pytest.raises(config.ConfigError, match=r"plugins must be a list of Python files or modules"):
+        config.load([str(write(tmp_path / "d.yaml", "plugins: {a: 1}\n"))])
+
+
+def test_a_changed_plugin_is_a_changed_setting(tmp_path):
+    f = write(tmp_path / "mine.py", method())
+    _, first = config.load([], ["algorithm.name=plug_penalty"], plugins=[str(f)])
+    f.write_text(method() + "\n# a change\n")
+    _, second = config.load([], ["algorithm.name=plug_penalty"], plugins=[str(f)])
+    assert config.diff_keys(config.result_fingerprint(first), config.result_fingerprint(second)) == ["code.algorithm"]
+
+
+def test_a_checkpoint_from_before_runs_recorded_their_code_resumes_with_the_code_loaded_now(tmp_path):
+    f = write(tmp_path / "mine.py", method())
+    _, d = config.load([], ["algorithm.name=plug_penalty"], plugins=[str(f)])
+    stored = config.math_fingerprint(d)
+    del stored["code"]
+    assert config.checkpoint_changes(stored, d) == ([], ["code"])
+
+
+def test_a_runs_copy_of_its_plugin_is_used_when_the_file_is_gone_and_checked_first(tmp_path):
+    f = write(tmp_path / "code" / "mine.py", method())
+    run = tmp_path / "run"
+    run.mkdir()
+    p = plugins.load(str(f))
+    records = plugins.keep_copies(run, [("algorithm", "plug_penalty")])
+    assert [(r["used"], r["copy"]) for r in records if r["sha256"] == p.sha256] == [
+        (True, f"plugins/mine-{p.sha256[:12]}")]
+    mine = [r for r in records if r["sha256"] == p.sha256]
+    plugins.unload(p)
+    f.unlink()
+    restored = plugins.restore(mine, run, "the run", changed="refuse")   # the file is gone: the copy, checked
+    assert [r.sha256 for r in restored] == [p.sha256] and "plug_penalty" in ALGORITHMS
+    plugins.unload(restored[0])
+    copy = run / mine[0]["copy"] / "mine.py"
+    copy.write_text(method() + "# edited in the run's folder\n")
+    with pytest.raises(plugins.PluginError, match=r"the run's copy of plugin .*mine\.py in .* was altered"):
+        plugins.restore(mine, run, "the run", changed="refuse")
+    copy.unlink()
+    with pytest.raises(plugins.PluginError, match=r"the run's copy of plugin .*mine\.py is missing"):
+        plugins.restore(mine, run, "the run", changed="refuse")
+    assert "plug_penalty" not in ALGORITHMS
+
+
+def test_a_restored_run_refuses_another_plugin_under_its_names(tmp_path):
+    f = write(tmp_path / "a" / "mine.py", method())
+    run = tmp_path / "run"
+    run.mkdir()
+    p = plugins.load(str(f))
+    mine = [r for r in plugins.keep_copies(run, [("algorithm", "plug_penalty")]) if r["sha256"] == p.sha256]
+    plugins.unload(p)
+    plugins.load(str(write(tmp_path / "b" / "other.py", method() + "# another file, the same name\n")))
+    with pytest.raises(plugins.PluginError, match=r"was made with plugin .*a/mine\.py .* but this process has "
+                                                  r"plugin .*b/other\.py"):
+        plugins.restore(mine, run, "the run", changed="refuse")
+    assert plugins.restore(mine, run, "the run", changed="keep") == []   # a reader needs only the names
