@@ -1,10 +1,10 @@
-"""``mpifed evaluate RUN_DIR [--data test|val|CONFIG]`` (also ``python -m mpifed.evaluate``): rebuild a
-run's trained model from its directory (network, weights, input normalisation, its own plugin code)
-and print its figures on a data set: the run's test set (by default; the accuracy the run recorded),
-its validation set, or the data set of a config file (same classes and input shape), e.g.
+"""``mpifed evaluate RUN_DIR... [--data test|val|CONFIG]`` (also ``python -m mpifed.evaluate``): rebuild
+each run's trained model from its directory (network, weights, input normalisation, its own plugin
+code) and print its figures on a data set: the run's test set (by default; the accuracy the run
+recorded), its validation set, or the data set of a config file (same classes and input shape), e.g.
 
     mpifed evaluate runs/quickstart-20261201-120000
-    mpifed evaluate runs/my-run --data val
+    mpifed evaluate runs/mytable-mine/*-s0 --data val
     mpifed evaluate runs/my-run --data configs/other-test-set.yaml --set data.test_subset=0
 """
 from __future__ import annotations
@@ -43,30 +43,33 @@ def report(path: str, data: str, figures: dict, names: list[str], recorded: floa
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mpifed evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", metavar="RUN_DIR", help="a run directory holding model.pt (a finished run)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories holding model.pt (finished runs)")
     p.add_argument("--data", default="test", metavar="test|val|CONFIG",
                    help="the run's test set (default), its validation set, or a config file's data set")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="with --data CONFIG: overrides of that config, e.g. data.test_subset=0")
     p.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda, cuda:1)")
-    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.add_argument("--json", action="store_true", help="print each run's figures as one JSON object a line")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     a = p.parse_args(argv)
     overrides = [o for group in a.set for o in group]
     if overrides and a.data in ("test", "val"):
         p.error("--set goes with --data CONFIG")
-    try:
-        trained = load(a.run, a.device)
-        figures = evaluate(trained, a.data, overrides)
-    except (TrainedError, config.ConfigError, DataMissing, PartitionError, PreparedDataError) as exc:
-        print(f"[mpifed.evaluate] {exc}", file=sys.stderr)
-        return 2
-    recorded = results.read_json(trained.path / "summary.json").get("final_test_acc")
-    if a.json:
-        print(json.dumps({**figures, "recorded_final_test_acc": recorded}))
-    else:
-        print(report(a.run, a.data, figures, trained.class_names, recorded))
-    return 0
+    code = 0
+    for run in a.runs:
+        try:
+            trained = load(run, a.device)
+            figures = evaluate(trained, a.data, overrides)
+        except (TrainedError, config.ConfigError, DataMissing, PartitionError, PreparedDataError) as exc:
+            print(f"[mpifed.evaluate] {exc}", file=sys.stderr)
+            code = 2
+            continue
+        recorded = results.read_json(trained.path / "summary.json").get("final_test_acc")
+        if a.json:
+            print(json.dumps({"run": run, **figures, "recorded_final_test_acc": recorded}))
+        else:
+            print(report(run, a.data, figures, trained.class_names, recorded), flush=True)
+    return code
 
 
 if __name__ == "__main__":

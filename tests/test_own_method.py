@@ -94,10 +94,12 @@ def test_the_mpi_run_of_the_method_equals_its_debug_run(own_table):
 
 def test_evaluate_prints_each_runs_recorded_final_accuracy(own_table):
     runs = sorted((own_table / "runs" / "t-t").glob("s-*-s[0-9]"))
+    out = mpifed(own_table, "mpifed.cli", "evaluate", *map(str, runs)).stdout
     for run in runs:
         recorded = json.loads((run / "summary.json").read_text())["final_test_acc"]
-        out = mpifed(own_table, "mpifed.cli", "evaluate", str(run)).stdout
-        assert f"test accuracy {recorded:.4f}" in out and f"recorded final_test_acc {recorded:.4f} (the same)" in out
+        assert (f"{run}: test accuracy {recorded:.4f}" in out
+                and f"recorded final_test_acc {recorded:.4f} (the same)" in out)
+    assert out.count("(the same)") == 4
     figures = json.loads(mpifed(own_table, "mpifed.evaluate", str(runs[-1]), "--json").stdout)
     assert figures["test_acc"] == figures["recorded_final_test_acc"] is not None
 
