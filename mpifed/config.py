@@ -611,11 +611,8 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
         specs += layer.pop("plugins", [])
     for spec in dict.fromkeys(specs):
         plugin_code.load(spec)
-    for source, layer in [(str(p), layer) for p, layer in zip(paths or [], layers)] + [(f"override {o!r}", parse_override(o))
-                                                                                     for o in overrides or []]:
-        if "code" in layer:
-            raise ConfigError(f"{source}: 'code' is recorded by mpifed (the SHA-256 of each plugin a run uses), not a "
-                              f"setting; remove it")
+    for p, layer in zip(paths or [], layers):
+        _not_code(str(p), layer)
     data = merge(to_dict(Config()), base) if base else to_dict(Config())
     listed = data.get("plugins") if isinstance(data.get("plugins"), list) else []
     per_algorithm = [_per_algorithm(layer, str(p)) for p, layer in zip(paths or [], layers)]
@@ -630,7 +627,7 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     ordered: list[dict[str, Any]] = []
     chosen = data
     for text in sorted((o for o in overrides or [] if o not in given), key=lambda o: not picks_choice(o)):
-        ordered.append(parse_override(text, chosen))
+        ordered.append(_not_code(f"override {text!r}", parse_override(text, chosen)))
         chosen = merge(chosen, ordered[-1])
     algorithm = chosen.get("algorithm", {})
     name = algorithm.get("name") if isinstance(algorithm, dict) else algorithm
@@ -646,6 +643,14 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     cfg = build(data)
     cfg.code = code_of(cfg)
     return cfg, cfg.to_dict()
+
+
+def _not_code(source: str, layer: dict[str, Any]) -> dict[str, Any]:
+    """``layer`` (a file's or an override's), unless it sets ``code``, which mpifed records itself."""
+    if "code" in layer:
+        raise ConfigError(f"{source}: 'code' is recorded by mpifed (the SHA-256 of each plugin a run uses), not a "
+                          f"setting; remove it")
+    return layer
 
 
 def code_of(cfg: Config) -> CodeConfig:

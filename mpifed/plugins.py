@@ -164,12 +164,11 @@ def _load_module(name: str, sys_path: str | None = None, entry: importlib.metada
     if found is None:
         raise PluginError(f"plugin module {name} cannot be found: no module named {top!r} on the Python path. "
                           f"Install its package, add its folder to PYTHONPATH, or name the file (ending in .py)")
-    root, files = _module_source(found)
-    sources = {rel: (root / rel).read_bytes() for rel in files}
+    root, sources = _module_source(found)
     sha = _sha_tree(sources)
     if sha in _loaded:
         return _loaded[sha]
-    plugin = Plugin("entry point" if entry else "module", name, name, sha, root, files, sys_path=sys_path,
+    plugin = Plugin("entry point" if entry else "module", name, name, sha, root, tuple(sources), sys_path=sys_path,
                     sources=sources)
     if entry is not None:
         plugin.entry_point = f"{entry.name} = {entry.value}"
@@ -414,8 +413,7 @@ def _origin_hash(rec: dict[str, Any]) -> str | None:
     found = importlib.util.find_spec(rec["module"].split(".")[0]) if re.fullmatch(r"[\w.]+", rec["module"]) else None
     if found is None:
         return None
-    root, files = _module_source(found)
-    return _sha_tree({rel: (root / rel).read_bytes() for rel in files})
+    return _sha_tree(_module_source(found)[1])
 
 
 def _load_recorded_origin(rec: dict[str, Any]) -> Plugin:
@@ -442,17 +440,18 @@ def _sha_tree(sources: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-def _module_source(found: importlib.machinery.ModuleSpec) -> tuple[Path, tuple[str, ...]]:
-    """The folder and the .py files of a top-level module: its file, or every file of its package."""
+def _module_source(found: importlib.machinery.ModuleSpec) -> tuple[Path, dict[str, bytes]]:
+    """The folder and the .py files of a top-level module, by path relative to the folder: its file,
+    or every file of its package."""
     if found.submodule_search_locations:
         package = Path(list(found.submodule_search_locations)[0])
-        files = sorted(str(p.relative_to(package.parent)) for p in package.rglob("*.py")
-                       if "__pycache__" not in p.parts and not p.is_symlink())
-        return package.parent, tuple(files)
+        files = {str(p.relative_to(package.parent)): p for p in package.rglob("*.py")
+                 if "__pycache__" not in p.parts and not p.is_symlink()}
+        return package.parent, {rel: files[rel].read_bytes() for rel in sorted(files)}
     if not found.origin or not found.origin.endswith(".py"):
         raise PluginError(f"plugin module {found.name} is not Python source ({found.origin}): a plugin must be .py files")
     origin = Path(found.origin)
-    return origin.parent, (origin.name,)
+    return origin.parent, {origin.name: origin.read_bytes()}
 
 
 class _on_path:

@@ -65,6 +65,7 @@ class Collection:
     figure_title: str = ""
     notes: list[str] = field(default_factory=list)        # settings split because their runs hold different data
     starts: dict[Path, str] = field(default_factory=dict)  # each run's initial model, in words (pairing needs one)
+    identities: dict[Path, dict[str, Any]] = field(default_factory=dict)   # each run's result fingerprint
 
 
 def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results.Metric | None,
@@ -79,6 +80,7 @@ def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results
             table = load_table(path, runs_root, plugins)
             resolve(table, extra)
             groups, left_out, _, _ = finished_runs(table)
+            out.identities.update({r.path: r.identity for r in table.runs})
             for key, runs in groups.items():
                 out.groups.setdefault(key, []).extend(runs)
             out.left_out += left_out
@@ -107,13 +109,8 @@ def split_by_data(c: Collection) -> None:
     set, class set, partition, number of clients, subset or hold-out, or another plugin's code for
     them) becomes one setting per data, named by what differs, with a note; and note each run's
     initial model (``c.starts``), so that only runs that share it are paired."""
-    found: dict[Path, dict[str, Any]] = {}
-    for runs in c.groups.values():
-        for run in runs:
-            held = stored_identity(run)
-            if isinstance(held, dict):
-                found[run] = held
-                c.starts[run] = _start(held)
+    found = c.identities
+    c.starts = {run: _start(found[run]) for runs in c.groups.values() for run in runs if run in found}
     datas: dict[str, dict[str, dict[str, Any]]] = {}
     for (setting, _), runs in c.groups.items():
         for run in runs:
@@ -197,8 +194,9 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
         if state != "finished":
             out.left_out.append(f"{run}: not finished ({state or 'no status.json'})")
             continue
-        held["run"].pop("seed", None)
-        keyed.setdefault((run.parent.name, _SEED_SUFFIX.sub("", run.name), config.digest(held)), []).append(run)
+        out.identities[run] = held
+        seedless = {**held, "run": {k: v for k, v in held["run"].items() if k != "seed"}}
+        keyed.setdefault((run.parent.name, _SEED_SUFFIX.sub("", run.name), config.digest(seedless)), []).append(run)
     labels: dict[tuple[str, str], int] = {}
     for setting, label, _ in keyed:
         labels[(setting, label)] = labels.get((setting, label), 0) + 1

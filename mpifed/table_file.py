@@ -384,10 +384,12 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
         return None
     except (OSError, yaml.YAMLError) as exc:
         return f"its config.yaml is unreadable ({exc})"
-    try:
-        plugin_code.restore(provenance.recorded_plugins(path), path, f"the run in {path}", changed="keep")
-    except plugin_code.PluginError as exc:
-        return f"its code cannot be loaded ({exc})"
+    code = stored.get("code") if isinstance(stored, dict) else None
+    if isinstance(code, dict) and any(code.values()):   # it used a plugin: its names, from the run's record
+        try:
+            plugin_code.restore(provenance.recorded_plugins(path), path, f"the run in {path}", changed="keep")
+        except plugin_code.PluginError as exc:
+            return f"its code cannot be loaded ({exc})"
     try:
         return config.result_fingerprint(config.build(stored).to_dict())
     except (config.ConfigError, TypeError, AttributeError) as exc:
