@@ -62,7 +62,8 @@ class Run:
 
     @property
     def status(self) -> str | None:
-        """running, stopped, finished or failed (a run whose processes died reads as failed); None before it starts."""
+        """running, stopped, finished, failed (a run whose processes died reads as failed) or damaged (finished, its
+        metrics.jsonl cut short: resume it to write it again); None before it starts."""
         found = RunDir(self.path).status()
         return found["state"] if found else None
 

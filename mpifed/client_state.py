@@ -11,9 +11,16 @@ server writes a checkpoint, which keeps resume exact.
 
 Versions on disk that a resume from any checkpoint still on disk could need are kept, older
 ones deleted; a resume discards the versions written after its checkpoint.
+
+A state file is ``MPIFEDCS``, the SHA-256 of the state, then the state: a damaged file is refused,
+not used. The server says in each round's plan the round each client last trained in, so a
+state that should be there and is not (a deleted file) is an error, never a client trained from
+zeros or from an older state. (A file of exactly the state's size without the header was written
+by an earlier mpifed and is read as it is.)
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections import OrderedDict
@@ -28,6 +35,8 @@ from mpifed.protocol import Layout
 from mpifed.rundir import write_then_rename
 
 _VERSION = re.compile(r"^r(\d+)\.bin$")
+_MAGIC = b"MPIFEDCS"
+_HEADER = len(_MAGIC) + 32
 
 
 class ClientStateError(RuntimeError):
@@ -51,14 +60,12 @@ class ClientStates:
         self._memory: OrderedDict[int, _Entry] = OrderedDict()
 
     # ------------------------------------------------------------ one client
-    def get(self, cid: int, rnd: int) -> dict[str, torch.Tensor] | None:
-        """The client's state from its latest round before ``rnd`` (copies); None if it never trained."""
-        entry = self._memory.get(cid)
-        if entry is None:
-            entry = self._read_latest(cid, rnd)
-            if entry is None:
-                return None
-        return {k: v.clone() for k, v in self.layout.views(entry.buf).items()}
+    def get(self, cid: int, last: int | None) -> dict[str, torch.Tensor] | None:
+        """The client's state after round ``last``, the round it last trained in (copies); None when it
+        has not trained yet (``last`` None)."""
+        if last is None:
+            return None
+        return {k: v.clone() for k, v in self.layout.views(self._entry(cid, last).buf).items()}
 
     def put(self, cid: int, rnd: int, state: dict[str, torch.Tensor], keep_from: int) -> None:
         """Keep the client's state after round ``rnd``; spill the least recently used beyond the budget."""
@@ -69,12 +76,11 @@ class ClientStates:
             if old.dirty:
                 self._write(old_cid, old, keep_from)
 
-    def export(self, cid: int, rnd: int) -> np.ndarray | None:
-        """The client's state as one buffer to send to another worker (the round first, as int64),
-        dropped from this worker's memory; None if it has none."""
-        entry = self._memory.pop(cid, None) or self._read_latest(cid, rnd)
-        if entry is None:
-            return None
+    def export(self, cid: int, last: int) -> np.ndarray:
+        """The client's state after round ``last`` as one buffer to send to another worker (the round
+        first, as int64), dropped from this worker's memory."""
+        entry = self._entry(cid, last)
+        self._memory.pop(cid, None)
         head = np.array([entry.round, int(entry.dirty)], dtype=np.int64).view(np.uint8)
         return np.concatenate([head, entry.buf])
 
@@ -105,25 +111,47 @@ class ClientStates:
             return []
         return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _VERSION.match(p.name)))
 
-    def _read_latest(self, cid: int, rnd: int) -> _Entry | None:
-        before = [v for v in self._versions(cid) if v < rnd]
-        if not before:
-            return None
-        path = self.root / str(cid) / f"r{before[-1]}.bin"
+    def _entry(self, cid: int, last: int) -> _Entry:
+        """The client's state after round ``last``: in memory, else its file (checked)."""
+        entry = self._memory.get(cid)
+        if entry is not None and entry.round == last:
+            return entry
+        path = self.root / str(cid) / f"r{last}.bin"
         try:
-            buf = np.frombuffer(read_bytes(path), dtype=np.uint8).copy()
-        except LinkRefused as exc:
-            raise ClientStateError(str(exc)) from None
-        if buf.nbytes != self.layout.nbytes:
-            raise ClientStateError(f"{path} holds {buf.nbytes} bytes, the method's client state has {self.layout.nbytes}: "
-                                   f"the file is damaged or from another run; resume from an earlier checkpoint or start afresh")
-        return _Entry(before[-1], buf, dirty=False)
+            raw = read_bytes(path)
+        except FileNotFoundError:
+            raise ClientStateError(f"client {cid}'s state after round {last + 1} is missing ({path}): the run's "
+                                   f"client_state/ has lost a file the method needs, and training the client from "
+                                   f"another state would change the results. Put the file back, or start the run "
+                                   f"again with --overwrite") from None
+        except (LinkRefused, OSError) as exc:
+            raise ClientStateError(f"client {cid}'s state {path} cannot be read ({exc})") from None
+        return _Entry(last, self._payload(path, raw), dirty=False)
+
+    def _payload(self, path: Path, raw: bytes) -> np.ndarray:
+        if raw[:len(_MAGIC)] == _MAGIC:
+            payload = raw[_HEADER:]
+            if hashlib.sha256(payload).digest() != raw[len(_MAGIC):_HEADER]:
+                raise ClientStateError(f"{path} is damaged (its content does not match its SHA-256), so the client's "
+                                       f"state is unknown. Put back an intact copy, or start the run again with "
+                                       f"--overwrite")
+        elif len(raw) == self.layout.nbytes:   # written before the header existed
+            payload = raw
+        else:
+            raise ClientStateError(f"{path} is not a client state of this run (no mpifed header, {len(raw)} bytes): "
+                                   f"put back the run's own file, or start the run again with --overwrite")
+        if len(payload) != self.layout.nbytes:
+            raise ClientStateError(f"{path} holds {len(payload)} bytes of state, the method's client state has "
+                                   f"{self.layout.nbytes}: the file is from another run; put back the run's own "
+                                   f"file, or start the run again with --overwrite")
+        return np.frombuffer(payload, dtype=np.uint8).copy()
 
     def _write(self, cid: int, entry: _Entry, keep_from: int) -> None:
         folder = self.root / str(cid)
         folder.mkdir(parents=True, exist_ok=True)
+        payload = entry.buf.tobytes()
         write_then_rename(folder / f"r{entry.round}.bin", folder / f".r{entry.round}.bin.tmp{os.getpid()}",
-                          entry.buf.tobytes())
+                          _MAGIC + hashlib.sha256(payload).digest() + payload)
         entry.dirty = False
         needed = [v for v in self._versions(cid) if v < keep_from]
         oldest_needed = needed[-1] if needed else 0

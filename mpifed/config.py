@@ -26,7 +26,7 @@ from typing import Any, Callable, Literal, Union
 
 import yaml
 
-from mpifed import plugins as plugin_code
+from mpifed import plugins as plugin_code, safe_yaml
 from mpifed.options import ConfigError, NoOptions, opt
 from mpifed.packaged import find_config
 from mpifed.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, Registry, nearest
@@ -77,7 +77,7 @@ _models = _options_of(MODELS)
 class RunConfig:
     name: str | None = opt(None, "run directory name under run.root; default: <config stem>-<date>-<time> (-2, -3, ... when taken)", math=False)
     root: str = opt("runs", "folder that holds the run directories", math=False)
-    seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0)
+    seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0, max=2**63 - 1)
     eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every this many rounds (and after the last)", min=1, math=False)
     eval_last: int = opt(0, "also evaluate every one of the last N rounds (a mean over the last evaluations at little cost); does not change training", min=0, math=False)
     eval_test: bool = opt(True, "evaluate the test set at each evaluation; false: the validation set only (data.val_size), as a table's search runs do, which choose on validation and report nothing", math=False)
@@ -440,7 +440,7 @@ def parse_override(text: str, data: dict[str, Any] | None = None) -> dict[str, A
         value: Any = raw
     else:
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = safe_yaml.load(raw, f"override {text!r}") if raw.strip() else None
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
     node: dict[str, Any] = {}
@@ -453,9 +453,9 @@ def parse_override(text: str, data: dict[str, Any] | None = None) -> dict[str, A
 
 
 @functools.lru_cache(maxsize=512)
-def _parse_yaml(text: str) -> Any:
+def _parse_yaml(text: str, source: str) -> Any:
     # keyed by the text, so a changed file is parsed again; a table reads its few files hundreds of times
-    return yaml.safe_load(text)
+    return safe_yaml.load(text, source)
 
 
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -470,7 +470,10 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if resolved in _seen:
         raise ConfigError(f"config file {str(path)!r} includes itself through 'base:'")
     try:
-        data = copy.deepcopy(_parse_yaml(path.read_text()))
+        safe_yaml.check_size(path, f"config file {str(path)!r}")
+        data = copy.deepcopy(_parse_yaml(path.read_text(), f"config file {str(path)!r}"))
+    except safe_yaml.YamlTooLarge as exc:
+        raise ConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if data is None:

@@ -258,9 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     if code == 0 and handed is not None:
         return handed
-    if code != 0 and resume is not None:
+    if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
-        _say(f"the job failed (mpirun {how}). {resume}")
+        said = resume.strip() if resume else ("It wrote no checkpoint: the ranks' messages above say why; once that "
+                                              "is fixed, run the same command again")
+        _say(f"the job failed (mpirun {how}). {said}")
     return 128 - code if code < 0 else code
 
 

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with signals.listening(), pipes.survive_closed_output():
         from mpifed.comm import Comm, MpiComm, world
-        from mpifed.startup import StartFailed
+        from mpifed.startup import StartFailed, StartStopped
         mpi_world, _, size = world()
         w: Comm = MpiComm(mpi_world) if size > 1 else Comm()
         errors = user_errors()
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             return handoff.hand_back(_run(args, w, mpi_world, errors), w.rank)
         except StartFailed:
             return handoff.hand_back(2, w.rank)
+        except StartStopped:
+            return handoff.hand_back(handoff.EXIT_STOPPED, w.rank)
         except errors as exc:
             return handoff.hand_back(_refused(w, str(exc)), w.rank)
         except BaseException as exc:
@@ -122,7 +124,14 @@ def resolve(args: argparse.Namespace) -> Resolved:
         return Resolved(d, run_path, plugins=how)
     run = RunDir(run_path)
     new = not run.holds_run()
-    resume.take_lock(run)
+    try:
+        resume.take_lock(run)
+    except resume.Unwritable:   # a finished run on a read-only mount: resuming it has nothing to do
+        done = args.resume is not None and resume.finished_as_asked(run, cfg)
+        decision = resume.decide(run, cfg, d, saved, trusted=args.trust_checkpoint) if done else None
+        if decision is None or not decision.nothing_to_do:
+            raise
+        return Resolved(d, run_path, resuming=True, nothing_to_do=decision.nothing_to_do, plugins=how)
     if args.resume is None:
         resume.make_room(run, args.overwrite)
         return Resolved(d, run_path, new=new, plugins=how)
@@ -165,7 +174,7 @@ def _run_path(args: argparse.Namespace, cfg: config.Config, d: dict[str, Any]) -
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's to fix: reported as one message, without a traceback."""
     from mpifed import checkpoint
-    from mpifed.algorithms.base import NonFiniteLoss
+    from mpifed.algorithms.base import NonFiniteLoss, ProtocolError
     from mpifed.client_state import ClientStateError
     from mpifed.data.partitions import PartitionError
     from mpifed.data.prepared import PreparedDataError
@@ -173,8 +182,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from mpifed.data.shards import ShardError
     from mpifed.placement import PlacementError
     from mpifed.resume import RunError
-    return (config.ConfigError, RunError, checkpoint.CheckpointError, ClientStateError, DataMissing, PartitionError,
-            PlacementError, PreparedDataError, ShardError, NonFiniteLoss)
+    from mpifed.rundir import LockLost
+    return (config.ConfigError, RunError, LockLost, checkpoint.CheckpointError, ClientStateError, DataMissing,
+            PartitionError, PlacementError, PreparedDataError, ShardError, NonFiniteLoss, ProtocolError)
 
 
 def _refused(w: Comm, message: str) -> int:

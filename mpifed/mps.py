@@ -39,6 +39,7 @@ from typing import Callable, Mapping
 
 import yaml
 
+from mpifed import safe_yaml
 from mpifed.config import ConfigError, ResourcesConfig, load_resources
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -196,7 +197,7 @@ def job_resources(mpifed_args: list[str]) -> ResourcesConfig:
     if args.resume:
         saved = Path(args.resume) / "config.yaml"
         try:
-            base = yaml.safe_load(saved.read_text()) if saved.is_file() else None
+            base = safe_yaml.read(saved) if saved.is_file() else None
         except (OSError, yaml.YAMLError):
             base = None
     return load_resources(args.config, [o for group in args.set for o in group], base if isinstance(base, dict) else None)

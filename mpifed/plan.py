@@ -19,6 +19,8 @@ class RoundPlan:
     keep_states_from: int = 0   # a resume may start at this round or later (client-state versions it needs are kept)
     moves: list[tuple[int, int, int]] = field(default_factory=list)   # (client, from worker, to worker): client state to move
     model_held: bool = False    # every rank holds the global model already (the last round's evaluation sent it)
+    last_trained: dict[int, int] = field(default_factory=dict)  # assigned client -> the round it last trained in
+                                                                 # (methods with client state; absent: never)
 
 
 def clients_per_round(num_clients: int, participation: float) -> int:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from mpifed import config, results
+from mpifed import config, results, safe_yaml
 from mpifed.data.raw import class_names
 from mpifed.pipes import quiet_when_pipe_closes
 from mpifed.registry import ALGORITHMS, DATASETS
@@ -190,9 +190,10 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
         if isinstance(held, str) or held is None:
             out.left_out.append(f"{run}: {held or 'no config.yaml'}")
             continue
-        state = (RunDir(run).status() or {}).get("state")  # a dead "running" run reads as failed
-        if state != "finished":
-            out.left_out.append(f"{run}: not finished ({state or 'no status.json'})")
+        status = RunDir(run).status() or {}  # a dead "running" run reads as failed
+        if status.get("state") != "finished":
+            why = status["error"] if status.get("state") == "damaged" else f"not finished ({status.get('state') or 'no status.json'})"
+            out.left_out.append(f"{run}: {why}")
             continue
         out.identities[run] = held
         seedless = {**held, "run": {k: v for k, v in held["run"].items() if k != "seed"}}
@@ -328,7 +329,7 @@ def figures(c: Collection, out: Path, fmt: str) -> dict[str, list[Path]]:
 
 def _class_names(run: Path, num_classes: int) -> list[str] | None:
     try:
-        dataset = DATASETS.get(yaml.safe_load((run / "config.yaml").read_text())["data"]["dataset"]["name"])
+        dataset = DATASETS.get(safe_yaml.read(run / "config.yaml")["data"]["dataset"]["name"])
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return None
     return class_names(dataset, num_classes)

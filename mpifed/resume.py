@@ -20,6 +20,7 @@ at start-up, with the run's lock held):
 """
 from __future__ import annotations
 
+import errno
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,15 @@ import yaml
 from mpifed import checkpoint, config, plugins, provenance
 from mpifed.plugins import COPIES
 from mpifed.progress import count
-from mpifed.rundir import MARKER, NotOurs, RunDir, RunLocked
+from mpifed.rundir import KILLED, LOCK, MARKER, NotOurs, RunDir, RunLocked
 
 
 class RunError(RuntimeError):
     """A problem with the run directory or resume request."""
+
+
+class Unwritable(RunError):
+    """The run directory cannot be written (read-only, not the user's, a full disk)."""
 
 
 @dataclass(frozen=True)
@@ -83,14 +88,25 @@ def take_lock(run: RunDir) -> None:
     except RunLocked as exc:
         raise RunError(str(exc)) from None
     except OSError as exc:
-        raise RunError(unwritable_root(run.path, exc)) from None
+        raise Unwritable(unwritable_root(run.path, exc)) from None
     if warning:
         print(warning, file=sys.stderr, flush=True)
 
 
 def unwritable_root(run_path: Path, exc: OSError) -> str:
-    return (f"cannot create the run directory {run_path} ({exc.strerror}): run.root={run_path.parent} must be a "
-            f"folder you can write to (not a file, not under /proc or /sys); set run.root=<folder>")
+    """Why the run directory ``run_path`` (or its lock file) could not be made (``exc``), and the fix."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"the disk holding {run_path.parent} is full (or your quota is used up): free space there, or set run.root=<folder elsewhere>"
+    elif exc.errno == errno.EROFS:
+        fix = f"{run_path.parent} is on a read-only file system: set run.root=<a folder you can write to>"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        fix = f"you may not write into {run_path.parent if not run_path.is_dir() else run_path}: set run.root=<a folder of yours>"
+    elif exc.errno == errno.EISDIR and (run_path / LOCK).is_dir():
+        fix = f"{run_path / LOCK} is a folder, where mpifed keeps the run's lock file: remove it (rmdir {run_path / LOCK})"
+    else:
+        fix = (f"run.root={run_path.parent} must be a folder you can write to (not a file, not under /proc or /sys); "
+               f"set run.root=<folder>")
+    return f"cannot create or lock the run directory {run_path} ({exc.strerror}): {fix}"
 
 
 def make_room(run: RunDir, overwrite: bool) -> None:
@@ -106,12 +122,21 @@ def make_room(run: RunDir, overwrite: bool) -> None:
     run.clear()
 
 
+def finished_as_asked(run: RunDir, cfg: config.Config) -> bool:
+    """Whether the run is finished with the rounds ``cfg`` asks for (a resume that has nothing to do,
+    which even a read-only run directory allows)."""
+    status = run.status()
+    return status is not None and status["state"] == "finished" and status.get("rounds_done") == cfg.train.rounds
+
+
 def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
            trusted: bool = False) -> Decision:
     """For ``--resume``: where the run continues from, given its state and the config now
     (``resolved``; ``saved`` is the run's config.yaml), or a RunError saying why it cannot
     (``trusted``: the checkpoint may hold other Python objects, see :func:`mpifed.checkpoint.load`)."""
     status = run.status()
+    if status is not None and status["state"] == "running":   # this process holds the lock: the writer is gone
+        status = {**status, "state": "failed", "error": KILLED}
     latest = checkpoint.latest(run.checkpoints)
     if latest is not None:
         decision = _from_checkpoint(run, cfg, resolved, saved, checkpoint.load_run_state(latest, trusted), status)
@@ -119,7 +144,13 @@ def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dic
             return decision
     elif status is not None and status["state"] == "finished":
         return _finished_without_checkpoint(run, cfg, status)
-    if status is not None and status.get("error"):
+    elif status is not None and status["state"] == "damaged":
+        raise RunError(f"cannot resume {run.path}: {run.metrics_problem(status.get('rounds_done'))}, and it has no "
+                       f"checkpoint left to write it from; nothing was changed. Start it again with --overwrite")
+    if status is not None and status["state"] == "damaged":
+        print(f"[mpifed] {run.path} is finished, but {run.metrics_problem(status.get('rounds_done'))}: writing its "
+              f"records again from {latest}", flush=True)
+    elif status is not None and status.get("error"):
         print(f"[mpifed] {run.path} had failed ({status['error']}); resuming it", flush=True)
     removed = run.remove_temporary()
     if removed:

@@ -4,7 +4,9 @@
     metrics.jsonl    one line per round (appended; cut back to the checkpoint on resume)
     clients.jsonl    per round: each sampled client's worker, samples, loss, time (likewise)
     summary.json     final and best accuracy, forgetting, timing, status
-    status.json      running | stopped (resumable) | finished | failed
+    status.json      running (from before round 1) | stopped (resumable) | finished | failed; readers
+                     (:meth:`RunDir.status`) also see a dead ``running`` as failed, and a finished run
+                     whose metrics.jsonl is not one whole row per round as damaged
     model.pt         the final global model (state_dict)
     log.txt          what rank 0 printed, plus each rank's host and device
     checkpoints/     see checkpoint.py
@@ -20,7 +22,8 @@ a symbolic link: a run refuses to start in a directory whose own files are links
 and appended without following one (:mod:`mpifed.nofollow`), and a run's record leaves links out.
 
 The lock is a POSIX record lock (``fcntl``) on ``.lock``: the kernel releases it when the
-holder dies, however it dies, so a killed run leaves no stale lock. POSIX locks are
+holder dies, however it dies, so a killed run leaves no stale lock. The holder checks at every
+round's end that ``.lock`` is still the file it locked (:meth:`RunDir.check_lock`). POSIX locks are
 coherent across the nodes of NFS (NLM for v3, built into v4) and of Lustre mounted with
 ``-o flock``; where the file system refuses locks the run goes on with a warning. Readers
 test the lock without taking it (``F_GETLK`` on a read-only descriptor), so a teammate or a
@@ -44,18 +47,26 @@ from typing import Any, Callable
 
 import yaml
 
+from mpifed import safe_yaml
 from mpifed.nofollow import open_append, open_lock, read_text
 
 MARKER = ".mpifed-run"
+KILLED = "the run's processes ended without recording why (killed, or their node was lost)"
 LOCK = ".lock"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+@=-]*$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+@=-]*")
 _TEMPORARY = re.compile(r"^(\..+\.tmp\d+|.+\.ckpt\.tmp\d+|\.r\d+\.bin\.tmp\d+)$")
 _held: dict[Path, int] = {}  # run directory -> descriptor of its lock file, for the locks this process holds
-_made: set[Path] = set()     # the held run directories that taking the lock created
+_made: set[Path] = set()     # the held run directories that taking the lock (or claim_new) created
+_claimed: set[Path] = set()  # the run directories claim_new created in this process
 
 
 class RunLocked(RuntimeError):
     """Another live process holds the run directory."""
+
+
+class LockLost(RunLocked):
+    """The run's lock file was deleted or replaced while the run held it, and another process has
+    taken the new one: this process must write nothing more into the directory."""
 
 
 class NotOurs(OSError):
@@ -69,11 +80,21 @@ def release_locks() -> None:
     """Release every run lock this process holds (at the end of a run)."""
     for path in list(_held):
         RunDir(path).unlock()
+    for path in list(_claimed):   # claimed, then the run ended before it began: nothing to keep
+        _claimed.discard(path)
+        _remove_empty(path)
+
+
+def _remove_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:   # not empty (or gone): kept
+        pass
 
 
 def check_run_name(name: str) -> None:
     """Raise ValueError unless ``name`` is one safe path component."""
-    if len(name) > 200 or not _SAFE_NAME.match(name):
+    if len(name) > 200 or not _SAFE_NAME.fullmatch(name):
         raise ValueError(f"run.name={name!r} is not allowed: a run name is one folder name of letters, digits and "
                          f"._+@=- (not starting with a dot, no '/'), e.g. run.name=cifar10-fedavg-s0; "
                          f"choose the parent folder with run.root")
@@ -95,9 +116,10 @@ def claim_new(root: Path, name: str) -> Path:
         path = root / (name if n == 1 else f"{name}-{n}")
         try:
             path.mkdir()
-            return path
         except FileExistsError:
             continue
+        _claimed.add(path.resolve())
+        return path
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
@@ -194,9 +216,15 @@ class RunDir:
         Returns a warning where the file system does not support locks (the run goes on unlocked)."""
         if self._key() in _held:
             raise RunLocked(f"{self.path} is in use by this process already")
-        made = not self.path.exists()
+        made = not self.path.exists() or self._key() in _claimed
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = open_lock(self.path / LOCK)
+        try:
+            fd = open_lock(self.path / LOCK)
+        except OSError:
+            if made:   # nothing of the run's started: leave no empty folder behind (a full disk)
+                _claimed.discard(self._key())
+                _remove_empty(self.path)
+            raise
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -207,9 +235,13 @@ class RunDir:
             return (f"[mpifed] warning: cannot lock {self.path / LOCK} ({exc.strerror}): the file system does not "
                     f"support file locks (Lustre needs the 'flock' mount option), so a second run with the same "
                     f"name at the same time would not be refused")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode(), 0)
+        try:
+            _write_holder(fd)
+        except OSError:
+            os.close(fd)
+            raise
         _held[self._key()] = fd
+        _claimed.discard(self._key())
         if made:
             _made.add(self._key())
         return None
@@ -229,6 +261,41 @@ class RunDir:
                 except OSError:
                     pass
         os.close(fd)  # closing the descriptor releases the lock
+
+    def check_lock(self) -> str | None:
+        """Make sure the lock this process holds is still the directory's: when its ``.lock`` file was
+        deleted or replaced (a lock on a deleted file excludes nobody), lock a new one and return a
+        warning saying so; raise :class:`LockLost` when another process has taken it meanwhile."""
+        fd = _held.get(self._key())
+        if fd is None:
+            return None
+        try:
+            here = os.stat(self.path / LOCK, follow_symlinks=False)
+        except FileNotFoundError:
+            here = None
+        held = os.fstat(fd)
+        if here is not None and (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+            return None
+        what = "deleted" if here is None else "replaced"
+        try:
+            new = open_lock(self.path / LOCK)
+        except OSError as exc:
+            raise LockLost(f"the lock file {self.path / LOCK} was {what} while this run held it, and cannot be made "
+                           f"again ({exc.strerror}): stopping, so that no other process writes this directory with "
+                           f"it. Resume the run with --resume {self.path} once nothing else uses it") from None
+        try:
+            fcntl.lockf(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(new)
+            raise LockLost(f"the lock file {self.path / LOCK} was {what} while this run held it, and another process "
+                           f"({self.lock_holder()}) has locked the new one: this run stops here and writes nothing "
+                           f"more, since that process writes the same files. Never delete a run's .lock while it "
+                           f"runs") from None
+        _write_holder(new)
+        _held[self._key()] = new
+        os.close(fd)
+        return (f"[mpifed] warning: the lock file {self.path / LOCK} was {what} while the run held it; locked a new "
+                f"one (never delete a run's .lock while it runs: a second run could then use the same directory)")
 
     def _key(self) -> Path:
         return self.path.resolve()
@@ -273,9 +340,33 @@ class RunDir:
         if status is None or not isinstance(status.get("state"), str):
             return None
         if status["state"] == "running" and self._lock_state() == "free":
-            status = {**status, "state": "failed",
-                      "error": "the run's processes ended without recording why (killed, or their node was lost)"}
+            status = {**status, "state": "failed", "error": KILLED}
+        if status["state"] == "finished":
+            problem = self.metrics_problem(status.get("rounds_done"))
+            if problem:
+                status = {**status, "state": "damaged",
+                          "error": f"{problem}; --resume {self.path} writes it again from the run's last checkpoint"}
         return status
+
+    def metrics_problem(self, rounds_done: Any) -> str | None:
+        """What is wrong with metrics.jsonl for a run of ``rounds_done`` rounds (None: nothing, or no
+        number of rounds to check against): it must hold one whole line per round, rounds 1 to
+        ``rounds_done`` in order."""
+        if not isinstance(rounds_done, int):
+            return None
+        try:
+            lines = read_text(self.path / "metrics.jsonl").splitlines()
+        except FileNotFoundError:
+            return f"{self.path / 'metrics.jsonl'} is missing"
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"{self.path / 'metrics.jsonl'} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+        rounds = [_round_of(line) for line in lines]
+        if rounds == list(range(1, rounds_done + 1)):
+            return None
+        torn = sum(r is None for r in rounds)
+        held = f"{torn} damaged line(s) and " if torn else ""
+        return (f"{self.path / 'metrics.jsonl'} holds {held}{_rows_text(rounds)} where status.json records "
+                f"{rounds_done} finished rounds (the file was cut short or edited)")
 
     def remove_temporary(self) -> list[Path]:
         """Delete temporary files a crashed writer left behind (in the run directory, checkpoints/ and
@@ -307,7 +398,7 @@ class RunDir:
         atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def read_config(self) -> dict[str, Any]:
-        return yaml.safe_load(read_text(self.path / "config.yaml"))
+        return safe_yaml.load(read_text(self.path / "config.yaml"), str(self.path / "config.yaml"))
 
     def append_row(self, name: str, row: dict[str, Any]) -> None:
         """Append one complete line to a .jsonl log (one write, then flushed to disk)."""
@@ -357,6 +448,12 @@ class RunDir:
             self._log = None
 
 
+def _write_holder(fd: int) -> None:
+    """Write who holds the lock (host, pid, since) into the lock file ``fd``."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode(), 0)
+
+
 def _write_locked(fd: int) -> bool:
     """Whether some process holds a write lock on ``fd``'s file, asked with F_GETLK (which takes no
     lock and needs only read access)."""
@@ -366,6 +463,15 @@ def _write_locked(fd: int) -> bool:
         layout, query, kind = "=hh4xqqi4x", (fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0), 0
     answer = struct.unpack(layout, fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(layout, *query)))
     return answer[kind] != fcntl.F_UNLCK
+
+
+def _rows_text(rounds: list[int | None]) -> str:
+    """``rows of rounds 1-7`` for the whole lines' rounds of a .jsonl log."""
+    whole = [r for r in rounds if r is not None]
+    if not whole:
+        return "no whole row"
+    return f"rows of rounds {whole[0]}-{whole[-1]}" if whole == list(range(whole[0], whole[-1] + 1)) else \
+        f"rows of rounds {', '.join(map(str, whole[:12]))}{', ...' if len(whole) > 12 else ''}"
 
 
 def _round_of(line: str) -> int | None:

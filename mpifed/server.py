@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mpifed import checkpoint, results
-from mpifed.algorithms.base import Fields, Replies, Server
+from mpifed.algorithms.base import Fields, ProtocolError, Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
 from mpifed.evaluation import TEST_COLUMNS, summarize, validation
@@ -47,6 +47,7 @@ class RoundServer:
         self.rnd = 0                       # the next round to run (0-based)
         self.model_sent = False            # the last evaluation broadcast the global model as it is now
         self.holders: dict[int, int] = {}  # client -> the worker holding its state in memory
+        self.last_trained: dict[int, int] = {}   # client -> the last round it trained in (methods with client state)
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_round = 0
         self.elapsed_before = 0.0
@@ -77,6 +78,7 @@ class RoundServer:
             method.start(self.global_floats)
             method.load_state_dict(resume["algorithm"])
         self.first_down = self._method_downlink(self.rnd)   # made now: a name not declared fails before round 1
+        self._write_status("running", self.rnd)   # a finished run trained further is running again, from now
         note_resume_point(self.describe_checkpoint())
 
     # ------------------------------------------------------------ the round, in order
@@ -89,12 +91,17 @@ class RoundServer:
         assignment = assign_clients(clients, self.manifest.client_sizes, self.workers)
         moves = state_moves(assignment, self.holders)
         self.holders.update({cid: w for w, a in enumerate(assignment) for cid in a})
+        last = {}
+        if self.layouts.client_state.entries:
+            last = {int(c): self.last_trained[int(c)] for c in clients if int(c) in self.last_trained}
+            self.last_trained.update({int(c): rnd for c in clients})
         every = cfg.run.checkpoint_every
         near_end = rnd + 1 > cfg.train.rounds - max(cfg.run.eval_last, 1)   # the last round, or one of run.eval_last
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
                          evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
-                         keep_states_from=self._oldest_resume_round(rnd), moves=moves, model_held=self.model_sent)
+                         keep_states_from=self._oldest_resume_round(rnd), moves=moves, model_held=self.model_sent,
+                         last_trained=last)
 
     def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The global model and the method's down tensors (the first round's made at start-up)."""
@@ -113,7 +120,16 @@ class RoundServer:
         sums = Fields(self.layouts.sums.what, {k: v.to(self.device) for k, v in replies.sums})
         rows = Fields(self.layouts.rows.what, {k: v.to(self.device) for k, v in replies.rows})
         mine = Replies(sums, rows, replies.clients)
-        self.global_floats = self.method.aggregate(plan.round, self.global_floats, mine).to(torch.float32)
+        new = self.method.aggregate(plan.round, self.global_floats, mine).to(torch.float32)
+        bad = int((~torch.isfinite(new)).sum())
+        if bad:
+            scalars = ", ".join(f"{k}={float(v):.6g}" for k, v in sums if v.numel() == 1)
+            summed = f" (summed: {scalars})" if scalars else ""
+            raise ProtocolError(f"{type(self.method).__name__}.aggregate (round {plan.round + 1}) returned a global model "
+                                f"with {bad} NaN or infinite value(s) of {new.numel()}, from finite uplinks{summed}: a "
+                                f"weighted mean whose weights sum to zero, or another division by zero, in the "
+                                f"method's aggregate")
+        self.global_floats = new
         self.model_sent = False
         ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
         self.global_ints = torch.round(ints / samples).to(torch.int64)
@@ -132,6 +148,7 @@ class RoundServer:
             self.result.update(validation(totals, m.val_size))
 
     def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None:
+        self._check_lock()
         self._record(plan, times)
         self.rnd = plan.round + 1
         self.worker_stops = stops
@@ -146,6 +163,7 @@ class RoundServer:
             self.tensorboard.close()
         rounds_done = self.rnd
         finished = rounds_done >= self.cfg.train.rounds
+        self._check_lock()
         if self.last_checkpoint_round != rounds_done:
             self.checkpoint(rounds_done)
         if finished and self.cfg.run.save_model:
@@ -170,6 +188,10 @@ class RoundServer:
         by_workers = [f"{', '.join(names)} received by rank {rank}" for rank, names in self.worker_stops if names]
         return "; ".join(by_workers) or "a stop request"
 
+    def _check_lock(self) -> None:
+        warning = self.run_dir.check_lock()
+        if warning:
+            self.run_dir.log(warning)
 
     def _record(self, plan: RoundPlan, t: dict[str, float]) -> None:
         reports = self.replies.clients
@@ -219,8 +241,7 @@ class RoundServer:
         }
         self.last_checkpoint = checkpoint.save(self.run_dir.checkpoints, rounds_done, payload, self.cfg.run.keep_checkpoints)
         self.last_checkpoint_round = rounds_done
-        self.run_dir.write_json("status.json", {"state": "running", "rounds_done": rounds_done,
-                                                "checkpoint": str(self.last_checkpoint)})
+        self._write_status("running", rounds_done)
         note_resume_point(self.describe_checkpoint())
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -231,6 +252,11 @@ class RoundServer:
         self.last_checkpoint_round = state["rounds_done"]
         self.last_checkpoint = checkpoint.path_for(self.run_dir.checkpoints, state["rounds_done"])
         self.elapsed_before = state["elapsed_s"]
+        if self.layouts.client_state.entries:   # the clients each round sampled: sampling depends on (seed, round) only
+            for rnd in range(self.rnd):
+                self.last_trained.update({int(c): rnd for c in sample_clients(self.cfg.run.seed, rnd,
+                                                                             self.manifest.num_clients,
+                                                                             self.cfg.train.participation)})
         self.run_dir.write_rows("metrics.jsonl", self.metrics)
         self.run_dir.keep_rounds("clients.jsonl", self.rnd)
 
@@ -251,6 +277,10 @@ class RoundServer:
                     f"{self.resume_command}")
         return (f" Last checkpoint: {self.last_checkpoint} (after round {self.last_checkpoint_round}); "
                 f"continue with: {self.resume_command}")
+
+    def _write_status(self, state: str, rounds_done: int) -> None:
+        self.run_dir.write_json("status.json", {"state": state, "rounds_done": rounds_done,
+                                                "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None})
 
     def _save_model(self) -> None:
         flat = self.method.tools.flat
@@ -291,8 +321,7 @@ class RoundServer:
         if self.cfg.data.test_subset:
             summary["test_subset"] = self.manifest.test_size
         self.run_dir.write_json("summary.json", summary)
-        self.run_dir.write_json("status.json", {"state": status, "rounds_done": rounds_done,
-                                                "checkpoint": summary["checkpoint"]})
+        self._write_status(status, rounds_done)
         if summary["final_test_acc"] is not None:
             chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
                       f"test accuracy there {summary['test_acc_at_best_val']:.4f}"

@@ -21,7 +21,8 @@ so a rank that hangs or fails is reported under the phase it did not finish
                                   the method's messages) and listens for stop signals
 
 A phase that fails on any rank stops every rank, before round 1, with the first error,
-printed once by rank 0 (:class:`StartFailed`).
+printed once by rank 0 (:class:`StartFailed`). A stop signal (Ctrl-C, SIGTERM, ...) that reaches
+rank 0 during start-up ends it at the end of the phase in progress (:class:`StartStopped`).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from mpifed.comm import Comm
 from mpifed.data.prepared import Manifest, verify_client_shards
 from mpifed.progress import count
 from mpifed.protocol import RoundProtocol, build_layouts
-from mpifed.rundir import RunDir
+from mpifed.rundir import LockLost, RunDir
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +56,10 @@ T = TypeVar("T")
 
 class StartFailed(Exception):
     """A start-up phase failed on some rank (rank 0 has printed why): every rank ends with exit code 2."""
+
+
+class StartStopped(Exception):
+    """A stop signal reached rank 0 during start-up (rank 0 has said so): every rank ends before round 1."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class Started:
         try:
             self.protocol.run()
             return self.server.exit_code if self.server else 0
+        except LockLost:
+            raise   # another process uses the directory now: nothing more is written into it
         except BaseException as exc:
             where = "" if self.server else f"rank {self.rank}: "
             self.run.mark_failed(f"{where}{type(exc).__name__}: {exc}", checkpoint.latest(self.run.checkpoints))
@@ -151,24 +158,22 @@ class Startup:
     # ------------------------------------------------------------ agreements
     def _decided(self, phase: str, work: Callable[[], T]) -> T:
         """Rank 0 does ``work()`` while the others wait (yielding the CPU); every rank gets its result,
-        or stops with its error."""
+        or stops with its error or on a stop request rank 0 received."""
         outcome = None
         if self.rank == 0:
             try:
                 outcome = ("ok", work())
+                outcome = self._stop_requested(phase) or outcome
             except self.errors as exc:
                 outcome = ("error", str(exc))
         self.world.sync(f"start-up: {phase}")
         outcome = self.world.bcast_object(outcome, what=f"start-up: {phase}: broadcast")
-        if outcome[0] == "error":
-            if self.rank == 0:
-                sys.stderr.write(f"[mpifed] {outcome[1]}\n")
-            raise StartFailed(outcome[1])
+        self._end_if_not_ok(outcome)
         return outcome[1]
 
     def _everyone(self, phase: str, work: Callable[[], T]) -> T:
         """Every rank does its share of ``work()`` and gets its own result; if any fails, every rank
-        stops with the first error."""
+        stops with the first error (or on a stop request rank 0 received)."""
         result, mine = None, None
         try:
             result = work()
@@ -176,13 +181,32 @@ class Startup:
             mine = str(exc)
         self.world.sync(f"start-up: {phase}")
         found = self.world.gather_object(mine, what=f"start-up: {phase}: gather")
-        first = self.world.bcast_object(next((e for e in found if e), None) if self.rank == 0 else None,
-                                        what=f"start-up: {phase}: broadcast")
-        if first:
-            if self.rank == 0:
-                sys.stderr.write(f"[mpifed] {first}\n")
-            raise StartFailed(first)
+        outcome = None
+        if self.rank == 0:
+            first = next((e for e in found if e), None)
+            outcome = ("error", first) if first else self._stop_requested(phase) or ("ok", None)
+        self._end_if_not_ok(self.world.bcast_object(outcome, what=f"start-up: {phase}: broadcast"))
         return result
+
+    def _stop_requested(self, phase: str) -> tuple[str, str] | None:
+        """Rank 0: ("stop", what to say) when a stop signal has arrived by the end of ``phase`` (start-up
+        ends there), else None."""
+        names = signals.received()
+        if not names:
+            return None
+        why = ", ".join(handoff.describe_signal(n) for n in dict.fromkeys(names))
+        return ("stop", f"{why} during start-up ({phase}): stopped before round 1, nothing was trained; run the "
+                        f"same command again to start")
+
+    def _end_if_not_ok(self, outcome: tuple[str, Any]) -> None:
+        """Every rank: end start-up on a failed phase (:class:`StartFailed`) or a stop request
+        (:class:`StartStopped`); rank 0 says why."""
+        kind, said = outcome
+        if kind == "ok":
+            return
+        if self.rank == 0:
+            sys.stderr.write(f"[mpifed] {said}\n")
+        raise StartFailed(said) if kind == "error" else StartStopped(said)
 
     def _gathered(self, phase: str, mine: Any) -> list[Any] | None:
         """Every rank's ``mine`` on rank 0 (None elsewhere)."""

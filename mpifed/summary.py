@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from mpifed import provenance, results
+from mpifed import provenance, results, safe_yaml
 from mpifed.stats import Paired, holm, paired
 
 ALPHA = 0.05
@@ -294,7 +294,7 @@ class _RunValues:
         self.rows = results.read_rows(path)
         self.summary = results.read_json(path / "summary.json")
         try:
-            cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
+            cfg = safe_yaml.read(path / "config.yaml") or {}
         except (OSError, yaml.YAMLError):
             cfg = {}
         run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {} for k in ("run", "data", "algorithm"))

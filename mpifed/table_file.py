@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
-from mpifed import config, plugins as plugin_code, provenance, results
+from mpifed import config, plugins as plugin_code, provenance, results, safe_yaml
 from mpifed.packaged import find_config
 from mpifed.rundir import RunDir, check_run_name
 from mpifed.runner import recorded_state
@@ -111,7 +111,7 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
     table file); ConfigError names any problem."""
     path = find_config(path)
     try:
-        spec = yaml.safe_load(path.read_text())
+        spec = safe_yaml.read(path, f"table {path}")
     except (OSError, yaml.YAMLError) as exc:
         raise config.ConfigError(f"table {path}: {exc}") from None
     if not isinstance(spec, dict):
@@ -379,7 +379,7 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
     """The result fingerprint of the run in ``path``; None when it holds no run; a message when
     its config.yaml cannot be read as a valid configuration."""
     try:
-        stored = yaml.safe_load((path / "config.yaml").read_text())
+        stored = safe_yaml.read(path / "config.yaml")
     except FileNotFoundError:
         return None
     except (OSError, yaml.YAMLError) as exc:
@@ -461,7 +461,8 @@ def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: Tru
             if state == "new":
                 not_run += 1
             else:
-                why = "diverged (its loss became NaN or infinite)" if lost else f"not finished ({state})"
+                why = ("diverged (its loss became NaN or infinite)" if lost else
+                       (RunDir(r.path).status() or {}).get("error", "") if state == "damaged" else f"not finished ({state})")
                 left_out.append(f"{r.path}: {why}")
             continue
         runs.append(r.path)

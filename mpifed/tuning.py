@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from mpifed import results
+from mpifed import results, safe_yaml
 from mpifed.config import ConfigError, digest
 from mpifed.rundir import atomic_write
 
@@ -265,7 +265,7 @@ class ChoiceBook:
 
     def _read(self) -> list[dict[str, Any]]:
         try:
-            data = yaml.safe_load(self.path.read_text())
+            data = safe_yaml.read(self.path)
         except FileNotFoundError:
             return []
         except (OSError, yaml.YAMLError) as exc:

@@ -93,9 +93,7 @@ class Worker:
             start = time.perf_counter()
             ctx = self._context(plan, cid)
             up = self.client.local_round(ctx)
-            if set(up) != self._declared:
-                raise ProtocolError(f"{type(self.client).__name__}.uplink returned {sorted(up)}; the method's "
-                                    f"messages() declare {sorted(self._declared)}")
+            self._check(up, ctx)
             for k in sums:
                 sums[k] += up[k].detach().cpu().double().reshape(sums[k].shape)
             if row.entries:
@@ -103,10 +101,28 @@ class Worker:
             model_sums["ints"] += ctx.flat.ints.cpu().double() * ctx.num_samples
             model_sums["samples"] += ctx.num_samples
             if self.states is not None:
-                self.states.put(cid, plan.round, dict(iter(ctx.new_state)), plan.keep_states_from)
+                state = dict(iter(ctx.new_state))
+                self.layouts.client_state.check(state, f"{type(self.client).__name__}.end_client (client {cid}, "
+                                                       f"round {plan.round + 1})")
+                self.states.put(cid, plan.round, state, plan.keep_states_from)
             reports.append(ClientReport(cid, self.index, ctx.num_samples, ctx.steps, ctx.loss_sum / max(ctx.seen, 1),
                                         time.perf_counter() - start, ctx.extra))
         return Trained(sums_buf, rows, reports)
+
+    def _check(self, up: dict[str, torch.Tensor], ctx: ClientContext) -> None:
+        """A client's uplink is what the method declares: the names, each entry's size, finite values
+        (a :class:`ProtocolError` naming the hook, the client and the entry)."""
+        source = f"{type(self.client).__name__}.uplink (client {ctx.cid}, round {ctx.round + 1})"
+        if set(up) != self._declared:
+            raise ProtocolError(f"{source} returned {sorted(up)}; the method's messages() declare {sorted(self._declared)}")
+        for layout in (self.layouts.sums, self.layouts.rows):
+            layout.check({k: up[k] for k in layout.entries}, source)
+        for name, t in up.items():
+            bad = int((~torch.isfinite(t.detach())).sum())
+            if bad:
+                raise ProtocolError(f"{source}: {name!r} holds {bad} NaN or infinite value(s) of {t.numel()}, with a "
+                                    f"finite local loss ({ctx.loss_sum / max(ctx.seen, 1):.4g}): the method computes "
+                                    f"{name!r} from something that is not finite (a division by zero, a log of 0?)")
 
     def _context(self, plan: RoundPlan, cid: int) -> ClientContext:
         seed = client_seed(self.seed, plan.round, cid)
@@ -117,7 +133,7 @@ class Worker:
                             generator=torch.Generator(self.device).manual_seed(seed), train_cfg=self.setup.train,
                             runner=self.runner)
         layout = self.layouts.client_state
-        stored = self.states.get(cid, plan.round) if self.states is not None else None
+        stored = self.states.get(cid, plan.last_trained.get(cid)) if self.states is not None else None
         ctx.state = (Fields(layout.what, {k: v.to(self.device) for k, v in stored.items()}) if stored is not None
                      else zeros(layout.what, {k: e.shape for k, e in layout.entries.items()}, self.device))
         return ctx
@@ -133,11 +149,11 @@ class Worker:
         if self.states is not None:
             self.states.flush(keep_from)
 
-    def export_state(self, cid: int, rnd: int) -> np.ndarray:
-        message = self.states.export(cid, rnd) if self.states is not None else None
-        if message is None:
+    def export_state(self, cid: int, last: int) -> np.ndarray:
+        """Client ``cid``'s state after round ``last``, to hand over to another worker."""
+        if self.states is None:
             raise RuntimeError(f"worker {self.index} was asked to hand over client {cid}'s state but holds none")
-        return message
+        return self.states.export(cid, last)
 
     def adopt_state(self, cid: int, message: np.ndarray) -> None:
         self.states.adopt(cid, message)

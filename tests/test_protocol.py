@@ -40,7 +40,7 @@ class Forgetful(Algorithm):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("side,message", [("server", "downlink: missing ['hint']"),
-                                          ("client", "ForgetfulClient.uplink returned ['model', 'weight']")])
+                                          ("client", "ForgetfulClient.uplink (client 0, round 1) returned ['model', 'weight']")])
 def test_a_declared_entry_not_sent_is_an_error(tmp_path, side, message):
     p = run_plugin(tmp_path, BROKEN.replace("SIDE", side), f"forgetful_{side}")
     assert p.returncode != 0 and message in p.stderr
@@ -55,7 +55,7 @@ def test_a_declared_entry_not_sent_fails_fast_under_mpi(has_mpirun, tmp_path):
     p = run_mpi(3, tiny(tmp_path, "algorithm.name=forgetful_client", "comm.timeout_s=600") + ["--plugin", str(plugin)],
                 check=False, timeout=120)
     assert p.returncode != 0 and time.time() - start < 60, "a missing entry must end the job, not hang it"
-    assert "ForgetfulClient.uplink returned ['model', 'weight']" in p.stderr and "'head'" in p.stderr
+    assert "ForgetfulClient.uplink (client" in p.stderr and "returned ['model', 'weight']" in p.stderr and "'head'" in p.stderr
 
 
 def state_layout():
@@ -75,29 +75,28 @@ def test_states_stay_in_memory_within_the_budget_and_reach_disk_at_flush(tmp_pat
     for cid in range(3):
         store.put(cid, 0, state(cid), keep_from=1)
     assert not tmp_path.exists() or not any(tmp_path.iterdir()), "no disk write per client per round"
-    assert store.get(2, 1)["w"].tolist() == [2.0] * 4 and store.get(7, 1) is None
+    assert store.get(2, 0)["w"].tolist() == [2.0] * 4 and store.get(7, None) is None
     store.flush(keep_from=1)
     assert [versions(tmp_path, c) for c in range(3)] == [["r0.bin"]] * 3
     fresh = ClientStates(tmp_path, state_layout(), budget_mb=1)     # a resumed worker reads them back
-    assert fresh.get(1, 1)["w"].tolist() == [1.0] * 4
+    assert fresh.get(1, 0)["w"].tolist() == [1.0] * 4
 
 
 def test_states_beyond_the_budget_spill_to_disk(tmp_path):
     store = ClientStates(tmp_path, state_layout(), budget_mb=0)
     store.put(5, 3, state(9), keep_from=4)
     assert versions(tmp_path, 5) == ["r3.bin"]
-    assert store.get(5, 4)["w"].tolist() == [9.0] * 4
-    assert store.get(5, 3) is None            # only versions from before the round asked for
+    assert store.get(5, 3)["w"].tolist() == [9.0] * 4
 
 
 def test_a_state_moves_between_workers_with_its_round(tmp_path):
     a = ClientStates(tmp_path, state_layout(), budget_mb=1)
     b = ClientStates(tmp_path, state_layout(), budget_mb=1)
     a.put(3, 2, state(7), keep_from=3)
-    message = a.export(3, 5)
-    assert a.get(3, 5) is None                # handed over, not copied
+    message = a.export(3, 2)
+    assert 3 not in a._memory                 # handed over, not copied
     b.adopt(3, message)
-    assert b.get(3, 5)["w"].tolist() == [7.0] * 4
+    assert b.get(3, 2)["w"].tolist() == [7.0] * 4
     b.flush(keep_from=3)
     assert versions(tmp_path, 3) == ["r2.bin"]    # the version is the round the client last trained in
 
@@ -111,13 +110,44 @@ def test_old_versions_are_pruned_and_a_resume_discards_newer_ones(tmp_path):
     assert versions(tmp_path, 0) == ["r3.bin"]
 
 
-def test_a_damaged_state_file_is_reported(tmp_path):
+def test_a_short_state_file_is_reported(tmp_path):
     from mpifed.client_state import ClientStateError
     store = ClientStates(tmp_path, state_layout(), budget_mb=0)
     store.put(0, 1, state(1), keep_from=2)
     (tmp_path / "0" / "r1.bin").write_bytes(b"short")
-    with pytest.raises(ClientStateError, match="r1.bin holds 5 bytes"):
-        store.get(0, 2)
+    with pytest.raises(ClientStateError, match="r1.bin is not a client state of this run"):
+        store.get(0, 1)
+
+
+def test_a_state_file_changed_in_place_fails_its_checksum(tmp_path):
+    from mpifed.client_state import ClientStateError
+    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
+    store.put(0, 1, state(1), keep_from=2)
+    path = tmp_path / "0" / "r1.bin"
+    raw = bytearray(path.read_bytes())
+    raw[-8:-4] = np.array([1e30], dtype=np.float32).tobytes()    # one float set to 1e30, same size
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ClientStateError, match="r1.bin is damaged .*SHA-256"):
+        ClientStates(tmp_path, state_layout(), budget_mb=0).get(0, 1)
+
+
+def test_a_missing_state_is_an_error_not_zeros_or_an_older_state(tmp_path):
+    from mpifed.client_state import ClientStateError
+    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
+    store.put(0, 1, state(1), keep_from=1)
+    store.put(0, 4, state(4), keep_from=1)                   # r1 is kept (a resume at round 1 needs it)
+    (tmp_path / "0" / "r4.bin").unlink()
+    fresh = ClientStates(tmp_path, state_layout(), budget_mb=0)
+    with pytest.raises(ClientStateError, match="client 0's state after round 5 is missing"):
+        fresh.get(0, 4)                                      # never the older r1
+    assert fresh.get(0, 1)["w"].tolist() == [1.0] * 4
+
+
+def test_a_state_file_of_an_earlier_mpifed_is_read(tmp_path):
+    layout = state_layout()
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "r0.bin").write_bytes(layout.pack(state(5)).tobytes())   # no header
+    assert ClientStates(tmp_path, layout, budget_mb=0).get(2, 0)["w"].tolist() == [5.0] * 4
 
 
 class RecordingComm(Comm):

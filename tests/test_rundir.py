@@ -129,9 +129,15 @@ def test_full_disk_during_a_checkpoint_is_one_message_and_leaves_no_temporary_fi
 
 
 def test_failure_handler_that_cannot_write_adds_no_second_traceback(tmp_path, monkeypatch):
-    def full(self, name, data):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self.path / name))
-    monkeypatch.setattr(RunDir, "write_json", full)
+    written = []
+    real = RunDir.write_json
+
+    def full_once_started(self, name, data):   # the disk fills up after the run's first status
+        written.append(name)
+        if len(written) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path / name))
+        real(self, name, data)
+    monkeypatch.setattr(RunDir, "write_json", full_once_started)
     p = run_debug(tiny(tmp_path, "run.checkpoint_every=1"), check=False)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "could not record the failure" in p.stderr

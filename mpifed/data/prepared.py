@@ -331,8 +331,10 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
             "raw_inputs": fingerprint(raw.files),
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    except OSError as exc:
+    except BaseException as exc:   # nothing half-written is left behind, whatever the failure
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(exc, OSError):
+            raise
         raise PreparedDataError(f"cannot write the prepared data to {tmp} ({exc}): data.prepared_root (or "
                                 f"data.prepared_dir) must be a folder you can write to, with space") from None
     if replace and root.exists():

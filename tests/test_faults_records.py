@@ -1,0 +1,397 @@
+"""Faults of a run's records and inputs: a status that says what the run is doing, client states
+checked, a lock that survives its file's deletion, torn metrics caught by readers, uplinks checked
+at aggregation, bounded config files, a stop during start-up, and the small messages of issue 53.
+
+Each test makes the fault the way a user or a crash would (deleting, truncating, editing files;
+methods of a user's own, loaded as plugins in this process) and checks what mpifed says and keeps.
+"""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, env, metrics, run_debug, tiny, write_tiny_table
+from mpifed import launch, plugins
+from mpifed.rundir import LockLost, RunDir, check_run_name
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(autouse=True)
+def unloaded():
+    """The plugins a test loads in this process are unloaded after it."""
+    before = set(map(id, plugins.loaded()))
+    yield
+    for p in plugins.loaded():
+        if id(p) not in before:
+            plugins.unload(p)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Prepared data shared by the tests (tiny() keeps it under tmp/data)."""
+    tmp = tmp_path_factory.mktemp("data")
+    run_debug(tiny(tmp, "train.rounds=1", name="warm"))
+    return tmp / "data"
+
+
+def here(tmp, data):
+    (tmp / "data").symlink_to(data)
+    return tmp
+
+
+def with_plugin(tmp, source, name):
+    path = tmp / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    return ["--plugin", str(path)]
+
+
+# ------------------------------------------------------------------ item 6: status while a finished run trains further
+WATCHER = """
+    import json, os
+    from pathlib import Path
+    from mpifed.algorithms.base import Algorithm, Server
+    from mpifed.registry import ALGORITHMS
+    from mpifed.rundir import RunDir
+
+    class WatchingServer(Server):
+        def aggregate(self, rnd, weights, replies):
+            run = RunDir(Path(os.environ["WATCH_RUN"]))
+            with open(os.environ["WATCH_OUT"], "a") as f:
+                f.write(json.dumps({"round": rnd + 1, "file": run.read_json("status.json")}) + "\\n")
+            return super().aggregate(rnd, weights, replies)
+
+    @ALGORITHMS.register("watching")
+    class Watching(Algorithm):
+        Server = WatchingServer
+"""
+
+
+def test_a_finished_run_trained_further_says_running_from_its_first_new_round(tmp_path, data, monkeypatch):
+    here(tmp_path, data)
+    run, seen = tmp_path / "runs" / "more", tmp_path / "seen.jsonl"
+    monkeypatch.setenv("WATCH_RUN", str(run))
+    monkeypatch.setenv("WATCH_OUT", str(seen))
+    plugin = with_plugin(tmp_path, WATCHER, "watching")
+    run_debug(tiny(tmp_path, "algorithm.name=watching", "run.checkpoint_every=5", name="more") + plugin)
+    seen.unlink()
+    run_debug(["--resume", str(run), "--set", "train.rounds=4"])
+    states = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert [(s["round"], s["file"]["state"], s["file"]["rounds_done"]) for s in states] == \
+        [(3, "running", 2), (4, "running", 2)]                 # was: finished at 2, until a checkpoint
+    assert RunDir(run).status()["state"] == "finished" and len(metrics(run)) == 4
+
+
+def test_a_killed_run_resumed_says_it_had_failed(tmp_path, data):
+    here(tmp_path, data)
+    run = tmp_path / "runs" / "killed"
+    run_debug(tiny(tmp_path, name="killed"))
+    RunDir(run).write_json("status.json", {"state": "running", "rounds_done": 2, "checkpoint": None})   # kill -9
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"])
+    assert "had failed (the run's processes ended without recording why (killed" in p.stdout
+
+
+# ------------------------------------------------------------------ item 7: client states checked
+def _scaffold(tmp_path, data, name):
+    here(tmp_path, data)
+    run_debug(tiny(tmp_path, "algorithm.name=scaffold", "data.partition=iid", name=name))
+    return tmp_path / "runs" / name
+
+
+def test_a_deleted_client_state_is_an_error_not_zeros(tmp_path, data):
+    run = _scaffold(tmp_path, data, "lost")
+    (run / "client_state" / "3" / "r1.bin").unlink()
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "client 3's state after round 2 is missing" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and len(metrics(run)) == 2
+
+
+def test_a_client_state_changed_in_place_is_refused(tmp_path, data):
+    import numpy as np
+    run = _scaffold(tmp_path, data, "edited")
+    path = run / "client_state" / "1" / "r1.bin"
+    raw = bytearray(path.read_bytes())
+    raw[-4:] = np.array([1e30], dtype=np.float32).tobytes()          # same size, one float changed
+    path.write_bytes(bytes(raw))
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "r1.bin is damaged (its content does not match its SHA-256)" in p.stderr
+
+
+# ------------------------------------------------------------------ item 8: the lock survives its file's deletion
+HOLD = """
+import sys, time
+from pathlib import Path
+from mpifed.rundir import RunDir, RunLocked
+try:
+    RunDir(Path(sys.argv[1])).lock()
+except RunLocked:
+    print("refused", flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _holder(path):
+    """Another process that takes the run's lock and holds it; its first line: held or refused."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=REPO, env=env(), stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def test_a_deleted_lock_file_is_made_again_and_still_excludes(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.lock()
+    try:
+        (run.path / ".lock").unlink()
+        assert "was deleted while the run held it; locked a new one" in run.check_lock()
+        other, said = _holder(run.path)
+        other.kill()
+        other.wait()
+        assert said == "refused" and run.check_lock() is None
+    finally:
+        run.unlock()
+
+
+def test_a_lock_taken_by_another_process_after_deletion_stops_the_first(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.lock()
+    (run.path / ".lock").unlink()
+    other, said = _holder(run.path)
+    assert said == "held"
+    try:
+        with pytest.raises(LockLost, match=rf"another process \(host \S+ pid {other.pid}\) has locked the new one"):
+            run.check_lock()
+    finally:
+        other.kill()
+        other.wait()
+        run.unlock()
+
+
+DELETER = """
+    import os
+    from pathlib import Path
+    from mpifed.algorithms.base import Algorithm, Server
+    from mpifed.registry import ALGORITHMS
+
+    class DeletingServer(Server):
+        def aggregate(self, rnd, weights, replies):
+            if rnd == 1:
+                (Path(os.environ["WATCH_RUN"]) / ".lock").unlink()
+            return super().aggregate(rnd, weights, replies)
+
+    @ALGORITHMS.register("deleting")
+    class Deleting(Algorithm):
+        Server = DeletingServer
+"""
+
+
+def test_the_server_notices_a_deleted_lock_at_the_end_of_the_round(tmp_path, data, monkeypatch):
+    here(tmp_path, data)
+    run = tmp_path / "runs" / "unlocked"
+    monkeypatch.setenv("WATCH_RUN", str(run))
+    p = run_debug(tiny(tmp_path, "algorithm.name=deleting", "train.rounds=3", name="unlocked")
+                  + with_plugin(tmp_path, DELETER, "deleting"))
+    assert "the lock file" in p.stdout and "was deleted while the run held it; locked a new one" in p.stdout
+    assert [r["round"] for r in metrics(run)] == [1, 2, 3] and (run / ".lock").is_file()
+
+
+# ------------------------------------------------------------------ item 10: torn metrics are caught by readers
+def test_a_finished_run_with_a_torn_last_metrics_line_is_left_out_then_repaired(tmp_path, data, capsys):
+    from mpifed.report import main as report_main
+    here(tmp_path, data)
+    run = tmp_path / "runs" / "torn"
+    run_debug(tiny(tmp_path, name="torn"))
+    whole = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(whole[:-40])                    # the last line cut short
+    status = RunDir(run).status()
+    assert status["state"] == "damaged" and "holds 1 damaged line(s) and rows of rounds 1-1" in status["error"]
+    assert report_main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 2
+    assert "where status.json records 2 finished rounds" in capsys.readouterr().err
+    p = run_debug(["--resume", str(run)])
+    assert "writing its records again from" in p.stdout
+    assert (run / "metrics.jsonl").read_text() == whole and RunDir(run).status()["state"] == "finished"
+
+
+# ------------------------------------------------------------------ items 11, 14: uplinks checked, one message
+BAD_UPLINK = """
+    import torch
+    from mpifed.algorithms.base import Algorithm, Client
+    from mpifed.registry import ALGORITHMS
+
+    KIND = "WHICH"
+
+    class BadClient(Client):
+        def uplink(self, ctx):
+            up = super().uplink(ctx)
+            if KIND == "nan" and ctx.cid == 2:
+                up["model"] = up["model"] * float("nan")
+            if KIND == "size":
+                up["model"] = up["model"][:-3]
+            if KIND == "zero":
+                up["weight"] = up["weight"] * 0
+            return up
+
+    @ALGORITHMS.register("bad_WHICH")
+    class Bad(Algorithm):
+        Client = BadClient
+"""
+
+
+@pytest.mark.parametrize("kind,said", [
+    ("nan", "BadClient.uplink (client 2, round 1): 'model' holds"),
+    ("size", "from BadClient.uplink (client 0, round 1): 'model' has"),
+    ("zero", "Server.aggregate (round 1) returned a global model with"),
+])
+def test_a_bad_uplink_is_one_message_naming_the_hook_and_entry(tmp_path, data, kind, said):
+    here(tmp_path, data)
+    plugin = with_plugin(tmp_path, BAD_UPLINK.replace("WHICH", kind), f"bad_{kind}")
+    p = run_debug(tiny(tmp_path, f"algorithm.name=bad_{kind}", "data.partition=iid", name=kind) + plugin, check=False)
+    assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert metrics(tmp_path / "runs" / kind) == []                     # nothing NaN was written
+    if kind == "zero":
+        assert "(summed: weight=0)" in p.stderr
+
+
+def test_a_plugin_that_registers_a_taken_name_is_one_message(tmp_path, data):
+    here(tmp_path, data)
+    source = "from mpifed.algorithms.fedavg import FedAvg\nfrom mpifed.registry import ALGORITHMS\n" \
+             "ALGORITHMS.register('fedavg')(type('Mine', (FedAvg,), {}))\n"
+    p = run_debug(tiny(tmp_path, name="taken") + with_plugin(tmp_path, source, "taken"), check=False)
+    assert p.returncode == 2 and "'fedavg'" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+# ------------------------------------------------------------------ item 12: bounded config files, a stop in start-up
+def _bomb(levels=9):
+    text = 'a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]\n'
+    for i in range(1, levels):
+        text += f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n"
+    return text
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    (tmp_path / "bomb.yaml").write_text("train:\n  rounds: 2\nper_algorithm:\n  fedavg: {train: {lr: *a8}}\n"
+                                        .replace("per_algorithm", _bomb() + "per_algorithm"))
+    p = run_debug(["--config", str(tmp_path / "bomb.yaml"), "--show-config"], check=False)   # was: 3 GB, a MemoryError
+    assert p.returncode == 2 and re.search(r"bomb.yaml' expands to [\d,]+ values once its aliases", p.stderr), p.stderr
+
+
+def test_a_config_file_beyond_the_size_limit_is_refused_unread(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("train:\n  rounds: 2\n" + "# padding\n" * 500_000)
+    p = run_debug(["--config", str(big), "--show-config"], check=False)
+    assert p.returncode == 2 and "beyond mpifed's limit of 4 MiB for a config" in p.stderr
+
+
+STOPPER = """
+    import os, signal, time
+    from mpifed.algorithms.base import Algorithm
+    from mpifed.registry import ALGORITHMS
+
+    ALGORITHMS.register("stopper")(type("Stopper", (Algorithm,), {}))
+    os.kill(os.getpid(), signal.SIGTERM)    # as if preempted while the config is read
+    time.sleep(0.5)                         # the listener thread records it
+"""
+
+
+def test_sigterm_during_start_up_ends_it_with_nothing_left(tmp_path, data):
+    here(tmp_path, data)
+    stopper = tmp_path / "stopper.py"
+    stopper.write_text(textwrap.dedent(STOPPER))
+    p = subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, name="early"), "--plugin", str(stopper)],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 75, p.stderr
+    assert "SIGTERM (preemption" in p.stderr and "during start-up (resolve): stopped before round 1" in p.stderr
+    assert not (tmp_path / "runs" / "early").exists()
+
+
+# ------------------------------------------------------------------ item 13: a seed beyond 64 bits
+def test_a_seed_beyond_64_bits_is_a_config_error_and_leaves_no_prepared_folder(tmp_path):
+    p = run_debug(tiny(tmp_path, "run.seed=18446744073709551616", name="seed"), check=False)
+    assert p.returncode == 2 and "run.seed: 18446744073709551616 is out of range" in p.stderr
+    assert not (tmp_path / "data").exists() or not any(".tmp" in p.name for p in (tmp_path / "data").rglob("*"))
+
+
+# ------------------------------------------------------------------ item 15: small ones
+def test_a_run_name_ending_in_a_newline_is_refused():
+    with pytest.raises(ValueError, match="is not allowed"):
+        check_run_name("run\n")
+    check_run_name("run-1")
+
+
+def test_a_full_disk_at_start_leaves_no_empty_run_directory(tmp_path, data, monkeypatch):
+    import mpifed.rundir as rundir
+    here(tmp_path, data)
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(rundir, "open_lock", full)
+    (tmp_path / "runs").mkdir()
+    dated = [a for a in tiny(tmp_path) if not a.startswith("run.name=")]          # a new run directory, named by date
+    for named in (dated, tiny(tmp_path, name="named")):
+        p = run_debug(named, check=False)
+        assert p.returncode == 2 and "is full (or your quota is used up): free space there" in p.stderr, p.stderr
+        assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_lock_that_is_a_folder_gets_its_own_hint(tmp_path, data):
+    here(tmp_path, data)
+    (tmp_path / "runs" / "locked" / ".lock").mkdir(parents=True)
+    p = run_debug(tiny(tmp_path, name="locked"), check=False)
+    assert p.returncode == 2 and ".lock is a folder, where mpifed keeps the run's lock file: remove it" in p.stderr
+
+
+def test_resuming_a_finished_run_on_a_read_only_mount_has_nothing_to_do(tmp_path, data, monkeypatch):
+    import mpifed.rundir as rundir
+    here(tmp_path, data)
+    run = tmp_path / "runs" / "ro"
+    run_debug(tiny(tmp_path, name="ro"))
+
+    def read_only(path):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(rundir, "open_lock", read_only)
+    p = run_debug(["--resume", str(run)])
+    assert "is finished (2 rounds): nothing to resume" in p.stdout
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "is on a read-only file system" in p.stderr
+
+
+FAILING_EARLY = """#!/bin/sh
+[ "$1" = --version ] && { echo "mpirun (Open MPI) 5.0.5"; exit 0; }
+exit 1
+"""
+
+
+def test_the_launcher_says_a_last_word_when_the_ranks_fail_before_a_checkpoint(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mpirun").write_text(FAILING_EARLY)
+    (tmp_path / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)}
+    try:
+        assert launch.main(["-n", "3", "--config", "x.yaml"]) == 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("[mpifed.launch] the job failed (mpirun exited with 1). It wrote no checkpoint: the ranks' "
+                    "messages above say why; once that is fixed, run the same command again")
+
+
+# ------------------------------------------------------------------ item 9: a table's identity and its path's spelling
+def test_a_tables_run_root_does_not_depend_on_how_its_path_is_spelled(tmp_path, monkeypatch):
+    from mpifed.table_file import load_table
+    table = write_tiny_table(tmp_path / "paper", tmp_path / "data")
+    roots = set()
+    for cwd, spelling in ((tmp_path, table), (tmp_path, Path("paper") / table.name),
+                          (tmp_path, Path("paper/../paper") / table.name), (table.parent, Path(table.name))):
+        monkeypatch.chdir(cwd)
+        roots |= {r.root for r in load_table(spelling, runs_root=str(tmp_path / "runs")).runs}
+    assert len(roots) == 1 and roots.pop().name.startswith("paper-")        # was: "-table" from inside the folder
