@@ -527,6 +527,11 @@ def cross_checks(cfg: Config) -> list[str]:
     if sampled < 1:
         errors.append(f"train.participation: {cfg.train.participation} of {cfg.data.num_clients} clients samples no client; raise it to at least {1 / cfg.data.num_clients:.3g}")
     method = ALGORITHMS.get(cfg.algorithm.name)
+    known = to_dict(Config())
+    for key in method.depends_on:
+        if not _holds(known, key):
+            errors.append(f"algorithm.name: {cfg.algorithm.name!r} declares that its numbers depend on {key!r}, which "
+                          f"is not a config key (see --config-reference); fix the method's depends_on")
     if method.needs_server_data and cfg.data.server_holdout_per_class <= 0:
         errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
     if not cfg.run.eval_test and cfg.data.val_size <= 0:
@@ -690,12 +695,21 @@ def load_resources(paths: list[str] | None = None, overrides: list[str] | None =
 
 def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a config dict that changes a run's numbers (keys marked ``math=True``; and
-    train.rounds when the learning-rate schedule depends on it)."""
+    train.rounds when the learning-rate schedule depends on it; and the keys the chosen method
+    declares it depends on, ``Algorithm.depends_on``)."""
     out = _filter_math(Config, d)
     train = d.get("train", {})
     if isinstance(train, dict) and train.get("lr_schedule") == "cosine":
         out.setdefault("train", {})["rounds"] = train.get("rounds")
+    for key in _method_depends_on(d):
+        _put(out, key, lookup(d, key))
     return out
+
+
+def _method_depends_on(d: dict[str, Any]) -> tuple[str, ...]:
+    algorithm = d.get("algorithm")
+    name = algorithm.get("name") if isinstance(algorithm, dict) else algorithm
+    return ALGORITHMS.get(name).depends_on if isinstance(name, str) and name in ALGORITHMS.names() else ()
 
 
 def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import final_model, metrics, run_debug, run_mpi, tiny, watch_local_steps
+from conftest import final_model, metrics, run_debug, run_mpi, small_setup, tiny, watch_local_steps
 from mpifed.registry import ALGORITHMS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -50,7 +50,15 @@ def test_server_on_gpu(has_mpirun, tmp_path):
 # ------------------------------------------------------------------ local steps (issue 27)
 AUGMENT = ["data.augment.crop_padding=2", "data.augment.flip=true", "data.augment.rotation=10", "data.augment.cutout=4",
            "data.dataset.channels=3", "data.dataset.size=12", "train.grad_clip=1.0"]
-HOLDOUT = {"fedcad": ["data.server_holdout_per_class=3"], "fedgkd_vote": ["data.server_holdout_per_class=3"]}
+HOLDOUT = {name: ["data.server_holdout_per_class=3"] for name in ALGORITHMS.names() if ALGORITHMS.get(name).needs_server_data}
+
+
+def _captures(name: str) -> bool:
+    cls = ALGORITHMS.get(name)
+    return not isinstance(cls(cls.Options(), small_setup()).client().capture_key(None), str)
+
+
+CAPTURING = [name for name in ALGORITHMS.names() if _captures(name)]   # as each method declares (capture_key)
 
 
 @contextlib.contextmanager
@@ -78,7 +86,7 @@ def test_no_text_step_waits_for_the_host(tmp_path, monkeypatch):
     run_debug(text_run(tmp_path, "resources.device=cuda", "algorithm.name=fedgkd", "train.rounds=2"))
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedntd", "fedgkd", "fedprox", "fedcad", "moon"])
+@pytest.mark.parametrize("method", CAPTURING)
 def test_captured_steps_agree_with_eager_ones(method, tmp_path):
     extra = ["resources.device=cuda", f"algorithm.name={method}", "train.local_epochs=2", *AUGMENT,
              *HOLDOUT.get(method, [])]

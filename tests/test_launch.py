@@ -216,7 +216,7 @@ def test_ctrl_c_under_the_launcher_stops_cleanly_and_resumes(has_mpirun, tmp_pat
     code, out = interrupt_after([str(LAUNCH), "3", *long_rounds(tmp_path, name="cut")], "round 2/6")
     assert "[mpifed.launch] Ctrl-C" in out and "rank 0: Ctrl-C at the launcher: finishing the current round" in out
     assert "scheduler" not in out and "prterun" not in out and "\r" not in out     # no crash report, no bar in a pipe
-    check_clean_stop(tmp_path, code, out, lambda args: run_mpi(3, args), f"{LAUNCH} 3", full)
+    check_clean_stop(tmp_path, code, out, run_debug, f"{LAUNCH} 3", full)   # resumed in the debug mode: the same run
 
 
 @pytest.mark.mpi
@@ -326,4 +326,4 @@ def test_a_closing_terminal_stops_the_debug_mode_cleanly_and_it_resumes(tmp_path
 def test_a_closing_terminal_stops_the_launcher_cleanly_and_it_resumes(has_mpirun, tmp_path, shared_run):
     full = shared_run(args=long_rounds)
     code = on_a_terminal([str(LAUNCH), "3", *long_rounds(tmp_path, name="cut")], "round 2/6")
-    check_stopped_on_sighup(tmp_path, code, lambda args: run_mpi(3, args), full)
+    check_stopped_on_sighup(tmp_path, code, run_debug, full)       # resumed in the debug mode: the same run

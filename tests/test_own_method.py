@@ -2,7 +2,9 @@
 runs in a table with FedAvg under MPI and in the debug mode, is summarised, reported and evaluated,
 resumes without --plugin, and refuses to resume once its code changed; an installed package's entry
 point is found without any flag; provenance counts untracked files inside the package."""
+import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -12,6 +14,13 @@ import sys
 import pytest
 
 from conftest import REPO, env, metrics, plugin_method
+from mpifed import plugins
+from mpifed.cli import main as cli_main
+from mpifed.evaluate import main as evaluate_main
+from mpifed.main import main as run_main
+from mpifed.prepare import main as prepare_main
+from mpifed.report import main as report_main
+from mpifed.table import main as table_main
 
 pytestmark = pytest.mark.e2e
 
@@ -26,10 +35,37 @@ resources: {threads: 1, device: cpu}
 
 
 def mpifed(cwd, *args, check=True, extra_env=None):
+    """``python -m <args>`` in ``cwd``: a command as a user types it, in its own process."""
     p = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env={**env(), **(extra_env or {})},
                        capture_output=True, text=True, timeout=600)
     if check and p.returncode != 0:
         raise AssertionError(f"{args} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+COMMANDS = {"mpifed.main": run_main, "mpifed.prepare": prepare_main, "mpifed.table": table_main,
+            "mpifed.report": report_main, "mpifed.evaluate": evaluate_main, "mpifed.cli": cli_main}
+
+
+def command(cwd, module, *args, check=True):
+    """The command ``python -m <module> <args>`` run in ``cwd`` by its ``main`` in this process (each
+    ``main`` is re-entrant; a process start saved); the plugins it loads are unloaded after it. The
+    table's ``--run``, which starts runs of its own, and installed entry points take :func:`mpifed`."""
+    before = set(map(id, plugins.loaded()))
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = COMMANDS[module](list(args))
+    finally:
+        os.chdir(here)
+        for p in plugins.loaded():
+            if id(p) not in before:
+                plugins.unload(p)
+    p = subprocess.CompletedProcess([module, *args], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{module} {args} exited {code}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
 
 
@@ -48,7 +84,7 @@ def own_table(tmp_path_factory, has_mpirun):
     (t / "t.table.yaml").write_text("title: Mine against FedAvg\nplugins: [../penalty.py]\nmetric: final_test_acc\n"
                                     "settings: [s.yaml]\nmethods: [fedavg.yaml, mine.yaml]\nseeds: [0, 1]\n"
                                     "claims: [\"mine > fedavg\"]\n")
-    listed = mpifed(home, "mpifed.table", "t/t.table.yaml", "--list").stdout
+    listed = command(home, "mpifed.table", "t/t.table.yaml", "--list").stdout
     assert listed.count(f"--plugin {home / 'penalty.py'}") == 4
     mpifed(home, "mpifed.table", "t/t.table.yaml", "--run", "3", "--seeds", "0")
     mpifed(home, "mpifed.table", "t/t.table.yaml", "--run", "0", "--seeds", "1")
@@ -57,14 +93,14 @@ def own_table(tmp_path_factory, has_mpirun):
 
 def test_the_table_runs_summarises_and_reports_the_method(own_table):
     home = own_table
-    listed = mpifed(home, "mpifed.table", "t/t.table.yaml", "--list").stdout
+    listed = command(home, "mpifed.table", "t/t.table.yaml", "--list").stdout
     assert listed.count("finished") == 4
-    summary = mpifed(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
+    summary = command(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
     assert "| mine |" in summary and "Against fedavg" in summary and "mine > fedavg" in summary
     assert "left out" not in summary
     for inputs in (["t/t.table.yaml"], ["runs/t-t"]):   # the table (its plugin named), a folder (the runs' copies)
         out = home / f"report-{len(inputs[0])}"
-        mpifed(home, "mpifed.report", *inputs, "--out", str(out))
+        command(home, "mpifed.report", *inputs, "--out", str(out))
         assert "mine" in (out / "table.md").read_text()
     run = home / "runs" / "t-t" / "s-mine-s0"
     record = json.loads((run / "provenance.json").read_text())["segments"][0]["plugins"]
@@ -72,35 +108,35 @@ def test_the_table_runs_summarises_and_reports_the_method(own_table):
     assert [(p["kind"], p["origin"], p["sha256"], p["provides"], p["used"]) for p in record] == [
         ("file", str(home / "penalty.py"), sha, ["algorithm penalty"], True)]
     assert (run / record[0]["copy"] / "penalty.py").read_bytes() == (home / "penalty.py").read_bytes()
-    archived = mpifed(home, "mpifed.table", "t/t.table.yaml", "--archive", str(home / "archive")).stdout
+    archived = command(home, "mpifed.table", "t/t.table.yaml", "--archive", str(home / "archive")).stdout
     assert "archived 4 runs" in archived
     assert (home / "archive" / "t-t" / "s-mine-s0" / record[0]["copy"] / "penalty.py").is_file()
 
 
 def test_an_archive_of_the_table_summarises_the_same(own_table):
     home = own_table
-    mpifed(home, "mpifed.table", "t/t.table.yaml", "--archive", str(home / "archived"))
-    summary = mpifed(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
-    again = mpifed(home, "mpifed.table", "t/t.table.yaml", "--runs-root", "archived", "--summary").stdout
+    command(home, "mpifed.table", "t/t.table.yaml", "--archive", str(home / "archived"))
+    summary = command(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
+    again = command(home, "mpifed.table", "t/t.table.yaml", "--runs-root", "archived", "--summary").stdout
     assert again.replace(str(home / "archived"), "runs") == summary.replace(str(home / "runs"), "runs")
 
 
 def test_the_mpi_run_of_the_method_equals_its_debug_run(own_table):
     home = own_table
-    mpifed(home, "mpifed.main", "--plugin", "penalty.py", "--config", "t/s.yaml", "--config", "t/mine.yaml",
+    command(home, "mpifed.main", "--plugin", "penalty.py", "--config", "t/s.yaml", "--config", "t/mine.yaml",
            "--set", "run.seed=0", "run.root=debug", "run.name=s0")
     assert metrics(home / "debug" / "s0") == metrics(home / "runs" / "t-t" / "s-mine-s0")
 
 
 def test_evaluate_prints_each_runs_recorded_final_accuracy(own_table):
     runs = sorted((own_table / "runs" / "t-t").glob("s-*-s[0-9]"))
-    out = mpifed(own_table, "mpifed.cli", "evaluate", *map(str, runs)).stdout
+    out = command(own_table, "mpifed.cli", "evaluate", *map(str, runs)).stdout
     for run in runs:
         recorded = json.loads((run / "summary.json").read_text())["final_test_acc"]
         assert (f"{run}: test accuracy {recorded:.4f}" in out
                 and f"recorded final_test_acc {recorded:.4f} (the same)" in out)
     assert out.count("(the same)") == 4
-    figures = json.loads(mpifed(own_table, "mpifed.evaluate", str(runs[-1]), "--json").stdout)
+    figures = json.loads(command(own_table, "mpifed.evaluate", str(runs[-1]), "--json").stdout)
     assert figures["test_acc"] == figures["recorded_final_test_acc"] is not None
 
 
@@ -108,7 +144,7 @@ def test_a_run_of_the_method_resumes_without_plugin_and_refuses_once_its_code_ch
     """Last of the tests on the table: it edits the method file (and puts it back)."""
     home = own_table
     run = home / "runs" / "t-t" / "s-mine-s1"
-    p = mpifed(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=3")
+    p = command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=3")
     assert len(metrics(run)) == 3 and "resuming" in p.stdout
     method = home / "penalty.py"
     original = method.read_bytes()
@@ -116,18 +152,18 @@ def test_a_run_of_the_method_resumes_without_plugin_and_refuses_once_its_code_ch
     try:
         method.write_bytes(original + b"# tuned since\n")
         new = hashlib.sha256(method.read_bytes()).hexdigest()
-        p = mpifed(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=4", check=False)
+        p = command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=4", check=False)
         assert p.returncode == 2 and len(metrics(run)) == 3
         assert (f"the code of plugin {method} changed since the run started (SHA-256 {old} then, {new} now)"
                 in p.stderr) and p.stderr.count("changed since the run started") == 1
         # the table: the changed method's runs are new runs, never mixed with the old ones
-        listed = mpifed(home, "mpifed.table", "t/t.table.yaml", "--list").stdout.splitlines()
+        listed = command(home, "mpifed.table", "t/t.table.yaml", "--list").stdout.splitlines()
         assert [line.split()[0] for line in listed if "mine.yaml" in line] == ["new", "new"]
-        summary = mpifed(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
+        summary = command(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
         assert f"s-mine-s0: made with code.algorithm='{old}' (here '{new}')" in summary
         # with the method file gone, the run resumes from its own copy
         method.unlink()
-        mpifed(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=4")
+        command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=4")
         assert len(metrics(run)) == 4
     finally:
         method.write_bytes(original)
@@ -217,9 +253,9 @@ def test_the_tutorials_files_run_as_the_page_shows_them(tmp_path):
     (tmp_path / "mytable").mkdir()
     for name, block in zip(names, blocks):
         (tmp_path / "mytable" / name).write_text(block)
-    mpifed(tmp_path, "mpifed.main", "--plugin", "my_method.py", "--set", "algorithm.name=logit_penalty",
+    command(tmp_path, "mpifed.main", "--plugin", "my_method.py", "--set", "algorithm.name=logit_penalty",
            "train.rounds=1", "run.name=first-try")
-    listed = mpifed(tmp_path, "mpifed.table", "mytable/mine.table.yaml", "--list").stdout
+    listed = command(tmp_path, "mpifed.table", "mytable/mine.table.yaml", "--list").stdout
     assert listed.count(f"--plugin {tmp_path / 'my_method.py'}") == 12
     assert "20 runs of 4 setting x method pairs wait for their search to finish" in listed
 
@@ -250,14 +286,14 @@ def test_a_partition_of_your_own_prepares_under_the_hash_of_its_code(tmp_path):
     (tmp_path / "strided.py").write_text(PARTITION)
     (tmp_path / "s.yaml").write_text(SETTING.replace("partition: {name: dirichlet, beta: 0.5, min_size: 5}",
                                                      "partition: {name: strided, offset: 1}"))
-    shown = mpifed(tmp_path, "mpifed.prepare", "--plugin", "strided.py", "--config", "s.yaml", "--show").stdout
+    shown = command(tmp_path, "mpifed.prepare", "--plugin", "strided.py", "--config", "s.yaml", "--show").stdout
     first = next(line for line in shown.splitlines() if line.startswith("prepared data: ")).removeprefix("prepared data: ")
     manifest = json.loads((tmp_path / first / "manifest.json").read_text())
     sha = hashlib.sha256((tmp_path / "strided.py").read_bytes()).hexdigest()
     assert manifest["spec"]["code"] == {"partition": sha} and manifest["spec"]["partition"]["name"] == "strided"
-    mpifed(tmp_path, "mpifed.main", "--plugin", "strided.py", "--config", "s.yaml", "--set", "train.rounds=1")
+    command(tmp_path, "mpifed.main", "--plugin", "strided.py", "--config", "s.yaml", "--set", "train.rounds=1")
     with open(tmp_path / "strided.py", "a") as f:
         f.write("# changed\n")
-    again = mpifed(tmp_path, "mpifed.prepare", "--plugin", "strided.py", "--config", "s.yaml").stdout
+    again = command(tmp_path, "mpifed.prepare", "--plugin", "strided.py", "--config", "s.yaml").stdout
     folder = next(line for line in again.splitlines() if line.startswith("prepared data: "))
     assert folder.removeprefix("prepared data: ") != first   # other code, another prepared folder

@@ -133,6 +133,38 @@ def test_a_changed_plugin_is_a_changed_setting(tmp_path):
     assert config.diff_keys(config.result_fingerprint(first), config.result_fingerprint(second)) == ["code.algorithm"]
 
 
+SCHEDULED = """
+from mpifed.algorithms.base import Algorithm
+from mpifed.registry import ALGORITHMS
+
+
+@ALGORITHMS.register("NAME")
+class Ramped(Algorithm):
+    \"\"\"A weight that ramps up over train.rounds: the rounds change its numbers.\"\"\"
+    depends_on = DEPENDS
+"""
+
+
+def test_a_methods_declared_dependencies_enter_the_runs_identity(tmp_path):
+    f = write(tmp_path / "ramped.py", SCHEDULED.replace("NAME", "ramped").replace("DEPENDS", '("train.rounds",)'))
+    _, four = config.load([], ["algorithm.name=ramped", "train.rounds=4"], plugins=[str(f)])
+    _, six = config.load([], ["algorithm.name=ramped", "train.rounds=6"], plugins=[str(f)])
+    assert config.checkpoint_changes(config.math_fingerprint(four), six)[0] == ["train.rounds"]   # a resume refuses
+    _, fedavg = config.load([], ["train.rounds=4"])
+    assert config.checkpoint_changes(config.math_fingerprint(fedavg), {**fedavg, "train": {**fedavg["train"],
+                                                                                          "rounds": 6}})[0] == []
+
+
+def test_a_declared_dependency_must_be_a_config_key(tmp_path):
+    f = write(tmp_path / "typo.py", SCHEDULED.replace("NAME", "typo").replace("DEPENDS", '("train.round",)'))
+    with pytest.raises(config.ConfigError, match="'typo' declares that its numbers depend on 'train.round', which is "
+                                                 "not a config key"):
+        config.load([], ["algorithm.name=typo"], plugins=[str(f)])
+    bad = write(tmp_path / "bad.py", SCHEDULED.replace("NAME", "bad_depends").replace("DEPENDS", '"train.rounds"'))
+    with pytest.raises(plugins.PluginError, match="depends_on is 'train.rounds'; it names the settings"):
+        plugins.load(str(bad))
+
+
 def test_a_checkpoint_from_before_runs_recorded_their_code_resumes_with_the_code_loaded_now(tmp_path):
     f = write(tmp_path / "mine.py", method())
     _, d = config.load([], ["algorithm.name=plug_penalty"], plugins=[str(f)])

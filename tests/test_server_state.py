@@ -22,12 +22,15 @@ def test_a_state_name_the_server_does_not_set_fails_when_the_method_is_built():
         Method(None, small_setup()).server(None)
 
 
-@pytest.mark.parametrize("name", ["fedavgm", "fedcsd", "fedcurv", "feddistill_plus", "feddyn", "fedgkd", "fedgkd_vote",
-                                  "fedproto", "scaffold"])
-def test_the_checkpoint_holds_the_declared_state_and_restores_it(name):
+STATEFUL = [(name, {}) for name in ALGORITHMS.names() if ALGORITHMS.get(name).Server.state]   # as each declares
+STATEFUL.append(("feddyn", {"evaluate": "clients_mean"}))     # a state that grows with an option
+
+
+@pytest.mark.parametrize("name,options", STATEFUL, ids=[f"{n}{'-' if o else ''}{'-'.join(o.values())}" for n, o in STATEFUL])
+def test_the_checkpoint_holds_the_declared_state_and_restores_it(name, options):
     setup = small_setup()
     cls = ALGORITHMS.get(name)
-    options = cls.Options(evaluate="clients_mean") if name == "feddyn" else cls.Options()
+    options = cls.Options(**options)
     server, restored = cls(options, setup).server(None), cls(options, setup).server(None)
     w = torch.randn(setup.num_floats)
     for s in (server, restored):

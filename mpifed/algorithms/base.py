@@ -549,8 +549,10 @@ class Algorithm:
     Subclasses set ``Options`` (a dataclass of the method's config keys), ``Server`` and
     ``Client`` (role classes), ``needs_server_data`` (why the method needs
     ``data.server_holdout_per_class``; empty if it does not), ``switches`` (the settings its
-    behaviour tests use), and override :meth:`messages` and :meth:`extend_model` where they add
-    to FedAvg's.
+    behaviour tests use), ``depends_on`` (the settings beyond its own options whose values its
+    numbers depend on, where mpifed would not count them: ``("train.rounds",)`` for a schedule
+    over the rounds), and override :meth:`messages` and :meth:`extend_model` where they add to
+    FedAvg's.
     """
 
     Options: ClassVar[type] = NoOptions
@@ -558,6 +560,7 @@ class Algorithm:
     Client: ClassVar[type[Client]] = Client
     needs_server_data: ClassVar[str] = ""
     switches: ClassVar[Switches] = Switches()
+    depends_on: ClassVar[tuple[str, ...]] = ()   # dotted config keys: part of the run's identity with this method
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options
@@ -623,6 +626,10 @@ def role_problems(cls: Any) -> list[str]:
                                 f"calls it: {hook}({wanted})")
             except ValueError:
                 continue
+    depends = cls.depends_on
+    if not isinstance(depends, tuple) or not all(isinstance(k, str) and "." in k for k in depends):
+        problems.append(f"{cls.__name__}.depends_on is {depends!r}; it names the settings the method's numbers depend "
+                        f"on, as a tuple of dotted config keys, e.g. depends_on = (\"train.rounds\",)")
     state = getattr(cls.Server, "state", ())
     if isinstance(cls.Server, type) and (not isinstance(state, tuple) or not all(isinstance(s, str) for s in state)):
         problems.append(f"{cls.Server.__name__}.state is {state!r}; it names the attributes a checkpoint keeps, as a "
