@@ -43,6 +43,6 @@ def test_a_method_file_in_a_copy_of_the_package_is_all_a_new_method_needs(tmp_pa
     assert NAME not in (REPO / "docs" / "algorithms.md").read_text()
     # the copy's own checks that enumerate methods, and the new method's term against FedAvg (trains 3 short runs)
     run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_docs.py", "tests/test_imports.py",
-        "tests/test_steps.py::test_which_methods_capture_their_step",
+        "tests/test_steps.py::test_which_methods_capture_their_step_follows_from_what_they_declare",
         "tests/test_method_behaviour.py::test_every_switch_names_an_option_of_its_method",
         f"tests/test_method_behaviour.py::test_the_method_term_acts[{NAME}]")
