@@ -527,7 +527,7 @@ def cross_checks(cfg: Config) -> list[str]:
     if sampled < 1:
         errors.append(f"train.participation: {cfg.train.participation} of {cfg.data.num_clients} clients samples no client; raise it to at least {1 / cfg.data.num_clients:.3g}")
     method = ALGORITHMS.get(cfg.algorithm.name)
-    known = to_dict(Config())
+    known = to_dict(Config()) if method.depends_on else {}
     for key in method.depends_on:
         if not _holds(known, key):
             errors.append(f"algorithm.name: {cfg.algorithm.name!r} declares that its numbers depend on {key!r}, which "
