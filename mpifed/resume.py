@@ -11,8 +11,12 @@ at start-up, with the run's lock held):
                                   train further from the last checkpoint; with the checkpoints
                                   deleted, more rounds are refused
     --resume, no checkpoint       start from round 1
-    --resume, failed              as above, saying that it had failed; temporary files a failed
-                                  write left are removed
+    --resume, failed              as above, saying that it had failed (also a ``running`` status: the
+                                  resumer holds the lock, so its writer is gone); temporary files a
+                                  failed write left are removed
+    --resume, damaged             a finished run whose metrics.jsonl is torn: its records are written
+                                  again from the last checkpoint; without one, refused
+    --resume, read-only mount     a finished run with the rounds asked for: nothing to do; else refused
     a new run, directory taken    refused, unless --overwrite, which deletes only a directory
                                   mpifed made (it holds the ``.mpifed-run`` marker)
     a folder mpifed did not make  refused, whatever the request: mpifed writes only into a new or
