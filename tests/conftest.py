@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Iterator
 
 import pytest
 import torch
@@ -56,6 +56,27 @@ class Penalty(Algorithm):
 def plugin_method(name: str) -> str:
     """The source of :data:`PLUGIN_METHOD`, registering the method as ``name``."""
     return PLUGIN_METHOD.replace("NAME", name)
+
+
+@contextlib.contextmanager
+def plugins_unloaded_after() -> Iterator[None]:
+    """Whatever plugins the block loads in this process are unloaded after it (entries, modules), so
+    the registries stay mpifed's own."""
+    from mpifed import plugins
+    before = set(map(id, plugins.loaded()))
+    try:
+        yield
+    finally:
+        for p in plugins.loaded():
+            if id(p) not in before:
+                plugins.unload(p)
+
+
+@pytest.fixture
+def unload_plugins() -> Iterator[None]:
+    """The plugins a test loads in this process are unloaded after it."""
+    with plugins_unloaded_after():
+        yield
 
 
 def write_tiny_table(folder: Path, data_root: Path, seeds: str = "[0, 1]") -> Path:

@@ -18,20 +18,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, env, metrics, run_debug, tiny, write_tiny_table
-from mpifed import launch, plugins
+from mpifed import launch
 from mpifed.rundir import LockLost, RunDir, check_run_name
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(autouse=True)
-def unloaded():
-    """The plugins a test loads in this process are unloaded after it."""
-    before = set(map(id, plugins.loaded()))
-    yield
-    for p in plugins.loaded():
-        if id(p) not in before:
-            plugins.unload(p)
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("unload_plugins")]
 
 
 @pytest.fixture(scope="module")
@@ -54,24 +44,31 @@ def with_plugin(tmp, source, name):
 
 
 # ------------------------------------------------------------------ item 6: status while a finished run trains further
-WATCHER = """
+def in_aggregate(name, action):
+    """A method ``name``: FedAvg whose server first runs ``action`` (Python lines reading ``rnd`` and
+    ``run``, the run directory named by $WATCH_RUN) in each aggregation."""
+    body = "\n".join(f"            {line}" for line in action.strip().splitlines())
+    return f"""
     import json, os
     from pathlib import Path
     from mpifed.algorithms.base import Algorithm, Server
     from mpifed.registry import ALGORITHMS
     from mpifed.rundir import RunDir
 
-    class WatchingServer(Server):
+    class HookServer(Server):
         def aggregate(self, rnd, weights, replies):
             run = RunDir(Path(os.environ["WATCH_RUN"]))
-            with open(os.environ["WATCH_OUT"], "a") as f:
-                f.write(json.dumps({"round": rnd + 1, "file": run.read_json("status.json")}) + "\\n")
+{body}
             return super().aggregate(rnd, weights, replies)
 
-    @ALGORITHMS.register("watching")
-    class Watching(Algorithm):
-        Server = WatchingServer
+    ALGORITHMS.register("{name}")(type("Hook", (Algorithm,), {{"Server": HookServer}}))
 """
+
+
+WATCHER = in_aggregate("watching", """
+with open(os.environ["WATCH_OUT"], "a") as f:
+    f.write(json.dumps({"round": rnd + 1, "file": run.read_json("status.json")}) + "\\n")
+""")
 
 
 def test_a_finished_run_trained_further_says_running_from_its_first_new_round(tmp_path, data, monkeypatch):
@@ -174,22 +171,10 @@ def test_a_lock_taken_by_another_process_after_deletion_stops_the_first(tmp_path
         run.unlock()
 
 
-DELETER = """
-    import os
-    from pathlib import Path
-    from mpifed.algorithms.base import Algorithm, Server
-    from mpifed.registry import ALGORITHMS
-
-    class DeletingServer(Server):
-        def aggregate(self, rnd, weights, replies):
-            if rnd == 1:
-                (Path(os.environ["WATCH_RUN"]) / ".lock").unlink()
-            return super().aggregate(rnd, weights, replies)
-
-    @ALGORITHMS.register("deleting")
-    class Deleting(Algorithm):
-        Server = DeletingServer
-"""
+DELETER = in_aggregate("deleting", """
+if rnd == 1:
+    (run.path / ".lock").unlink()
+""")
 
 
 def test_the_server_notices_a_deleted_lock_at_the_end_of_the_round(tmp_path, data, monkeypatch):

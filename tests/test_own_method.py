@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, env, metrics, plugin_method
-from mpifed import plugins
+from conftest import REPO, env, metrics, plugin_method, plugins_unloaded_after
 from mpifed.cli import main as cli_main
 from mpifed.evaluate import main as evaluate_main
 from mpifed.main import main as run_main
@@ -51,18 +50,14 @@ def command(cwd, module, *args, check=True):
     """The command ``python -m <module> <args>`` run in ``cwd`` by its ``main`` in this process (each
     ``main`` is re-entrant; a process start saved); the plugins it loads are unloaded after it. The
     table's ``--run``, which starts runs of its own, and installed entry points take :func:`mpifed`."""
-    before = set(map(id, plugins.loaded()))
     out, err = io.StringIO(), io.StringIO()
     here = os.getcwd()
     os.chdir(cwd)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with plugins_unloaded_after(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = COMMANDS[module](list(args))
     finally:
         os.chdir(here)
-        for p in plugins.loaded():
-            if id(p) not in before:
-                plugins.unload(p)
     p = subprocess.CompletedProcess([module, *args], code, out.getvalue(), err.getvalue())
     if check and code != 0:
         raise AssertionError(f"{module} {args} exited {code}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")

@@ -17,14 +17,7 @@ def method(name="plug_penalty"):
     return plugin_method(name)
 
 
-@pytest.fixture(autouse=True)
-def unloaded():
-    """Whatever a test loads is unloaded after it (entries, modules)."""
-    before = set(map(id, plugins.loaded()))
-    yield
-    for p in plugins.loaded():
-        if id(p) not in before:
-            plugins.unload(p)
+pytestmark = pytest.mark.usefixtures("unload_plugins")
 
 
 def write(path, text):
