@@ -190,10 +190,9 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
         if isinstance(held, str) or held is None:
             out.left_out.append(f"{run}: {held or 'no config.yaml'}")
             continue
-        status = RunDir(run).status() or {}  # a dead "running" run reads as failed
-        if status.get("state") != "finished":
-            why = status["error"] if status.get("state") == "damaged" else f"not finished ({status.get('state') or 'no status.json'})"
-            out.left_out.append(f"{run}: {why}")
+        state = (RunDir(run).status() or {}).get("state")  # a dead "running" run reads as failed
+        if state != "finished":
+            out.left_out.append(f"{run}: {RunDir(run).why_left_out(state)}")
             continue
         out.identities[run] = held
         seedless = {**held, "run": {k: v for k, v in held["run"].items() if k != "seed"}}

@@ -348,6 +348,12 @@ class RunDir:
                           "error": f"{problem}; --resume {self.path} writes it again from the run's last checkpoint"}
         return status
 
+    def why_left_out(self, state: str | None) -> str:
+        """Why a reader leaves out this run, in ``state`` (not finished): what is damaged, or the state."""
+        if state == "damaged":
+            return (self.status() or {}).get("error", "damaged")
+        return f"not finished ({state or 'no status.json'})"
+
     def metrics_problem(self, rounds_done: Any) -> str | None:
         """What is wrong with metrics.jsonl for a run of ``rounds_done`` rounds (None: nothing, or no
         number of rounds to check against): it must hold one whole line per round, rounds 1 to

@@ -461,8 +461,7 @@ def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: Tru
             if state == "new":
                 not_run += 1
             else:
-                why = ("diverged (its loss became NaN or infinite)" if lost else
-                       (RunDir(r.path).status() or {}).get("error", "") if state == "damaged" else f"not finished ({state})")
+                why = "diverged (its loss became NaN or infinite)" if lost else RunDir(r.path).why_left_out(state)
                 left_out.append(f"{r.path}: {why}")
             continue
         runs.append(r.path)
