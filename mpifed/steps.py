@@ -20,8 +20,16 @@ eagerly. A graph reads and writes fixed addresses, so in this mode the optimiser
 per worker and reset for each client (:func:`~mpifed.optim.make_optimizer`'s
 ``capturable``), the round's downlink tensors are copied into fixed buffers, and teachers
 compute their outputs batch by batch inside the graph instead of caching them per client.
-A method whose loss reads tensors that move between clients says so
-(:meth:`~mpifed.algorithms.base.Client.capture_key`) and runs eagerly.
+
+What a step reads besides the batch and the model is declared, so capture is correct by
+construction: a method's per-round and per-client values are its declared inputs
+(:class:`~mpifed.algorithms.inputs.Inputs`), tensors written in place into buffers that never
+move, and its Python-valued inputs (a flag, a count) select one graph per value. The step of a
+capturable role sees the client's context through a
+:class:`~mpifed.algorithms.inputs.StepView`, which refuses per-client fields in every mode, and
+a built role refuses new attributes. A role that collects per-batch sums, makes its own step,
+optimiser or training loop, or sets ``eager`` runs eagerly
+(:meth:`~mpifed.algorithms.base.Client.eager_reason`), and says so once.
 """
 from __future__ import annotations
 
@@ -78,12 +86,12 @@ class LocalSteps:
         """Run ``client.step`` on ``batch`` (or replay its graph); the batch's loss."""
         if not self.graphs or len(batch.y) != client.setup.train.batch_size:
             return client.step(ctx, opt, batch)
-        key = client.capture_key(ctx)
-        if isinstance(key, str):
+        reason = type(client).eager_reason()
+        if reason:
             self._tell(type(client).__name__, f"[mpifed] resources.cuda_graphs: {type(client).__name__}'s local step "
-                                              f"is not captured ({key}); it runs eagerly")
+                                              f"is not captured ({reason}); it runs eagerly")
             return client.step(ctx, opt, batch)
-        key = (key, _shapes(batch))
+        key = (client.inputs.key(), _shapes(batch))
         graph = self._captured.get(key)
         if graph is None:
             if self._warm[key] < WARMUP_STEPS:

@@ -2,7 +2,8 @@
 
 Each client's local round is the client role's :meth:`~mpifed.algorithms.base.Client.local_round`
 (``begin_client``, ``train``, ``end_client``, ``uplink``) between its state being loaded and its
-new state (``end_client``'s) stored, in :meth:`Worker.train`.
+new state (``end_client``'s) stored, in :meth:`Worker.train`. The role's declared inputs are
+zeroed before each round (``round``) and before each client (``client``).
 
 :class:`Worker` is the worker side of :class:`~mpifed.protocol.RoundProtocol`: the
 protocol calls it between the collectives, on every worker rank, and on the single
@@ -55,6 +56,7 @@ class Worker:
     def start_round(self, plan: RoundPlan, down: Downlink) -> None:
         self.down = Downlink(self._on_device("model", "weights", down.weights), self._on_device("model", "ints", down.ints),
                              {k: self._on_device("down", k, v) for k, v in down}, self.layouts.down.what)
+        self.client.inputs.reset("round")
         self.client.round_start(plan.round, self.down)
 
     def _on_device(self, part: str, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -92,6 +94,7 @@ class Worker:
         for i, cid in enumerate(clients):
             start = time.perf_counter()
             ctx = self._context(plan, cid)
+            self.client.inputs.reset("client")
             up = self.client.local_round(ctx)
             self._check(up, ctx)
             for k in sums:

@@ -87,7 +87,7 @@ def moon_previous(first_negative, rnd, trained=False, cid=2):
     if trained:
         ctx.state = Fields("the client state", {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)})
     client.begin_client(ctx)
-    return client.previous.flat.floats.clone() if client.has_previous else None
+    return client.previous.flat.floats.clone() if client.inputs.has_previous else None
 
 
 def test_moon_negative_of_a_client_that_has_not_trained_yet():
@@ -183,7 +183,7 @@ def test_fedgkd_mse_regulariser_by_hand():
     setup = small_setup()
     cls = ALGORITHMS.get("fedgkd")
     client = cls(cls.Options(gamma=0.4, loss="mse"), setup).client()
-    client.active = True
+    client.inputs.active = True
     client.teacher.batch_logits = lambda ctx, batch: torch.tensor([[0.0, 1.0, 1.0], [2.0, 0.0, 0.0]])
     student = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]], requires_grad=True)
     batch = Batch(None, torch.tensor([1, 0]), torch.tensor([0, 1]))

@@ -80,7 +80,7 @@ def test_fedcurv_first_round_has_no_penalty():
     _, client = roles("fedcurv", setup, lam=2.0)
     client.round_start(0, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
     ctx = context(setup, data(0), torch.randn(p), torch.zeros(p), {"fisher": torch.zeros(p), "fisher_weights": torch.zeros(p)})
-    assert extra_loss(client, ctx).item() == 0 and not client.active
+    assert extra_loss(client, ctx).item() == 0 and not client.inputs.active
     # the client's own contribution is all there is: no penalty either
     own = {"fisher": torch.rand(p), "fisher_weights": torch.rand(p)}
     client.round_start(1, down(setup, fisher=own["fisher"], fisher_weights=own["fisher_weights"]))

@@ -145,9 +145,9 @@ def test_fedgen_client_regulariser_by_hand():
     generator = server.generator.floats + 0.1 * torch.randn(server.generator.num_floats)
     client = algo.client()
     client.round_start(0, Downlink(torch.zeros(1), NO_INTS, {"generator": generator}))
-    assert client.alpha == 0 and client.beta == 0              # round 1: no regulariser
+    assert client.inputs.alpha == 0 and client.inputs.beta == 0              # round 1: no regulariser
     client.round_start(2, Downlink(torch.zeros(1), NO_INTS, {"generator": generator}))
-    assert (client.alpha, client.beta) == (2.0 * 0.25, 3.0 * 0.25)
+    assert (client.inputs.alpha, client.inputs.beta) == (2.0 * 0.25, 3.0 * 0.25)
     ctx = ClientContext(0, 2, 0.1, setup.new_model(), torch.zeros(1), client_data(0, [0, 1, 2]), PLAIN,
                         torch.Generator().manual_seed(7), setup.train)
     client.begin_client(ctx)
@@ -168,7 +168,7 @@ def test_fedgen_client_regulariser_by_hand():
     kl = (p_gen * (p_gen.log() - torch.log_softmax(out.logits, dim=1))).sum() / 3
     by_hand = F.cross_entropy(out.logits, y) + 0.5 * F.cross_entropy(head(z_hat), sampled) + 0.75 * kl
     assert torch.allclose(loss, by_hand, atol=1e-6)
-    assert torch.equal(client.label_counts, torch.ones(3))
+    assert torch.equal(client.inputs.label_counts, torch.ones(3))
 
 
 def fedgen_rows(setup, counts):

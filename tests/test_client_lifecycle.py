@@ -52,7 +52,7 @@ def test_local_round_runs_the_hooks_in_order_and_keeps_the_new_state_apart():
     assert client.calls == ["begin"] + ["batch", "loss"] * 4 + ["end", "uplink"]
     assert up["seen"].item() == 16 and ctx.steps == 4
     assert ctx.state is old and old.rounds.item() == 1 and ctx.new_state.rounds.item() == 2
-    assert client.capture_key(ctx) == "Recording collects per-client sums after each batch (on_batch)"
+    assert Recording.eager_reason() == "collects per-client sums after each batch (on_batch)"
 
 
 MISSPELT = '''

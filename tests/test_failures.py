@@ -36,13 +36,12 @@ from mpifed.registry import ALGORITHMS
 
 
 class StoppingClient(Client):
-    """FedAvg's client, except that rank 2 stops (SIGSTOP) in its first local step of round 3."""
+    """FedAvg's client, except that rank 2 stops (SIGSTOP) as it begins its first client of round 3."""
 
-    def loss(self, ctx, batch, out):
+    def begin_client(self, ctx):
         if ctx.round == 2 and os.environ.get("OMPI_COMM_WORLD_RANK") == "2":
             Path(__file__).with_suffix(".pid").write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGSTOP)
-        return super().loss(ctx, batch, out)
 
 
 @ALGORITHMS.register("stopping")
@@ -52,7 +51,7 @@ class Stopping(Algorithm):
 
 
 def stopping_run(tmp_path, *extra):
-    """A run in which rank 2 stops in its first local step of round 3, after the checkpoint of
+    """A run in which rank 2 stops as it begins its first client of round 3, after the checkpoint of
     round 2: it stops there whatever the machine's load (a signal sent from outside needs rounds
     long enough to aim at, and those can outlast a short comm.timeout_s on a loaded machine, as
     can the other worker's round)."""

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import final_model, metrics, run_debug, run_mpi, small_setup, tiny, watch_local_steps
+from conftest import final_model, metrics, run_debug, run_mpi, tiny, watch_local_steps
 from mpifed.registry import ALGORITHMS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -53,12 +53,7 @@ AUGMENT = ["data.augment.crop_padding=2", "data.augment.flip=true", "data.augmen
 HOLDOUT = {name: ["data.server_holdout_per_class=3"] for name in ALGORITHMS.names() if ALGORITHMS.get(name).needs_server_data}
 
 
-def _captures(name: str) -> bool:
-    cls = ALGORITHMS.get(name)
-    return not isinstance(cls(cls.Options(), small_setup()).client().capture_key(None), str)
-
-
-CAPTURING = [name for name in ALGORITHMS.names() if _captures(name)]   # as each method declares (capture_key)
+CAPTURING = [name for name in ALGORITHMS.names() if not ALGORITHMS.get(name).Client.eager_reason()]   # as declared
 
 
 @contextlib.contextmanager
@@ -100,8 +95,8 @@ def test_captured_steps_agree_with_eager_ones(method, tmp_path):
 
 
 def test_an_uncapturable_method_says_so_and_trains_eagerly(tmp_path):
-    p = run_debug(tiny(tmp_path, "resources.device=cuda", "resources.cuda_graphs=on", "algorithm.name=scaffold"))
-    assert "ScaffoldClient's local step is not captured" in p.stdout
+    p = run_debug(tiny(tmp_path, "resources.device=cuda", "resources.cuda_graphs=on", "algorithm.name=fedproto"))
+    assert "FedProtoClient's local step is not captured (collects per-client sums after each batch" in p.stdout
 
 
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])

@@ -102,8 +102,8 @@ from mpifed.registry import ALGORITHMS
 
 
 class ReadingClient(Client):
-    def begin_client(self, ctx):
-        self.control = ctx.state.contrl
+    def end_client(self, ctx):
+        return {"control": ctx.state.contrl}
 
 
 @ALGORITHMS.register("undeclared_read")

@@ -107,9 +107,9 @@ def test_fedcsd_prototype_reduction_equals_central_prototypes():
                     means.append(model.model.eval()(tf.eval(d.inputs[d.labels == c])).double().mean(0))
         if means:
             central[c] = torch.stack(means).mean(0)
-    assert torch.allclose(workers[0].prototypes.double(), central, atol=1e-5)
-    assert torch.equal(workers[0].prototypes, workers[1].prototypes)
-    assert torch.all(workers[0].prototypes[3] == 0)
+    assert torch.allclose(workers[0].inputs.prototypes.double(), central, atol=1e-5)
+    assert torch.equal(workers[0].inputs.prototypes, workers[1].inputs.prototypes)
+    assert torch.all(workers[0].inputs.prototypes[3] == 0)
 
 
 def test_teacher_logit_cache_equals_per_batch_logits():
@@ -152,7 +152,7 @@ def test_fedcsd_local_prototypes_and_official_weighting():
         ctx = ClientContext(0, 0, 0.1, setup.new_model(), teacher_w, data, tf, torch.Generator(), TrainConfig(local_epochs=1))
         client.begin_client(ctx)
         own = client.client_prototypes(data, tf)[0].float()
-        assert torch.equal(client.prototypes, own) and torch.all(own[2] == 0)      # class 2 not held: a zero row
+        assert torch.equal(client.inputs.prototypes, own) and torch.all(own[2] == 0)      # class 2 not held: a zero row
         idx = torch.arange(9)
         batch = Batch(tf.eval(data.inputs), data.labels, idx)
         out = forward(ctx.model, batch.x)

@@ -1,5 +1,6 @@
-"""A new method is one file: the example of docs/methods.md, dropped into a copy of the package,
-is found by the registry, trains, and gets its generated docs, with no other file touched."""
+"""A new method is one file: the example of docs/methods.md, and a copy of a shipped method under a
+new name, dropped into a copy of the package, are found by the registry, train, pass the checks
+that enumerate methods, and get their generated docs, with no other file touched."""
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ import pytest
 from conftest import REPO
 
 NAME = "fedavg_smooth"
+COPY = "fedntd_copy"      # mpifed/algorithms/fedntd.py under another name
 
 
 def example() -> str:
@@ -28,6 +30,10 @@ def test_a_method_file_in_a_copy_of_the_package_is_all_a_new_method_needs(tmp_pa
     for part in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / part, tmp_path)
     (tmp_path / "mpifed" / "algorithms" / f"{NAME}.py").write_text(example())
+    shipped = (REPO / "mpifed" / "algorithms" / "fedntd.py").read_text()
+    assert shipped.count('@ALGORITHMS.register("fedntd")') == 1
+    (tmp_path / "mpifed" / "algorithms" / f"{COPY}.py").write_text(
+        shipped.replace('@ALGORITHMS.register("fedntd")', f'@ALGORITHMS.register("{COPY}")'))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
 
     def run(*args):
@@ -40,9 +46,11 @@ def test_a_method_file_in_a_copy_of_the_package_is_all_a_new_method_needs(tmp_pa
     run("-m", "mpifed.docs")
     listed = (tmp_path / "docs" / "algorithms.md").read_text()
     assert f"`{NAME}`" in listed and "FedAvg with label smoothing" in listed and "`smoothing` = `0.1`" in listed
+    assert f"`{COPY}`" in listed
     assert NAME not in (REPO / "docs" / "algorithms.md").read_text()
     # the copy's own checks that enumerate methods, and the new method's term against FedAvg (trains 3 short runs)
     run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_docs.py", "tests/test_imports.py",
         "tests/test_steps.py::test_which_methods_capture_their_step_follows_from_what_they_declare",
+        "tests/test_server_state.py", "tests/test_report.py::test_a_method_keeps_its_colour_in_every_figure",
         "tests/test_method_behaviour.py::test_every_switch_names_an_option_of_its_method",
-        f"tests/test_method_behaviour.py::test_the_method_term_acts[{NAME}]")
+        *[f"tests/test_method_behaviour.py::test_the_method_term_acts[{name}]" for name in (NAME, COPY)])

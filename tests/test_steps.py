@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import run_debug, small_setup, tiny, watch_local_steps
-from mpifed.algorithms.base import Client, ClientContext
+from mpifed.algorithms.base import Client, ClientContext, role_problems
+from mpifed.algorithms.inputs import UndeclaredState
 from mpifed.config import ConfigError, TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
@@ -118,25 +119,19 @@ def test_cuda_graphs_on_with_cpu_workers_is_a_clear_error(tmp_path):
 
 
 def test_which_methods_capture_their_step_follows_from_what_they_declare():
-    """A method whose loss and per-batch hook are FedAvg's captures its step; one that overrides the
-    loss captures only when it declares what its loss reads (capture_key), else it says why not; one
-    that collects per-batch sums (on_batch) never does. Read from each registered method's classes."""
+    """A role's step is captured unless it collects per-batch sums (on_batch), makes its own step,
+    optimiser or training loop, or names its own reason (eager); what its loss reads is declared
+    (a built role keeps no other state). Read from each registered method's classes."""
     setup = small_setup()
     for name in ALGORITHMS.names():
         cls = ALGORITHMS.get(name)
+        role = cls.Client
+        own = [h for h in ("on_batch", "step", "optimizer", "train") if getattr(role, h) is not getattr(Client, h)]
+        assert bool(role.eager_reason()) == bool(own or role.eager), name
+        assert role_problems(cls) == [], name
         client = cls(cls.Options(), setup).client()
-        role = type(client)
-        key = client.capture_key(None)
-        if role.on_batch is not Client.on_batch:
-            assert isinstance(key, str) and "on_batch" in key, name
-        elif role.capture_key is not Client.capture_key:
-            assert isinstance(key, str) or hash(key) is not None, name
-        elif role.loss is not Client.loss:
-            assert isinstance(key, str) and "capture_key" in key, name
-        else:
-            assert key == (), name
-    fednova = ALGORITHMS.get("fednova")
-    assert isinstance(fednova(fednova.Options(ccvr=True), setup).client().capture_key(None), str)
+        with pytest.raises(UndeclaredState, match="declared input"):
+            client.anything = 1
 
 
 def _context(setup, runner, samples=10):
@@ -150,6 +145,8 @@ def _context(setup, runner, samples=10):
 
 def test_a_step_that_cannot_be_captured_says_so_once_and_runs_eagerly():
     class Weighted(Client):
+        eager = "its loss reads a host-side table"
+
         def loss(self, ctx, batch, out):
             return 2 * F.cross_entropy(out.logits, batch.y)
 
@@ -160,7 +157,8 @@ def test_a_step_that_cannot_be_captured_says_so_once_and_runs_eagerly():
     ctx = _context(setup, runner)
     Weighted(None, setup).train(ctx)
     assert ctx.steps == 6 and len(told) == 1
-    assert "Weighted's local step is not captured" in told[0] and "runs eagerly" in told[0]
+    assert "Weighted's local step is not captured (its loss reads a host-side table)" in told[0]
+    assert "runs eagerly" in told[0]
 
 
 def test_with_graphs_the_teacher_runs_per_batch():
@@ -185,7 +183,8 @@ def test_a_batch_shorter_than_the_batch_size_is_never_captured():
     asked = []
 
     class Asking(Client):
-        def capture_key(self, ctx):
+        @classmethod
+        def eager_reason(cls):
             asked.append(1)
             return "not on a CPU"
 
@@ -193,7 +192,7 @@ def test_a_batch_shorter_than_the_batch_size_is_never_captured():
     setup.train = TrainConfig(batch_size=4, local_epochs=1)
     ctx = _context(setup, LocalSteps(graphs=True), samples=6)   # one batch of 4, one of 2
     Asking(None, setup).train(ctx)
-    assert ctx.steps == 2 and len(asked) == 1
+    assert ctx.steps == 2 and len(asked) == 2     # by train (what the step sees), then for the full batch only
 
 
 def _tiny_distilbert_batch():

@@ -10,23 +10,29 @@ what differs from FedAvg::
         Server = ...                   # the server side: aggregation (default FedAvg's)
 
         def messages(self) -> Messages # what travels besides the global model
+        def inputs(self) -> Inputs     # what the client role's hooks set for its loss
 
 The two roles are built separately, on different ranks under MPI and as two objects in
 the debug mode; they share nothing but the options, the :class:`Setup` and what the round
 protocol (:mod:`mpifed.protocol`) carries between them. One round, in order::
 
     server  downlink(rnd, w)             -> the Messages.down tensors sent with the global model w
-    client  round_start(rnd, down)       once per round on each worker (down.weights, down.<name>)
+    client  round_start(rnd, down)       once per round on each worker: the round inputs, from down.<name>
     client  statistics(data, transform)  summed over the round's clients on all workers
             use_statistics(totals)       before local training (Messages.statistics)
     client  local_round(ctx)             per client, these hooks in this order:
-            begin_client(ctx)            before its local training: what its loss reads
+            begin_client(ctx)            before its local training: the client inputs its loss reads
             train(ctx)                   E epochs, one step per batch, minimising loss(ctx, batch, out);
             on_batch(ctx, batch, out)      after each batch's forward pass: per-client sums
             end_client(ctx)              -> the client's new Messages.client_state (ctx.new_state)
             uplink(ctx)                  -> Messages.up entries, summed or one row per client (no side effects)
     server  aggregate(rnd, w, replies)   -> the new global model, from the sums, rows and reports
     server  reported(w)                  -> the model evaluated and saved (default: the global model)
+
+What the client role's hooks leave for the loss (a per-round temperature, a client's correction)
+is declared once too, in :meth:`Algorithm.inputs` (:mod:`mpifed.algorithms.inputs`): buffers
+allocated once and set in place as ``self.inputs.<name>``; a built role keeps nothing else on
+``self`` but what its ``__init__`` made, so a captured step never replays a stale value.
 
 Every message is declared once, in :meth:`Algorithm.messages`, and read back by name as an
 attribute of a :class:`Fields` (``down.teacher``, ``ctx.state.control``, ``replies.sums.model``);
@@ -40,13 +46,16 @@ The base classes are FedAvg: clients minimise cross-entropy and send n_k w_k and
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterable, Iterator, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from mpifed.data.store import ClientData, rows, take
+from mpifed.algorithms.inputs import (  # noqa: F401 (Buffer and UndeclaredInput: for method files to import here)
+    Buffer, InputBuffers, Inputs, ReadOnlyOptions, StepView, UndeclaredInput, UndeclaredState, kept_state, merged_parts)
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
@@ -180,16 +189,7 @@ class Messages:
 
     def extend(self, **more: dict) -> "Messages":
         """These messages plus ``more`` (e.g. ``down={...}``); a name declared twice is an error."""
-        merged = {}
-        for part in ("down", "statistics", "up", "client_state"):
-            mine, extra = getattr(self, part), more.pop(part, {})
-            clash = set(mine) & set(extra)
-            if clash:
-                raise ValueError(f"Messages.{part}: {sorted(clash)} declared twice")
-            merged[part] = {**mine, **extra}
-        if more:
-            raise TypeError(f"Messages has no part {sorted(more)}")
-        return Messages(**merged)
+        return Messages(**merged_parts(self, ("down", "statistics", "up", "client_state"), more))
 
 
 # ------------------------------------------------------------------- shared context
@@ -430,11 +430,48 @@ def _moved(value: Any, device: torch.device) -> Any:
 
 
 class Client:
-    """FedAvg's client role: E epochs of SGD on cross-entropy, then n_k w_k and n_k up."""
+    """FedAvg's client role: E epochs of SGD on cross-entropy, then n_k w_k and n_k up.
+
+    A role keeps on ``self`` only what its ``__init__`` builds (teachers, generators: objects
+    loaded in place); what its hooks set for the loss, per round or per client, are its method's
+    declared inputs (``self.inputs``, :class:`~mpifed.algorithms.inputs.Inputs`). Once the method
+    has built it (:meth:`Algorithm.client`), setting any other attribute raises
+    :class:`~mpifed.algorithms.inputs.UndeclaredState`. ``eager`` says why the role's steps must
+    not be captured as CUDA graphs (empty: they can be, see :meth:`eager_reason`).
+    """
+
+    eager: ClassVar[str] = ""
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options
         self.setup = setup
+        if "inputs" not in self.__dict__:       # a role built directly, not by its method: no inputs
+            self.inputs = InputBuffers(Inputs(), setup.device if setup is not None else "cpu")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_sealed", False):
+            where = sys._getframe(1).f_code.co_qualname
+            raise UndeclaredState(
+                f"{where} sets self.{name} on {type(self).__name__}, a built client role: what a hook keeps for later "
+                f"hooks or the loss is a declared input. Declare it in the method's inputs() (e.g. "
+                f"Inputs(round={{{name!r}: ()}}) for a scalar set per round, Inputs(client=...) per client) and set "
+                f"self.inputs.{name}; or build it once in __init__")
+        object.__setattr__(self, name, value)
+
+    @classmethod
+    def eager_reason(cls) -> str:
+        """Why this role's local steps run eagerly under ``resources.cuda_graphs`` (empty: they are
+        captured). Its own ``eager``, or a hook that works outside a fixed step: per-batch sums
+        (:meth:`on_batch`), its own :meth:`step`, :meth:`optimizer` or :meth:`train`."""
+        if cls.eager:
+            return cls.eager
+        for hook, what in (("on_batch", "collects per-client sums after each batch (on_batch)"),
+                           ("step", "makes its own local step (step)"),
+                           ("optimizer", "makes its own optimiser (optimizer)"),
+                           ("train", "runs its own local training (train)")):
+            if getattr(cls, hook) is not getattr(Client, hook):
+                return what
+        return ""
 
     def round_start(self, rnd: int, down: Downlink) -> None:
         """Once per round on each worker, with what the server sent."""
@@ -468,11 +505,12 @@ class Client:
         cfg = self.setup.train
         ctx.model.train()
         opt = self.optimizer(ctx)
+        seen_by_step = ctx if self.eager_reason() else StepView(ctx)
         for epoch in range(cfg.local_epochs):
             ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
             for batch in ctx.batches():
-                loss = ctx.runner(self, ctx, opt, batch)
+                loss = ctx.runner(self, seen_by_step, opt, batch)
                 epoch_loss += loss.detach() * len(batch.y)
                 ctx.steps += 1
                 ctx.seen += len(batch.y)
@@ -508,27 +546,17 @@ class Client:
 
     def on_batch(self, ctx: ClientContext, batch: Batch, out: Outputs) -> None:
         """After each training batch's forward pass (no gradient, the step's precision): add the
-        batch to this client's sums (e.g. per-class logits), set up in :meth:`begin_client`."""
+        batch to this client's sums (e.g. per-class logits, in ``client`` inputs zeroed before each
+        client). A role that overrides it runs its steps eagerly."""
 
     def loss(self, ctx: ClientContext, batch: Batch, out: Outputs) -> torch.Tensor:
-        """The local objective on one batch (FedAvg: cross-entropy)."""
+        """The local objective on one batch (FedAvg: cross-entropy), from the batch, the model
+        (``out``, ``ctx.model``), the round's ``ctx.global_weights``, objects built in ``__init__``
+        (teachers) and the declared ``self.inputs``. Unless the role runs eagerly
+        (:meth:`eager_reason`), ``ctx`` here is a :class:`~mpifed.algorithms.inputs.StepView`:
+        per-client fields (``ctx.state``, ``ctx.lr``, ``ctx.round``...) raise, as a captured step
+        would replay them stale."""
         return F.cross_entropy(out.logits, batch.y)
-
-    def capture_key(self, ctx: ClientContext) -> Hashable | str:
-        """For ``resources.cuda_graphs``: what this client's full-batch step depends on besides the
-        batch shape (each value gets its own captured graph), or, as a string, why it cannot be captured.
-
-        A captured step reads and writes the addresses it saw when it was captured, so the loss
-        may read only the batch, the model, teachers loaded in place and the round's downlink
-        tensors (copied into fixed buffers in this mode), never tensors made per client or per
-        step. A method that overrides :meth:`loss` must override this too to be captured; one that
-        overrides :meth:`on_batch` runs eagerly (its sums are made per client).
-        """
-        if type(self).on_batch is not Client.on_batch:
-            return f"{type(self).__name__} collects per-client sums after each batch (on_batch)"
-        if type(self).loss is not Client.loss:
-            return f"{type(self).__name__} does not declare what its loss reads (capture_key)"
-        return ()
 
     def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor] | Fields:
         """After local training: the client's new ``Messages.client_state``, by name (the one place
@@ -570,6 +598,10 @@ class Algorithm:
         """FedAvg's: the weighted model sum and the weights, summed over clients."""
         return Messages(up={"model": summed(self.setup.num_floats), "weight": summed(1)})
 
+    def inputs(self) -> Inputs:
+        """What the client role's hooks set for its loss, per round and per client (FedAvg: nothing)."""
+        return Inputs()
+
     @classmethod
     def extend_model(cls, net: Classifier, options: Any) -> Classifier:
         """The network the method trains, built from the zoo's ``net`` (e.g. MOON adds a projection head)."""
@@ -589,13 +621,35 @@ class Algorithm:
         return server
 
     def client(self) -> Client:
-        return self.Client(self.options, self.setup)
+        """The client role, with its declared inputs allocated on the run's device and its options
+        read-only; sealed (no attribute set after ``__init__``). A role whose source sets ``self.<name>``
+        outside ``__init__`` is an :class:`~mpifed.algorithms.inputs.UndeclaredState`."""
+        role = self.Client
+        kept = kept_state(role, Client)
+        if kept:
+            raise UndeclaredState(_kept_message(role, kept))
+        client = role.__new__(role)
+        object.__setattr__(client, "inputs", InputBuffers(self.inputs(), self.setup.device))
+        client.__init__(ReadOnlyOptions(self.options), self.setup)
+        mutable = sorted(name for name, value in vars(client).items() if isinstance(value, (list, dict, set)))
+        if mutable:
+            raise UndeclaredState(f"{role.__name__}.__init__ keeps {mutable} as mutable containers: a hook could change "
+                                  f"them behind a captured step. Build them as tuples, or declare what changes in the "
+                                  f"method's inputs()")
+        object.__setattr__(client, "_sealed", True)
+        return client
+
+
+def _kept_message(role: type, kept: list[str]) -> str:
+    return (f"{role.__name__} keeps state outside __init__ ({'; '.join(kept)}): a captured step would replay what it "
+            f"held when captured. Declare each value in the method's inputs() (Inputs(round={{...}}) when round_start "
+            f"sets it, Inputs(client={{...}}) when begin_client does) and set and read it as self.inputs.<name>")
 
 
 # the hooks a role may override, with the arguments the round passes them (after self)
 _HOOKS: dict[type, dict[str, int]] = {
     Client: {"round_start": 2, "statistics": 2, "use_statistics": 1, "local_round": 1, "begin_client": 1, "train": 1,
-             "optimizer": 1, "step": 3, "on_batch": 3, "loss": 3, "capture_key": 1, "end_client": 1, "uplink": 1},
+             "optimizer": 1, "step": 3, "on_batch": 3, "loss": 3, "end_client": 1, "uplink": 1},
     Server: {"start": 1, "downlink": 2, "aggregate": 3, "reported": 1, "log": 0, "state_dict": 0,
              "load_state_dict": 1},
 }
@@ -603,8 +657,9 @@ _HOOKS: dict[type, dict[str, int]] = {
 
 def role_problems(cls: Any) -> list[str]:
     """Why a registered algorithm cannot run in the round (empty when it can): not an Algorithm,
-    roles that are not a Server and a Client, a hook that cannot take the round's arguments, or a
-    server ``state`` that is not a tuple of attribute names."""
+    roles that are not a Server and a Client, a hook that cannot take the round's arguments, a
+    client role that keeps undeclared state, or a server ``state`` that is not a tuple of
+    attribute names."""
     import inspect
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         return ["is not a subclass of mpifed.algorithms.base.Algorithm (register the method's Algorithm class)"]
@@ -626,6 +681,14 @@ def role_problems(cls: Any) -> list[str]:
                                 f"calls it: {hook}({wanted})")
             except ValueError:
                 continue
+    if isinstance(cls.Client, type) and issubclass(cls.Client, Client):
+        if hasattr(cls.Client, "capture_key"):
+            problems.append(f"{cls.Client.__name__}.capture_key is no longer read: whether a step is captured follows "
+                            f"from the method's inputs() (declare what the loss reads there; eager = \"<why>\" to opt "
+                            f"out); remove capture_key")
+        kept = kept_state(cls.Client, Client)
+        if kept:
+            problems.append(_kept_message(cls.Client, kept))
     depends = cls.depends_on
     if not isinstance(depends, tuple) or not all(isinstance(k, str) and "." in k for k in depends):
         problems.append(f"{cls.__name__}.depends_on is {depends!r}; it names the settings the method's numbers depend "

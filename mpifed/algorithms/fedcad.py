@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Switches
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import cad_class_weights, cad_loss
 from mpifed.options import opt
@@ -39,18 +39,14 @@ class FedCADClient(Client):
     def __init__(self, options, setup) -> None:
         super().__init__(options, setup)
         self.teacher = Teacher(setup)
-        self.class_weights: torch.Tensor | None = None
 
     def round_start(self, rnd, down):
-        self.class_weights = down.class_weights
+        self.inputs.class_weights = down.class_weights
         self.teacher.load(down.weights, down.ints)
 
     def loss(self, ctx, batch, out):
-        return cad_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.class_weights, self.options.tau,
-                        self.options.tau_squared, self.options.scale_ce)
-
-    def capture_key(self, ctx):
-        return ()     # the teacher (loaded in place) and the round's class weights
+        return cad_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.inputs.class_weights,
+                        self.options.tau, self.options.tau_squared, self.options.scale_ce)
 
 
 @ALGORITHMS.register("fedcad")
@@ -103,6 +99,9 @@ class FedCAD(Algorithm):
 
     def messages(self):
         return super().messages().extend(down={"class_weights": (self.setup.num_classes,)})
+
+    def inputs(self):
+        return Inputs(round={"class_weights": (self.setup.num_classes,)})
 
 
 class FedLSDServer(FedCADServer):

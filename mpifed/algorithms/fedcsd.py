@@ -6,7 +6,7 @@ from typing import Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Switches
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import class_sums, csd_loss
 from mpifed.options import opt
@@ -43,7 +43,6 @@ class FedCSDClient(Client):
     def __init__(self, options, setup) -> None:
         super().__init__(options, setup)
         self.teacher = Teacher(setup, options.teacher_train_mode)
-        self.prototypes: torch.Tensor | None = None
 
     def round_start(self, rnd, down):
         self.teacher.load(down.teacher, down.ints)
@@ -63,15 +62,15 @@ class FedCSDClient(Client):
 
     def use_statistics(self, totals):
         holders = totals.holders.clamp(min=1)[:, None]
-        self.prototypes = (totals.prototype_sum / holders).float()
+        self.inputs.prototypes = (totals.prototype_sum / holders).float()
 
     def begin_client(self, ctx):
         if self.options.prototypes == "local":
-            self.prototypes = self.client_prototypes(ctx.data, ctx.transform)[0].float()
+            self.inputs.prototypes = self.client_prototypes(ctx.data, ctx.transform)[0].float()
 
     def loss(self, ctx, batch, out):
         o = self.options
-        distill = csd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.prototypes, o.tau,
+        distill = csd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.inputs.prototypes, o.tau,
                            o.similarity_grad, refine=o.refine, mask=o.mask, mask_from_refined=o.mask_from_refined)
         ce = super().loss(ctx, batch, out)
         return ((1 - o.mu) * ce if o.weighting == "official" else ce) + o.mu * distill
@@ -137,3 +136,8 @@ class FedCSD(Algorithm):
         c = self.setup.num_classes
         statistics = {"prototype_sum": (c, c), "holders": (c,)} if self.options.prototypes == "global" else {}
         return super().messages().extend(down={"teacher": (self.setup.num_floats,)}, statistics=statistics)
+
+    def inputs(self):
+        c = self.setup.num_classes
+        prototypes = {"prototypes": (c, c)}     # the round's (global) or the client's own (local)
+        return Inputs(round=prototypes) if self.options.prototypes == "global" else Inputs(client=prototypes)

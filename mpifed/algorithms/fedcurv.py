@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, ClientContext, Server, Switches, forward, summed
+from mpifed.algorithms.base import Algorithm, Client, ClientContext, Inputs, Server, Switches, forward, summed
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
 
@@ -39,20 +39,20 @@ class FedCurvClient(Client):
     third sum on the wire), so the logged train_loss can be negative."""
 
     def round_start(self, rnd, down):
-        self.fisher_sum, self.fisher_weights_sum = down.fisher, down.fisher_weights
-
+        self.inputs.fisher_sum, self.inputs.fisher_weights_sum = down.fisher, down.fisher_weights
 
     def begin_client(self, ctx):
-        others = self.fisher_sum - ctx.state.fisher
-        self.active = bool(others.any())
-        self._p = ctx.flat.param_views(others)
-        self._q = ctx.flat.param_views(self.fisher_weights_sum - ctx.state.fisher_weights)
+        self.inputs.p = self.inputs.fisher_sum - ctx.state.fisher
+        self.inputs.q = self.inputs.fisher_weights_sum - ctx.state.fisher_weights
+        self.inputs.active = bool(self.inputs.p.any())
 
     def loss(self, ctx, batch, out):
         ce = super().loss(ctx, batch, out)
-        if not self.active:
+        if not self.inputs.active:
             return ce
-        penalty = sum((p * w * w).sum() - 2 * (q * w).sum() for w, p, q in zip(ctx.model.parameters(), self._p, self._q))
+        views = ctx.flat.param_views
+        penalty = sum((p * w * w).sum() - 2 * (q * w).sum()
+                      for w, p, q in zip(ctx.model.parameters(), views(self.inputs.p), views(self.inputs.q)))
         return ce + self.options.lam * penalty
 
     def end_client(self, ctx):
@@ -134,3 +134,8 @@ class FedCurv(Algorithm):
         return super().messages().extend(down={"fisher": p, "fisher_weights": p},
                                          up={"delta_fisher": summed(*p), "delta_fisher_weights": summed(*p)},
                                          client_state={"fisher": p, "fisher_weights": p})
+
+    def inputs(self):
+        # the server's sums; P and Q, those sums less this client's own last contribution
+        p = (self.setup.num_params,)
+        return Inputs(round={"fisher_sum": p, "fisher_weights_sum": p}, client={"p": p, "q": p, "active": bool})

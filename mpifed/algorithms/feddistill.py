@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Switches, per_client
+from mpifed.algorithms.base import Algorithm, Buffer, Client, Inputs, Server, Switches, per_client
 from mpifed.losses import class_sums
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -38,30 +38,25 @@ class FedDistillClient(Client):
     training passes and sends them (and the counts) as its rows."""
 
     def round_start(self, rnd, down):
-        self.global_logits = down.logits
-        self.known = down.known > 0
-        self.active = bool(self.known.any())
-
-    def begin_client(self, ctx):
-        c = self.setup.num_classes
-        self.sums = torch.zeros(c, c, device=self.setup.device)
-        self.counts = torch.zeros(c, device=self.setup.device)
+        self.inputs.global_logits = down.logits
+        self.inputs.known = down.known > 0
+        self.inputs.active = bool(self.inputs.known.any())
 
     def on_batch(self, ctx, batch, out):
         sums, counts = class_sums(out.logits.float(), batch.y, self.setup.num_classes)
-        self.sums += sums
-        self.counts += counts
+        self.inputs.sums += sums
+        self.inputs.counts += counts
 
     def loss(self, ctx, batch, out):
         ce = F.cross_entropy(out.logits, batch.y)
-        if not self.active:
+        if not self.inputs.active:
             return ce
-        return ce + self.options.weight * class_logit_distillation(out.logits, batch.y, self.global_logits, self.known,
-                                                                   self.options.tau)
+        return ce + self.options.weight * class_logit_distillation(out.logits, batch.y, self.inputs.global_logits,
+                                                                   self.inputs.known, self.options.tau)
 
     def uplink(self, ctx):
-        means = self.sums / self.counts.clamp(min=1).unsqueeze(1)
-        return {**super().uplink(ctx), "class_logits": means, "class_counts": self.counts}
+        means = self.inputs.sums / self.inputs.counts.clamp(min=1).unsqueeze(1)
+        return {**super().uplink(ctx), "class_logits": means, "class_counts": self.inputs.counts}
 
 
 class FedDistillServer(Server):
@@ -135,3 +130,8 @@ class FedDistillPlus(Algorithm):
         c = self.setup.num_classes
         return super().messages().extend(down={"logits": (c, c), "known": (c,)},
                                          up={"class_logits": per_client(c, c), "class_counts": per_client(c)})
+
+    def inputs(self):
+        c = self.setup.num_classes
+        return Inputs(round={"global_logits": (c, c), "known": Buffer((c,), torch.bool), "active": bool},
+                      client={"sums": (c, c), "counts": (c,)})

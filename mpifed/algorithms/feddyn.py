@@ -6,7 +6,7 @@ from typing import Literal
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Switches
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
 from mpifed.optim import FlatSGD
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -18,8 +18,7 @@ class FedDynClient(Client):
     optimiser, alpha theta is the optimiser's weight decay and the loss keeps -alpha <w, theta>."""
 
     def begin_client(self, ctx):
-        self._grad = ctx.flat.param_views(ctx.state.grad)
-        self._anchor = ctx.flat.param_views(ctx.global_weights)
+        self.inputs.grad = ctx.state.grad
 
     def optimizer(self, ctx):
         if self.options.optimizer == "train":
@@ -28,11 +27,12 @@ class FedDynClient(Client):
 
     def loss(self, ctx, batch, out):
         params = list(ctx.model.parameters())
-        linear = sum((w * g).sum() for w, g in zip(params, self._grad))
+        anchors = ctx.flat.param_views(ctx.global_weights)
+        linear = sum((w * g).sum() for w, g in zip(params, ctx.flat.param_views(self.inputs.grad)))
         if self.options.optimizer == "official":
-            anchor = sum((w * s).sum() for w, s in zip(params, self._anchor))
+            anchor = sum((w * s).sum() for w, s in zip(params, anchors))
             return super().loss(ctx, batch, out) - linear - self.options.alpha * anchor
-        prox = sum((w - s).pow(2).sum() for w, s in zip(params, self._anchor))
+        prox = sum((w - s).pow(2).sum() for w, s in zip(params, anchors))
         return super().loss(ctx, batch, out) - linear + self.options.alpha / 2 * prox
 
 
@@ -135,6 +135,9 @@ class FedDyn(Algorithm):
 
     def messages(self):
         return super().messages().extend(client_state={"grad": (self.setup.num_params,)})
+
+    def inputs(self):
+        return Inputs(client={"grad": (self.setup.num_params,)})     # g_k, this client's gradient state
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Setup, Switches, per_client
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Setup, Switches, per_client
 from mpifed.flat import FlatModel
 from mpifed.losses import one_hot
 from mpifed.options import opt
@@ -169,14 +169,11 @@ class FedGenClient(Client):
     def round_start(self, rnd, down):
         self.generator.load(down.generator)
         regularise = rnd > 0         # round 1's generator is untrained
-        self.alpha = decayed(self.options.alpha, self.options.decay, rnd) if regularise else 0.0
-        self.beta = decayed(self.options.beta, self.options.decay, rnd) if regularise else 0.0
-
-    def begin_client(self, ctx):
-        self.label_counts = torch.zeros(self.setup.num_classes, device=self.setup.device)
+        self.inputs.alpha = decayed(self.options.alpha, self.options.decay, rnd) if regularise else 0.0
+        self.inputs.beta = decayed(self.options.beta, self.options.decay, rnd) if regularise else 0.0
 
     def on_batch(self, ctx, batch, out):
-        self.label_counts += one_hot(batch.y, self.setup.num_classes, self.label_counts.dtype).sum(dim=0)
+        self.inputs.label_counts += one_hot(batch.y, self.setup.num_classes, torch.float32).sum(dim=0)
 
     @torch.no_grad()
     def generate(self, labels: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
@@ -185,18 +182,18 @@ class FedGenClient(Client):
 
     def loss(self, ctx, batch, out):
         loss = F.cross_entropy(out.logits, batch.y)
-        if self.alpha > 0:
+        if self.inputs.alpha > 0:
             sampled = torch.randint(self.setup.num_classes, (self.setup.train.batch_size,), generator=ctx.generator,
                                     device=ctx.generator.device).to(self.setup.device)
-            loss = loss + self.alpha * F.cross_entropy(ctx.model.head(self.generate(sampled, ctx.generator)), sampled)
-        if self.beta > 0:
+            loss = loss + self.inputs.alpha * F.cross_entropy(ctx.model.head(self.generate(sampled, ctx.generator)), sampled)
+        if self.inputs.beta > 0:
             target = F.softmax(ctx.model.head(self.generate(batch.y, ctx.generator)), dim=1).detach()
-            loss = loss + self.beta * F.kl_div(F.log_softmax(out.logits, dim=1), target, reduction="batchmean")
+            loss = loss + self.inputs.beta * F.kl_div(F.log_softmax(out.logits, dim=1), target, reduction="batchmean")
         return loss
 
     def uplink(self, ctx):
         head = torch.cat([p.detach().reshape(-1) for p in ctx.model.classifier.parameters()])
-        return {**super().uplink(ctx), "head": head, "label_counts": self.label_counts}
+        return {**super().uplink(ctx), "head": head, "label_counts": self.inputs.label_counts}
 
 
 @ALGORITHMS.register("fedgen")
@@ -293,3 +290,7 @@ class FedGen(Algorithm):
         floats = sum(t.numel() for t in [*generator.parameters(), *generator.buffers()] if t.is_floating_point())
         return super().messages().extend(down={"generator": (floats,)},
                                          up={"head": per_client(head_size(s)), "label_counts": per_client(s.num_classes)})
+
+    def inputs(self):
+        # this round's alpha_t and beta_t (0 in round 1: its generator is untrained); a client's label counts
+        return Inputs(round={"alpha": float, "beta": float}, client={"label_counts": (self.setup.num_classes,)})

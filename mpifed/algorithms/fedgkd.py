@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Switches
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import kd_loss
 from mpifed.models.base import ProjectionHead
@@ -54,24 +54,20 @@ class FedGKDClient(Client):
     def __init__(self, options, setup) -> None:
         super().__init__(options, setup)
         self.teacher = Teacher(setup)
-        self.active = False
 
     def round_start(self, rnd, down):
-        self.active = bool(down.active.item())
-        if self.active:
+        self.inputs.active = bool(down.active.item())
+        if self.inputs.active:
             self.teacher.load(down.teacher, down.ints)
 
     def loss(self, ctx, batch, out):
         ce = super().loss(ctx, batch, out)
-        if not self.active:
+        if not self.inputs.active:
             return ce
         teacher = self.teacher.batch_logits(ctx, batch)
         if self.options.loss == "mse":
             return ce + self.options.gamma / 2 * F.mse_loss(out.logits, teacher.detach())
         return ce + self.options.gamma / 2 * kd_loss(out.logits, teacher, self.options.tau)
-
-    def capture_key(self, ctx):
-        return (self.active,)     # with or without the teacher (loaded in place)
 
 
 @ALGORITHMS.register("fedgkd")
@@ -118,6 +114,9 @@ class FedGKD(Algorithm):
 
     def messages(self):
         return super().messages().extend(down={"teacher": (self.setup.num_floats,), "active": (1,)})
+
+    def inputs(self):
+        return Inputs(round={"active": bool})     # distil this round (from the teacher, loaded in place)
 
     @classmethod
     def extend_model(cls, net, options):
@@ -170,22 +169,19 @@ class VoteClient(Client):
 
     def __init__(self, options, setup) -> None:
         super().__init__(options, setup)
-        self.teachers: list[Teacher] = []
-        self.active: list[tuple[Teacher, float]] = []
+        self.teachers = tuple(Teacher(setup) for _ in range(options.buffer_size))
 
     def round_start(self, rnd, down):
         weights = down.teacher_weights.cpu().tolist()
         live = [i for i, w in enumerate(weights) if w > 0]
-        while len(self.teachers) < len(live):
-            self.teachers.append(Teacher(self.setup))
-        self.active = []
-        for teacher, i in zip(self.teachers, live):
-            teacher.load(down.teachers[i], down.ints)
-            self.active.append((teacher, weights[i]))
+        self.inputs.live = len(live)
+        for j, i in enumerate(live):
+            self.teachers[j].load(down.teachers[i], down.ints)
+            self.inputs.teacher_weights[j] = weights[i]
 
     def loss(self, ctx, batch, out):
         total = F.cross_entropy(out.logits, batch.y)
-        for teacher, weight in self.active:
+        for teacher, weight in zip(self.teachers[:self.inputs.live], self.inputs.teacher_weights):
             total = total + weight * kd_loss(out.logits, teacher.batch_logits(ctx, batch), self.options.tau)
         return total
 
@@ -220,3 +216,7 @@ class FedGKDVote(Algorithm):
     def messages(self):
         m = self.options.buffer_size
         return super().messages().extend(down={"teachers": (m, self.setup.num_floats), "teacher_weights": (m,)})
+
+    def inputs(self):
+        # the first `live` teachers (loaded in place) distil, with the first `live` weights
+        return Inputs(round={"live": int, "teacher_weights": (self.options.buffer_size,)})

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Messages, Server, Switches, summed
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Messages, Server, Switches, summed
 from mpifed.algorithms.scaffold import effective_steps
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -17,17 +17,16 @@ class FedNovaClient(Client):
     with a_k the momentum-SGD normalizer of its tau_k local steps."""
 
 
+    def begin_client(self, ctx):
+        if self.options.ccvr:
+            self.inputs.update = ctx.state.update
+
     def loss(self, ctx, batch, out):
         if not self.options.ccvr:
             return super().loss(ctx, batch, out)
-        last = ctx.flat.param_views(ctx.state.update)
+        last = ctx.flat.param_views(self.inputs.update)
         linear = sum((p * d).sum() for p, d in zip(ctx.model.parameters(), last))
         return super().loss(ctx, batch, out) - linear
-
-    def capture_key(self, ctx):
-        if self.options.ccvr:
-            return "FedNova with ccvr reads the client's last update, a tensor of its own state"
-        return ()
 
     def end_client(self, ctx):
         p, a = self.setup.num_params, effective_steps(ctx.steps, self.setup.train.momentum)
@@ -110,6 +109,10 @@ class FedNova(Algorithm):
         p, f = self.setup.num_params, self.setup.num_floats
         messages = Messages(up={"update": summed(p), "tau": summed(1), "buffers": summed(f - p), "weight": summed(1)})
         return messages.extend(client_state={"update": (p,)}) if self.options.ccvr else messages
+
+    def inputs(self):
+        # with ccvr: d_k, the client's last normalized update, which its gradients are corrected by
+        return Inputs(client={"update": (self.setup.num_params,)}) if self.options.ccvr else Inputs()
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:

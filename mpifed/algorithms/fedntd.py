@@ -32,9 +32,6 @@ class FedNTDClient(Client):
             distill = (1 - lam) * kd_loss(out.logits, teacher, tau) + lam * distill
         return super().loss(ctx, batch, out) + self.options.beta * distill
 
-    def capture_key(self, ctx):
-        return ()     # the batch, the model and the teacher (loaded in place)
-
 
 @ALGORITHMS.register("fedntd")
 class FedNTD(Algorithm):

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Switches, summed
+from mpifed.algorithms.base import Algorithm, Buffer, Client, Inputs, Server, Switches, summed
 from mpifed.losses import class_sums
 from mpifed.options import opt
 from mpifed.registry import ALGORITHMS
@@ -36,28 +36,23 @@ class FedProtoClient(Client):
     last local epoch's training batches, and their counts."""
 
     def round_start(self, rnd, down):
-        self.prototypes, self.known = down.prototypes, down.known
-        self.active = self.options.lam > 0 and bool(self.known.any())
-
-    def begin_client(self, ctx):
-        c, d = self.setup.num_classes, self.setup.feature_dim
-        self.feature_sums = torch.zeros(c, d, dtype=torch.float64, device=self.setup.device)
-        self.counts = torch.zeros(c, dtype=torch.float64, device=self.setup.device)
+        self.inputs.prototypes, self.inputs.known = down.prototypes, down.known
+        self.inputs.active = self.options.lam > 0 and bool(down.known.any())
 
     def on_batch(self, ctx, batch, out):
         if ctx.epoch == self.setup.train.local_epochs - 1:
             sums, counts = class_sums(out.features.double(), batch.y, self.setup.num_classes)
-            self.feature_sums += sums
-            self.counts += counts
+            self.inputs.feature_sums += sums
+            self.inputs.counts += counts
 
     def loss(self, ctx, batch, out):
         ce = F.cross_entropy(out.logits, batch.y)
-        if not self.active:
+        if not self.inputs.active:
             return ce
-        return ce + self.options.lam * prototype_loss(out.features, batch.y, self.prototypes, self.known)
+        return ce + self.options.lam * prototype_loss(out.features, batch.y, self.inputs.prototypes, self.inputs.known)
 
     def uplink(self, ctx):
-        return {**super().uplink(ctx), "feature_sum": self.feature_sums, "count": self.counts}
+        return {**super().uplink(ctx), "feature_sum": self.inputs.feature_sums, "count": self.inputs.counts}
 
 
 class FedProtoServer(Server):
@@ -133,3 +128,8 @@ class FedProto(Algorithm):
         c, d = self.setup.num_classes, self.setup.feature_dim
         return super().messages().extend(down={"prototypes": (c, d), "known": (c,)},
                                          up={"feature_sum": summed(c, d), "count": summed(c)})
+
+    def inputs(self):
+        c, d = self.setup.num_classes, self.setup.feature_dim
+        return Inputs(round={"prototypes": (c, d), "known": (c,), "active": bool},
+                      client={"feature_sums": Buffer((c, d), torch.float64), "counts": Buffer((c,), torch.float64)})

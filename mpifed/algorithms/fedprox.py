@@ -16,9 +16,6 @@ class FedProxClient(Client):
         prox = sum((p - g).pow(2).sum() for p, g in zip(ctx.model.parameters(), anchors))
         return super().loss(ctx, batch, out) + self.options.mu / 2 * prox
 
-    def capture_key(self, ctx):
-        return ()     # the model and the round's global weights
-
 
 @ALGORITHMS.register("fedprox")
 class FedProx(Algorithm):

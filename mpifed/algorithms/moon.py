@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifed.algorithms.base import Algorithm, Client, Setup, Switches
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Setup, Switches
 from mpifed.algorithms.teacher import Teacher
 from mpifed.losses import moon_loss
 from mpifed.models.base import ProjectionHead
@@ -34,8 +34,7 @@ class MoonClient(Client):
         super().__init__(options, setup)
         self.global_model = Teacher(setup)
         self.previous = Teacher(setup)
-        self.has_previous = False
-        self._initial: torch.Tensor | None = None
+        self.initial = self._initial_model() if options.first_negative == "initial" else None
 
     def round_start(self, rnd, down):
         self.global_model.load(down.weights, down.ints)
@@ -43,10 +42,10 @@ class MoonClient(Client):
 
     def begin_client(self, ctx):
         trained = bool(ctx.state.trained.item())
-        self.has_previous = trained or (self.options.first_negative != "none" and ctx.round > 0)
+        self.inputs.has_previous = trained or (self.options.first_negative != "none" and ctx.round > 0)
         if trained:
             self.previous.load(ctx.state.previous)
-        elif self.has_previous:
+        elif self.inputs.has_previous:
             self.previous.load(self.stand_in(ctx.cid))
 
     def end_client(self, ctx):
@@ -56,21 +55,20 @@ class MoonClient(Client):
         """The negative of a client that has not trained yet (``first_negative``)."""
         if self.options.first_negative == "random":
             return own_initial_model(self.setup, cid)
-        if self._initial is None:
-            with torch.random.fork_rng(devices=[]):
-                self._initial = self.setup.initial_model().floats.detach().clone()
-        return self._initial
+        return self.initial
+
+    def _initial_model(self) -> torch.Tensor:
+        """The run's initial global model (float state); the global random state is left as it was."""
+        with torch.random.fork_rng(devices=[]):
+            return self.setup.initial_model().floats.detach().clone()
 
     def loss(self, ctx, batch, out):
         ce = F.cross_entropy(out.logits, batch.y)
-        if not self.has_previous:
+        if not self.inputs.has_previous:
             return ce
         contrast = moon_loss(out.features, self.global_model.batch_features(ctx, batch),
                              self.previous.batch_features(ctx, batch), self.options.tau)
         return ce + self.options.mu * contrast
-
-    def capture_key(self, ctx):
-        return (self.has_previous,)     # with or without the previous model (both loaded in place)
 
 
 @ALGORITHMS.register("moon")
@@ -130,6 +128,9 @@ class Moon(Algorithm):
 
     def messages(self):
         return super().messages().extend(client_state={"previous": (self.setup.num_floats,), "trained": (1,)})
+
+    def inputs(self):
+        return Inputs(client={"has_previous": bool})     # contrast with the previous model (loaded in place)
 
     @classmethod
     def extend_model(cls, net, options):

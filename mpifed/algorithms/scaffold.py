@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from mpifed.algorithms.base import Algorithm, Client, Server, Switches, summed
+from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches, summed
 from mpifed.registry import ALGORITHMS
 
 
@@ -43,18 +43,20 @@ class ScaffoldClient(Client):
     """
 
     def round_start(self, rnd, down):
-        self.server_control = down.control
+        self.inputs.control = down.control
 
+    def begin_client(self, ctx):
+        self.inputs.correction = self.inputs.control - ctx.state.control
 
     def loss(self, ctx, batch, out):
-        correction = ctx.flat.param_views(self.server_control - ctx.state.control)
+        correction = ctx.flat.param_views(self.inputs.correction)
         linear = sum((p * c).sum() for p, c in zip(ctx.model.parameters(), correction))
         return super().loss(ctx, batch, out) + linear
 
     def end_client(self, ctx):
         n = self.setup.num_params
         drift = (ctx.global_weights[:n] - ctx.flat.floats[:n]) / (effective_steps(ctx.steps, self.setup.train.momentum) * ctx.lr)
-        return {"control": ctx.state.control - self.server_control + drift}
+        return {"control": ctx.state.control - self.inputs.control + drift}
 
     def uplink(self, ctx):
         delta = ctx.new_state.control - ctx.state.control
@@ -82,3 +84,7 @@ class Scaffold(Algorithm):
         p = self.setup.num_params
         return super().messages().extend(down={"control": (p,)}, up={"delta_control": summed(p)},
                                          client_state={"control": (p,)})
+
+    def inputs(self):
+        p = (self.setup.num_params,)
+        return Inputs(round={"control": p}, client={"correction": p})     # c, and c - c_i

@@ -1,0 +1,242 @@
+"""Declared inputs: what a client role keeps for its loss lives in fixed buffers, and anything else
+it would keep (the per-round temperature a captured step would replay stale) is an error on the CPU."""
+import pytest
+import torch
+
+from conftest import small_setup
+from mpifed.algorithms.base import Client, ClientContext, Downlink, Inputs, role_problems
+from mpifed.algorithms.fedntd import FedNTD, FedNTDClient
+from mpifed.algorithms.inputs import Buffer, InputBuffers, StepView, UndeclaredInput, UndeclaredState
+from mpifed.config import TrainConfig
+from mpifed.data.store import ClientData
+from mpifed.data.transforms import BatchTransform
+from mpifed.losses import ntd_loss
+from mpifed.steps import LocalSteps
+
+
+# ------------------------------------------------------------------ the declaration
+def test_inputs_are_identifiers_of_known_kinds_declared_once():
+    with pytest.raises(ValueError, match="not a Python identifier"):
+        Inputs(round={"my tau": ()})
+    with pytest.raises(ValueError, match="declare a shape"):
+        Inputs(client={"tau": "scalar"})
+    with pytest.raises(ValueError, match=r"\['tau'\] declared both per round and per client"):
+        Inputs(round={"tau": ()}, client={"tau": ()})
+    with pytest.raises(ValueError, match=r"Inputs.round: \['tau'\] declared twice"):
+        Inputs(round={"tau": ()}).extend(round={"tau": (2,)})
+    with pytest.raises(TypeError, match="Inputs has no part"):
+        Inputs().extend(epoch={"tau": ()})
+    both = Inputs(round={"tau": ()}).extend(client={"counts": Buffer((3,), torch.float64), "active": bool})
+    assert set(both.round) == {"tau"} and set(both.client) == {"counts", "active"}
+
+
+def test_setting_an_input_writes_into_its_buffer_and_never_moves_it():
+    inputs = InputBuffers(Inputs(round={"tau": (), "weights": (3,), "live": int, "scale": float},
+                                 client={"sums": Buffer((2,), torch.float64), "active": bool}))
+    tau, weights, sums = inputs.tau, inputs.weights, inputs.sums
+    assert tau.shape == () and tau.dtype == torch.float32 and sums.dtype == torch.float64
+    inputs.tau = 2.5
+    inputs.weights = torch.tensor([1.0, 2.0, 3.0])
+    inputs.sums += torch.tensor([1.0, 1.0], dtype=torch.float64)
+    inputs.live, inputs.scale, inputs.active = 2, 3, True
+    assert inputs.tau is tau and tau.item() == 2.5
+    assert inputs.weights is weights and weights.tolist() == [1.0, 2.0, 3.0]
+    assert inputs.sums is sums and sums.tolist() == [1.0, 1.0]
+    assert inputs.scale == 3.0 and type(inputs.scale) is float
+    assert inputs.key() == (("live", 2), ("scale", 3.0), ("active", True))
+    inputs.reset("client")
+    assert sums.tolist() == [0.0, 0.0] and inputs.active is False and inputs.tau.item() == 2.5
+    inputs.reset("round")
+    assert tau.item() == 0 and weights.tolist() == [0.0, 0.0, 0.0] and inputs.live == 0 and inputs.scale == 0.0
+
+
+def test_a_wrong_shape_type_or_name_is_a_clear_error():
+    inputs = InputBuffers(Inputs(round={"weights": (3,), "live": int}))
+    with pytest.raises(ValueError, match=r"inputs.weights is declared with shape \(3,\); got a tensor of shape \(4,\)"):
+        inputs.weights = torch.zeros(4)
+    with pytest.raises(TypeError, match="inputs.live is declared int; got float"):
+        inputs.live = 1.5
+    with pytest.raises(UndeclaredInput, match=r"inputs.tau is not declared; the method's inputs\(\) declare "
+                                              r"weights \(round\), live \(round\)"):
+        inputs.tau = 1.0
+    with pytest.raises(UndeclaredInput, match="inputs.tau is not declared"):
+        inputs.tau
+
+
+# ------------------------------------------------------------------ the stale temperature
+class ScheduledNTDClient(FedNTDClient):
+    """FedNTD with its temperature set per round, kept on self: stale under captured steps."""
+
+    def round_start(self, rnd, down):
+        super().round_start(rnd, down)
+        self.tau = 1.0 + rnd
+
+    def loss(self, ctx, batch, out):
+        return ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.tau)
+
+
+class ScheduledNTD(FedNTD):
+    Client = ScheduledNTDClient
+
+
+class OptionsNTDClient(FedNTDClient):
+    def round_start(self, rnd, down):
+        super().round_start(rnd, down)
+        self.options.tau = 1.0 + rnd
+
+
+class OptionsNTD(FedNTD):
+    Client = OptionsNTDClient
+
+
+class TeacherNTDClient(FedNTDClient):
+    def round_start(self, rnd, down):
+        super().round_start(rnd, down)
+        self.teacher.tau = 1.0 + rnd
+
+
+class TeacherNTD(FedNTD):
+    Client = TeacherNTDClient
+
+
+class RoundNTDClient(FedNTDClient):
+    """The temperature from the context's round number, read inside the loss."""
+
+    def loss(self, ctx, batch, out):
+        return ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, 1.0 + ctx.round)
+
+
+class RoundNTD(FedNTD):
+    Client = RoundNTDClient
+
+
+class DeclaredNTDClient(FedNTDClient):
+    """The same schedule, declared: a 0-d buffer filled in place each round."""
+
+    def round_start(self, rnd, down):
+        super().round_start(rnd, down)
+        self.inputs.tau = 1.0 + rnd
+
+    def loss(self, ctx, batch, out):
+        return ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.inputs.tau)
+
+
+class DeclaredNTD(FedNTD):
+    Client = DeclaredNTDClient
+
+    def inputs(self):
+        return Inputs(round={"tau": ()})
+
+
+def _down(setup):
+    return Downlink(torch.zeros(setup.num_floats), torch.zeros(setup.num_ints, dtype=torch.int64), {})
+
+
+def _context(setup, runner=None, rnd=0):
+    g = torch.Generator().manual_seed(0)
+    data = ClientData(0, torch.randint(0, 255, (8, 1, 2, 2), dtype=torch.uint8, generator=g), torch.arange(8) % 3)
+    return ClientContext(0, rnd, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
+                         BatchTransform([0.5], [0.5], 0, False, 0, "cpu"), torch.Generator().manual_seed(1),
+                         setup.train, runner=runner or LocalSteps())
+
+
+@pytest.mark.parametrize("method, where", [(ScheduledNTD, "ScheduledNTDClient.round_start sets self.tau"),
+                                           (OptionsNTD, "OptionsNTDClient.round_start sets self.options.tau"),
+                                           (TeacherNTD, "TeacherNTDClient.round_start sets self.teacher.tau")])
+def test_a_per_round_value_kept_on_self_is_refused_when_the_method_is_built(method, where):
+    setup = small_setup()
+    with pytest.raises(UndeclaredState, match="declared input|Declare each value") as caught:
+        method(method.Options(), setup).client()
+    assert where in str(caught.value) and "inputs()" in str(caught.value)
+    assert any(where in p for p in role_problems(method))
+
+
+def test_without_its_source_a_kept_value_is_refused_when_it_is_set():
+    """A role defined where no source can be read (exec) is stopped by the built role itself."""
+    space = {"FedNTDClient": FedNTDClient, "FedNTD": FedNTD}
+    exec("class Hidden(FedNTDClient):\n"
+         "    def round_start(self, rnd, down):\n"
+         "        self.tau = 1.0 + rnd\n"
+         "class HiddenOptions(FedNTDClient):\n"
+         "    def round_start(self, rnd, down):\n"
+         "        self.options.tau = 1.0 + rnd\n", space)
+    setup = small_setup()
+    for role, message in ((space["Hidden"], "Hidden.round_start sets self.tau on Hidden, a built client role"),
+                          (space["HiddenOptions"], r"options are read-only \(options.tau\)")):
+        algo = type("Algo", (FedNTD,), {"Client": role})(FedNTD.Options(), setup)
+        client = algo.client()
+        with pytest.raises(UndeclaredState, match=message):
+            client.round_start(0, _down(setup))
+
+
+def test_a_loss_that_reads_the_round_from_its_context_fails_on_the_cpu():
+    setup = small_setup()
+    setup.train = TrainConfig(batch_size=4, local_epochs=1)
+    client = RoundNTD(RoundNTD.Options(), setup).client()
+    client.round_start(0, _down(setup))
+    with pytest.raises(UndeclaredInput, match=r"the local step reads ctx.round.*Inputs\(client="):
+        client.train(_context(setup))
+
+
+def test_the_declared_schedule_trains_and_its_buffer_keeps_its_address():
+    setup = small_setup()
+    setup.train = TrainConfig(batch_size=4, local_epochs=1)
+    client = DeclaredNTD(DeclaredNTD.Options(), setup).client()
+    assert role_problems(DeclaredNTD) == [] and DeclaredNTDClient.eager_reason() == ""
+    tau = client.inputs.tau
+    for rnd in range(3):
+        client.inputs.reset("round")
+        client.round_start(rnd, _down(setup))
+        ctx = _context(setup, rnd=rnd)
+        client.train(ctx)
+        assert client.inputs.tau is tau and tau.item() == 1.0 + rnd and ctx.steps == 2
+
+
+def test_the_step_view_passes_what_a_step_may_read_and_refuses_the_rest():
+    setup = small_setup()
+    ctx = _context(setup)
+    view = StepView(ctx)
+    assert view.model is ctx.model and view.global_weights is ctx.global_weights and view.data is ctx.data
+    for name in ("state", "lr", "round", "epoch", "cid", "generator", "extra", "num_samples", "weight"):
+        with pytest.raises(UndeclaredInput, match=f"ctx.{name}"):
+            getattr(view, name)
+    with pytest.raises(UndeclaredInput, match="ctx.data"):
+        StepView(_context(setup, LocalSteps(graphs=True))).data      # a per-client tensor in a captured step
+    with pytest.raises(UndeclaredInput, match="sets ctx.steps"):
+        view.steps = 3
+
+
+def test_a_role_that_runs_eagerly_sees_the_whole_context():
+    class Epochs(Client):
+        def on_batch(self, ctx, batch, out):
+            assert isinstance(ctx, ClientContext)
+
+        def loss(self, ctx, batch, out):
+            return super().loss(ctx, batch, out) * (1 + ctx.epoch)
+
+    setup = small_setup()
+    setup.train = TrainConfig(batch_size=4, local_epochs=2)
+    ctx = _context(setup)
+    Epochs(None, setup).train(ctx)
+    assert ctx.steps == 4
+
+
+def test_a_mutable_container_built_in_init_is_refused():
+    class Listing(Client):
+        def __init__(self, options, setup):
+            super().__init__(options, setup)
+            self.weights = []
+
+    algo = type("Algo", (FedNTD,), {"Client": Listing})(FedNTD.Options(), small_setup())
+    with pytest.raises(UndeclaredState, match=r"keeps \['weights'\] as mutable containers"):
+        algo.client()
+
+
+def test_capture_key_is_reported_as_gone():
+    class Keyed(FedNTDClient):
+        def capture_key(self, ctx):
+            return ()
+
+    algo = type("Algo", (FedNTD,), {"Client": Keyed})
+    assert any("Keyed.capture_key is no longer read" in p for p in role_problems(algo))
+
