@@ -434,15 +434,16 @@ class RunDir:
             return None
         return data if isinstance(data, dict) else None
 
-    def mark_failed(self, error: str, checkpoint: Path | None) -> None:
-        """Record in status.json (and log.txt) that the run failed, with the reason and the checkpoint to
-        resume from. Best effort: a failure to write (a full disk) is reported, never raised."""
+    def mark_failed(self, error: str, checkpoint: Path | None, diverged: bool = False) -> None:
+        """Record in status.json (and log.txt) that the run failed, with the reason, whether it diverged
+        (its loss became NaN or infinite) and the checkpoint to resume from. Best effort: a failure to
+        write (a full disk) is reported, never raised."""
         if not self.path.is_dir():
             return
         try:
             with open_append(self.path / "log.txt") as log:
                 log.write(f"{time.strftime('%H:%M:%S')} [mpifed] failed: {error}\n")
-            self.write_json("status.json", {"state": "failed", "error": error,
+            self.write_json("status.json", {"state": "failed", "error": error, "diverged": diverged,
                                             "checkpoint": str(checkpoint) if checkpoint else None})
         except OSError as exc:
             sys.stderr.write(f"[mpifed] could not record the failure in {self.path}/status.json ({exc.strerror}); "

@@ -45,13 +45,21 @@ class Outcome:
 
 def recorded_state(path: Path) -> str | None:
     """The state the run in ``path`` recorded (None: none yet), ``diverged`` for a run that failed
-    because its loss became NaN or infinite (a learning rate too high)."""
+    because its loss became NaN or infinite (a learning rate too high): as its status.json says
+    (``diverged``), or, in one written before mpifed recorded that, as its error names the
+    exception (archived runs)."""
     found = RunDir(path).status()
     if not found:
         return None
-    if found.get("state") == "failed" and "NonFiniteLoss" in str(found.get("error", "")):
+    if found.get("state") == "failed" and found.get("diverged", _named_divergence(found)) is True:
         return "diverged"
     return str(found.get("state"))
+
+
+def _named_divergence(status: dict[str, Any]) -> bool:
+    """Whether a status.json written without ``diverged`` names the divergence error: its error reads
+    "NonFiniteLoss: ..." (or "rank N: NonFiniteLoss: ..."), mpifed.algorithms.base.NonFiniteLoss."""
+    return "NonFiniteLoss: " in str(status.get("error", ""))
 
 
 def diverged(path: Path) -> bool:

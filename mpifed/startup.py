@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from mpifed import checkpoint, config, handoff, plugins, provenance, signals
+from mpifed.algorithms.base import NonFiniteLoss
 from mpifed.comm import Comm
 from mpifed.data.prepared import Manifest, verify_client_shards
 from mpifed.progress import count
@@ -95,7 +96,8 @@ class Started:
             raise   # another process uses the directory now: nothing more is written into it
         except BaseException as exc:
             where = "" if self.server else f"rank {self.rank}: "
-            self.run.mark_failed(f"{where}{type(exc).__name__}: {exc}", checkpoint.latest(self.run.checkpoints))
+            self.run.mark_failed(f"{where}{type(exc).__name__}: {exc}", checkpoint.latest(self.run.checkpoints),
+                                 diverged=isinstance(exc, NonFiniteLoss))
             if self.server:
                 try:
                     self.server.abandon()
