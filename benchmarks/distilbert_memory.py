@@ -65,7 +65,8 @@ def split_times(start: float, ends: list[float]) -> tuple[float, float]:
     return gaps[0], statistics.median(gaps[1:]) if len(gaps) > 1 else float("nan")
 
 
-def plain_times(args: argparse.Namespace, device: torch.device, inputs: dict, labels: torch.Tensor) -> tuple[float, float]:
+def plain_times(args: argparse.Namespace, device: torch.device, inputs: dict,
+                labels: torch.Tensor) -> tuple[float, float]:
     """First and median later step seconds of the same training in plain PyTorch + transformers."""
     import transformers
     torch.manual_seed(0)
@@ -131,7 +132,8 @@ def main() -> None:
           f"{ctx.steps} Adam steps on {device} with {torch.get_num_threads()} threads, precision {args.precision}"
           f"{', CUDA graphs' if args.cuda_graphs else ''}")
     print(f"peak RSS {peak_rss_mb():.0f} MB (before the model was built: {before:.0f} MB); "
-          f"the evaluation copy ({sum(t.numel() for t in eval_copy.net.parameters()):,} parameters) held as a worker holds it")
+          f"the evaluation copy ({sum(t.numel() for t in eval_copy.net.parameters()):,} parameters) held as a worker "
+          "holds it")
     if device.type == "cuda":
         print(f"peak GPU memory allocated {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MB")
     print(f"mpifed: first step {first:.3f} s, later steps {later * 1000:.1f} ms (median)")

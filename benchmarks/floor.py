@@ -63,7 +63,8 @@ def local_round(model, global_state, data, cfg):
     for x, y in data:
         model.load_state_dict(global_state)
         model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay)
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum,
+                              weight_decay=cfg.train.weight_decay)
         for _ in range(cfg.train.local_epochs):
             perm = torch.randperm(len(y))
             for i in range(0, len(y), cfg.train.batch_size):
@@ -85,7 +86,8 @@ def evaluate(model, x, y, batch):
     correct = 0
     with torch.inference_mode():
         for i in range(0, len(y), batch):
-            correct += int((net(x[i:i + batch].contiguous(memory_format=torch.channels_last)).argmax(1) == y[i:i + batch]).sum())
+            guess = net(x[i:i + batch].contiguous(memory_format=torch.channels_last)).argmax(1)
+            correct += int((guess == y[i:i + batch]).sum())
     return correct
 
 
@@ -154,8 +156,8 @@ def main() -> None:
     a = p.parse_args()
     for n in (1, 2):
         times = floor(a.config, a.set, a.rounds, n)
-        print(f"floor, {n} process{'es' if n > 1 else ''}: median {statistics.median(times[1:] or times):.3f} s per round "
-              f"(rounds: {', '.join(f'{t:.2f}' for t in times)})", flush=True)
+        print(f"floor, {n} process{'es' if n > 1 else ''}: median {statistics.median(times[1:] or times):.3f} s per "
+              f"round (rounds: {', '.join(f'{t:.2f}' for t in times)})", flush=True)
 
 
 if __name__ == "__main__":

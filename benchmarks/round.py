@@ -49,8 +49,9 @@ def main() -> None:
                 mode = "debug" if n == 0 else f"-n {n}"
                 ratios.setdefault(f"{mode} / floor", []).append(t / floor_median)
                 ratios.setdefault(f"{mode}: downlink + uplink share (%)", []).append(100 * comm / t)
-                print(f"{mode}: {t:.3f} s per round = {t / floor_median:.3f} x floor; downlink + uplink {100 * comm / t:.2f}%; "
-                      f"start-up {f.startup_s:.1f} s; peak RSS {f.peak_rss_total_mb:.0f} MB over {len(f.summary['peak_rss_mb_per_rank'])} ranks",
+                print(f"{mode}: {t:.3f} s per round = {t / floor_median:.3f} x floor; downlink + uplink "
+                      f"{100 * comm / t:.2f}%; start-up {f.startup_s:.1f} s; peak RSS {f.peak_rss_total_mb:.0f} MB "
+                      f"over {len(f.summary['peak_rss_mb_per_rank'])} ranks",
                       flush=True)
             if 3 in figs and 11 in figs:
                 ratios.setdefault("-n 11 / -n 3", []).append(figs[11].median("round") / figs[3].median("round"))
@@ -61,8 +62,8 @@ def main() -> None:
             base = run_mpifed(3, ["--config", W1, *rounds], Path(tmp), "w1-fedavg")
             extra = ["data.server_holdout_per_class=32"] if m in ("fedcad", "fedgkd_vote") else []
             f = run_mpifed(3, ["--config", W1, *rounds, "--set", f"algorithm.name={m}", *extra], Path(tmp), f"w1-{m}")
-            print(f"  {m:12s} {f.median('round'):.3f} s per round = {f.median('round') / base.median('round'):.3f} x FedAvg "
-                  f"({base.median('round'):.3f} s just before)", flush=True)
+            print(f"  {m:12s} {f.median('round'):.3f} s per round = {f.median('round') / base.median('round'):.3f} x "
+                  f"FedAvg ({base.median('round'):.3f} s just before)", flush=True)
 
 
 if __name__ == "__main__":

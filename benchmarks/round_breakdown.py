@@ -31,8 +31,8 @@ def main() -> None:
     for f in figs:
         t = f.median("round")
         comm = f.median("downlink") + f.median("uplink")
-        print(f"{'debug' if f.ranks == 0 else f'-n {f.ranks}'}: round {t:.3f} s, downlink+uplink {100 * comm / t:.2f}% of it, "
-              f"final accuracy {f.summary['final_test_acc']:.4f}")
+        print(f"{'debug' if f.ranks == 0 else f'-n {f.ranks}'}: round {t:.3f} s, downlink+uplink {100 * comm / t:.2f}% "
+              f"of it, final accuracy {f.summary['final_test_acc']:.4f}")
 
 
 if __name__ == "__main__":

@@ -29,13 +29,17 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in a.clients:
-            args = ["--set", "data.dataset.name=synthetic", f"data.dataset.train_samples={20 * k}", "data.dataset.test_samples=500",
-                    f"data.num_clients={k}", "data.partition=iid", f"train.participation={10 / k}", f"train.rounds={a.rounds}",
+            args = ["--set", "data.dataset.name=synthetic", f"data.dataset.train_samples={20 * k}",
+                    "data.dataset.test_samples=500",
+                    f"data.num_clients={k}", "data.partition=iid", f"train.participation={10 / k}",
+                    f"train.rounds={a.rounds}",
                     "train.local_epochs=1", "train.batch_size=20", "model=digits_cnn", f"data.prepared_root={tmp}/data",
                     "run.checkpoint_every=2"]
             f = run_mpifed(a.ranks, args, Path(tmp), f"k{k}")
-            overhead = [r["time"]["round"] - r["time"]["local_training"] - r["time"].get("evaluation", 0.0) for r in f.rows[1:]]
-            rows.append((k, f.summary["peak_rss_mb_per_rank"][0], statistics.median(overhead), f.summary["cpu_s_per_rank"][0]))
+            overhead = [r["time"]["round"] - r["time"]["local_training"] - r["time"].get("evaluation", 0.0)
+                        for r in f.rows[1:]]
+            rows.append((k, f.summary["peak_rss_mb_per_rank"][0], statistics.median(overhead),
+                         f.summary["cpu_s_per_rank"][0]))
     print(f"{'clients':>8} {'server peak RSS (MB)':>21} {'server overhead per round (s)':>30} {'server CPU (s)':>15}")
     for k, rss, over, cpu in rows:
         print(f"{k:>8} {rss:>21.1f} {over:>30.4f} {cpu:>15.2f}")

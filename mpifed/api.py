@@ -73,7 +73,8 @@ class Run:
         return results.read_json(self.path / "summary.json")
 
     def metrics(self) -> list[dict[str, Any]]:
-        """One dict per round (metrics.jsonl): lr, train_loss, and test_acc, test_loss, per_class_acc ... where evaluated."""
+        """One dict per round (metrics.jsonl): lr, train_loss, and test_acc, test_loss, per_class_acc ... where
+        evaluated."""
         return results.read_rows(self.path)
 
     def model(self, device: str = "cpu") -> Model:

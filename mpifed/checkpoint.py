@@ -61,12 +61,14 @@ def load(path: Path, trusted: bool = False) -> dict[str, Any]:
         raise CheckpointError(str(exc)) from None
     head = len(MAGIC) + 32 + 8
     if len(raw) < head or not raw.startswith(MAGIC):
-        raise CheckpointError(f"{path} is not an mpifed checkpoint (bad header); delete it to resume from the one before")
+        raise CheckpointError(f"{path} is not an mpifed checkpoint (bad header); delete it to resume from the one "
+                              "before")
     digest = raw[len(MAGIC): len(MAGIC) + 32]
     length = int.from_bytes(raw[len(MAGIC) + 32: head], "little")
     data = raw[head:]
     if len(data) != length:
-        raise CheckpointError(f"{path} is truncated ({len(data)} of {length} bytes); delete it to resume from the one before")
+        raise CheckpointError(f"{path} is truncated ({len(data)} of {length} bytes); delete it to resume from the one "
+                              "before")
     if hashlib.sha256(data).digest() != digest:
         raise CheckpointError(f"{path} is corrupt (checksum mismatch); delete it to resume from the one before")
     try:

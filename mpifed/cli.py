@@ -23,7 +23,8 @@ from typing import Callable
 from mpifed import __version__
 
 COMMANDS = {"run": "mpifed.main", "launch": "mpifed.launch", "prepare": "mpifed.prepare", "table": "mpifed.table",
-            "report": "mpifed.report", "evaluate": "mpifed.evaluate", "config": "mpifed.packaged", "slurm": "mpifed.jobscripts"}
+            "report": "mpifed.report", "evaluate": "mpifed.evaluate", "config": "mpifed.packaged",
+            "slurm": "mpifed.jobscripts"}
 
 
 def command_main(name: str) -> Callable[[list[str]], int] | None:
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                   "update mpifed to a version that has it", file=sys.stderr)
             return 2
         return run(argv[1:])
-    p = argparse.ArgumentParser(prog="mpifed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="mpifed", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=sorted(COMMANDS), help="what to do (see the list above)")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     if not argv:

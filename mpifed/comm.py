@@ -209,7 +209,8 @@ class MpiComm(Comm):
     def gatherv(self, buf: np.ndarray, counts: list[int], recv: np.ndarray | None, *, what: str,
                 root: int = 0) -> np.ndarray | None:
         if buf.nbytes != counts[self.rank]:
-            raise RuntimeError(f"rank {self.rank} sends {buf.nbytes} bytes where the layout expects {counts[self.rank]}")
+            raise RuntimeError(f"rank {self.rank} sends {buf.nbytes} bytes where the layout expects "
+                               f"{counts[self.rank]}")
         with self._watchdog(what):
             if self.rank == root:
                 total = sum(counts)

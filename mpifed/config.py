@@ -75,49 +75,89 @@ _models = _options_of(MODELS)
 # ------------------------------------------------------------------------ schema
 @dataclass
 class RunConfig:
-    name: str | None = opt(None, "run directory name under run.root; default: <config stem>-<date>-<time> (-2, -3, ... when taken)", math=False)
+    name: str | None = opt(None, "run directory name under run.root; default: <config stem>-<date>-<time> (-2, -3, ... "
+                                 "when taken)", math=False)
     root: str = opt("runs", "folder that holds the run directories", math=False)
     seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0, max=2**63 - 1)
-    eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every this many rounds (and after the last)", min=1, math=False)
-    eval_last: int = opt(0, "also evaluate every one of the last N rounds (a mean over the last evaluations at little cost); does not change training", min=0, math=False)
-    eval_test: bool = opt(True, "evaluate the test set at each evaluation; false: the validation set only (data.val_size), as a table's search runs do, which choose on validation and report nothing", math=False)
-    checkpoint_every: int = opt(10, "write a checkpoint every this many rounds (0: only when stopped and at the end)", min=0, math=False)
+    eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every "
+                             "this many rounds (and after the last)", min=1, math=False)
+    eval_last: int = opt(0, "also evaluate every one of the last N rounds (a mean over the last evaluations at little "
+                            "cost); does not change training", min=0, math=False)
+    eval_test: bool = opt(True, "evaluate the test set at each evaluation; false: the validation set only "
+                                "(data.val_size), as a table's search runs do, which choose on validation and report "
+                                "nothing", math=False)
+    checkpoint_every: int = opt(10, "write a checkpoint every this many rounds (0: only when "
+                                    "stopped and at the end)", min=0, math=False)
     keep_checkpoints: int = opt(2, "how many checkpoints to keep", min=1, math=False)
     save_model: bool = opt(True, "write the final global model to model.pt", math=False)
-    tensorboard: bool = opt(False, "also write TensorBoard event files (runs/<name>/tensorboard/) from the metrics rows; needs pip install 'mpifed[tensorboard]'", math=False)
-    mlflow: bool = opt(False, "also track the run in MLflow: the resolved config as parameters, each round's metrics, the summary as an artifact (mpifed report --mlflow adds the figures); needs pip install 'mpifed[mlflow]'", math=False)
-    mlflow_uri: str | None = opt(None, "MLflow tracking URI (http://server:5000, sqlite:///mlflow.db, file:/path); null: a file store in <run.root>/mlruns, beside the run directories", math=False)
-    mlflow_experiment: str | None = opt(None, "MLflow experiment name; null: the name of the run.root folder (a table's runs: <paper>-<table>)", math=False)
-    rounds_to: list[float] = opt([], "targets (fractions of test accuracy, e.g. [0.65, 0.9]) whose T(target), the first evaluated round that reaches it, summary.json records under rounds_to", math=False)
+    tensorboard: bool = opt(False, "also write TensorBoard event files (runs/<name>/tensorboard/) from the metrics "
+                                   "rows; needs pip install 'mpifed[tensorboard]'", math=False)
+    mlflow: bool = opt(False, "also track the run in MLflow: the resolved config as parameters, each round's metrics, "
+                              "the summary as an artifact (mpifed report --mlflow adds the figures); needs pip install "
+                              "'mpifed[mlflow]'", math=False)
+    mlflow_uri: str | None = opt(None, "MLflow tracking URI (http://server:5000, sqlite:///mlflow.db, file:/path); "
+                                       "null: a file store in <run.root>/mlruns, beside the run "
+                                       "directories", math=False)
+    mlflow_experiment: str | None = opt(None, "MLflow experiment name; null: the name of the run.root folder (a "
+                                              "table's runs: <paper>-<table>)", math=False)
+    rounds_to: list[float] = opt([], "targets (fractions of test accuracy, e.g. [0.65, 0.9]) whose T(target), the "
+                                     "first evaluated round that reaches it, summary.json records under "
+                                     "rounds_to", math=False)
 
     def check(self) -> list[str]:
-        return [f"rounds_to: {t!r} is not a fraction in (0, 1]; write 65% as 0.65" for t in self.rounds_to if not 0 < t <= 1]
+        return [f"rounds_to: {t!r} is not a fraction in (0, 1]; write 65% "
+                "as 0.65" for t in self.rounds_to if not 0 < t <= 1]
 
 
 @dataclass
 class ResourcesConfig:
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "workers' device: cuda:(local worker index % GPUs on the node) when GPUs are visible (auto), or forced", math=False)
-    server_device: Literal["cpu", "cuda"] = opt("cpu", "the server's device (cuda means the node's first visible GPU)", math=False)
-    threads: int = opt(1, "torch threads per rank, the same in every mode (debug, any rank count). On the CPU the count changes a run's numbers (how sums are split), so it is part of a run's identity; 0: the node's cores divided by its ranks (then the numbers depend on the machine and the rank count)", min=0)
-    cache_mb: int = opt(2048, "per-worker memory budget for decoded client data (least recently used evicted)", min=1, math=False)
-    deterministic: bool = opt(False, "bit-reproducible GPU runs: deterministic torch algorithms (slower); CPU runs are always reproducible", math=False)
-    client_state_mb: int = opt(1024, "per-worker memory for per-client state (MOON's previous models, SCAFFOLD's controls); what does not fit is kept on disk in the run directory", min=0, math=False)
-    mps: Literal["auto", "on", "off"] = opt("auto", "CUDA MPS control daemon for the job, started and stopped by the launcher (mpifed launch, launch/local.sh) and slurm/gpu-node.sbatch: auto (when two or more ranks share a GPU and nvidia-cuda-mps-control exists), on (whenever ranks use a GPU), off; a daemon already running is used", math=False)
-    cuda_graphs: Literal["auto", "on", "off"] = opt("off", "capture each GPU worker's full-batch local step as a CUDA graph and replay it: auto (on GPU workers, eager on the CPU), on (a CPU worker is an error), off; a method that cannot be captured says so and runs eagerly", math=False)
-    precision: Literal["fp32", "tf32", "bf16"] = opt("fp32", "local training arithmetic: fp32 (PyTorch's defaults), tf32 (CUDA matmuls in TF32 too), bf16 (forward and loss under bfloat16 autocast; weights, gradients, optimiser and evaluation stay float32); like the device, not part of a run's identity", math=False)
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "workers' device: cuda:(local worker index % GPUs on the "
+                                                         "node) when GPUs are visible (auto), or forced", math=False)
+    server_device: Literal["cpu", "cuda"] = opt("cpu", "the server's device (cuda means the node's first "
+                                                       "visible GPU)", math=False)
+    threads: int = opt(1, "torch threads per rank, the same in every mode (debug, any rank count). On the CPU the "
+                          "count changes a run's numbers (how sums are split), so it is part of a run's identity; 0: "
+                          "the node's cores divided by its ranks (then the numbers depend on the machine and the rank "
+                          "count)", min=0)
+    cache_mb: int = opt(2048, "per-worker memory budget for decoded client data (least recently "
+                              "used evicted)", min=1, math=False)
+    deterministic: bool = opt(False, "bit-reproducible GPU runs: deterministic torch algorithms (slower); CPU runs are "
+                                     "always reproducible", math=False)
+    client_state_mb: int = opt(1024, "per-worker memory for per-client state (MOON's previous models, SCAFFOLD's "
+                                     "controls); what does not fit is kept on disk in the run "
+                                     "directory", min=0, math=False)
+    mps: Literal["auto", "on", "off"] = opt("auto", "CUDA MPS control daemon for the job, started and stopped by the "
+                                                    "launcher (mpifed launch, launch/local.sh) and "
+                                                    "slurm/gpu-node.sbatch: auto (when two or more ranks share a GPU "
+                                                    "and nvidia-cuda-mps-control exists), on (whenever ranks use a "
+                                                    "GPU), off; a daemon already running is used", math=False)
+    cuda_graphs: Literal["auto", "on", "off"] = opt("off", "capture each GPU worker's full-batch local step as a CUDA "
+                                                           "graph and replay it: auto (on GPU workers, eager on the "
+                                                           "CPU), on (a CPU worker is an error), off; a method that "
+                                                           "cannot be captured says so and runs eagerly", math=False)
+    precision: Literal["fp32", "tf32", "bf16"] = opt("fp32", "local training arithmetic: fp32 (PyTorch's defaults), "
+                                                             "tf32 (CUDA matmuls in TF32 too), bf16 (forward and loss "
+                                                             "under bfloat16 autocast; weights, gradients, optimiser "
+                                                             "and evaluation stay float32); like the device, not part "
+                                                             "of a run's identity", math=False)
 
 
 @dataclass
 class CommConfig:
-    timeout_s: float = opt(3600.0, "a rank that does not reach a round's synchronisation point within this many seconds ends the job", exclusive_min=True, min=0, math=False)
-    poll_ms: float = opt(20.0, "longest sleep between checks while a rank waits for the others (waiting ranks sleep, yielding the CPU; each sleep is at most 0.5% of the time waited so far)", exclusive_min=True, min=0, math=False)
+    timeout_s: float = opt(3600.0, "a rank that does not reach a round's synchronisation point within this many "
+                                   "seconds ends the job", exclusive_min=True, min=0, math=False)
+    poll_ms: float = opt(20.0, "longest sleep between checks while a rank waits for the others (waiting ranks sleep, "
+                               "yielding the CPU; each sleep is at most 0.5% "
+                               "of the time waited so far)", exclusive_min=True, min=0, math=False)
 
 
 @dataclass
 class AugmentConfig:
-    crop_padding: int | None = opt(None, "random crop with this zero padding (null: the data set's default, 0: off)", min=0)
+    crop_padding: int | None = opt(None, "random crop with this zero padding (null: the data set's default, 0: "
+                                         "off)", min=0)
     flip: bool | None = opt(None, "random horizontal flip (null: the data set's default)")
-    rotation: float = opt(0.0, "random rotation by up to this many degrees either way (0: off; FedCSD's CIFAR-100 code: 15)", min=0, max=180)
+    rotation: float = opt(0.0, "random rotation by up to this many degrees either way (0: off; FedCSD's CIFAR-100 "
+                               "code: 15)", min=0, max=180)
     cutout: int = opt(0, "Cutout square side in pixels (0: off; FedNTD uses 16)", min=0)
 
 
@@ -128,14 +168,22 @@ class DataConfig:
     partition: Choice = choice(_partitions, "dirichlet", "how training samples are split over clients", beta=0.5)
     partition_seed: int | None = opt(None, "seed of the partition and the server hold-out (null: run.seed)", min=0)
     train_subset: int = opt(0, "use only the first N training samples (0: all)", min=0)
-    test_subset: int = opt(0, "use only the first N test samples (0: all); for quick runs only: summary.json and the log say so", min=0)
-    val_size: int = opt(0, "hold out N training samples as a validation set (stratified by class, seeded like the partition; before train_subset, the server hold-out and the partition), given to no client and to no method, and evaluated with the test set as val_acc/val_loss (0: none)", min=0)
-    server_holdout_per_class: int = opt(0, "training samples per class held out for the server (FedCAD's auxiliary set, FedGKD-VOTE's validation set) and given to no client", min=0)
-    prepared_root: str = opt("data/prepared", "where prepared shards are written (one folder per data/partition setting)", math=False)
-    prepared_dir: str | None = opt(None, "use exactly this prepared folder instead of one under prepared_root", math=False)
+    test_subset: int = opt(0, "use only the first N test samples (0: all); for quick runs only: summary.json and the "
+                              "log say so", min=0)
+    val_size: int = opt(0, "hold out N training samples as a validation set (stratified by class, seeded like the "
+                           "partition; before train_subset, the server hold-out and the partition), given to no client "
+                           "and to no method, and evaluated with the test set as val_acc/val_loss (0: none)", min=0)
+    server_holdout_per_class: int = opt(0, "training samples per class held out for the server (FedCAD's auxiliary "
+                                           "set, FedGKD-VOTE's validation set) and given to no client", min=0)
+    prepared_root: str = opt("data/prepared", "where prepared shards are written (one folder per data/partition "
+                                              "setting)", math=False)
+    prepared_dir: str | None = opt(None, "use exactly this prepared folder instead of one under "
+                                         "prepared_root", math=False)
     augment: AugmentConfig = section(AugmentConfig, "training-time augmentation (never applied in evaluation)")
-    tokenizer: str | None = opt(None, "text data sets: local folder with the tokenizer's tokenizer.json or vocab.txt (e.g. DistilBERT's); nothing is downloaded")
-    max_length: int = opt(128, "text data sets: token ids per text, padded or truncated to this length ([CLS] and [SEP] included)", min=2)
+    tokenizer: str | None = opt(None, "text data sets: local folder with the tokenizer's tokenizer.json or vocab.txt "
+                                      "(e.g. DistilBERT's); nothing is downloaded")
+    max_length: int = opt(128, "text data sets: token ids per text, padded or truncated to this length ([CLS] and "
+                               "[SEP] included)", min=2)
 
 
 @dataclass
@@ -144,10 +192,15 @@ class TrainConfig:
     participation: float = opt(1.0, "fraction of clients sampled each round", min=0, max=1, exclusive_min=True)
     local_epochs: int = opt(2, "local epochs per client per round", min=1)
     batch_size: int = opt(32, "local mini-batch size", min=1)
-    optimizer: Literal["sgd", "adam", "adamw"] = opt("sgd", "local optimiser, rebuilt for every client every round: SGD (with momentum), Adam (L2 weight decay) or AdamW (decoupled weight decay)")
+    optimizer: Literal["sgd", "adam", "adamw"] = opt("sgd", "local optimiser, rebuilt for every client every round: "
+                                                            "SGD (with momentum), Adam (L2 weight decay) or AdamW "
+                                                            "(decoupled weight decay)")
     lr: float = opt(0.05, "local learning rate in round 1", min=0, exclusive_min=True)
-    lr_schedule: Literal["exponential", "step", "cosine"] = opt("exponential", "learning rate per round: lr * lr_decay^r (exponential), lr * lr_step_factor^(r // lr_step_rounds) (step), or cosine from lr down to lr_min over train.rounds")
-    lr_decay: float = opt(1.0, "exponential schedule: learning rate multiplied by this once per round (FedNTD: 0.99)", min=0, max=1, exclusive_min=True)
+    lr_schedule: Literal["exponential", "step", "cosine"] = opt(
+        "exponential", "learning rate per round: lr * lr_decay^r (exponential), lr * lr_step_factor^(r // "
+                       "lr_step_rounds) (step), or cosine from lr down to lr_min over train.rounds")
+    lr_decay: float = opt(1.0, "exponential schedule: learning rate multiplied by this once per round (FedNTD: 0.99)",
+                          min=0, max=1, exclusive_min=True)
     lr_step_rounds: int = opt(50, "step schedule: rounds between learning-rate drops", min=1)
     lr_step_factor: float = opt(0.1, "step schedule: factor of each drop", min=0, max=1, exclusive_min=True)
     lr_min: float = opt(0.0, "cosine schedule: the learning rate after the last round", min=0)
@@ -157,7 +210,9 @@ class TrainConfig:
     adam_eps: float = opt(1e-8, "Adam/AdamW epsilon", min=0, exclusive_min=True)
     weight_decay: float = opt(0.0, "weight decay (SGD and Adam: L2 term in the gradient; AdamW: decoupled)", min=0)
     grad_clip: float = opt(0.0, "clip the local gradient to this norm (0: off; FedGKD clips at 10)", min=0)
-    client_weights: Literal["samples", "uniform"] = opt("samples", "weight of each client in the server's average: its sample count n_k (the papers' n_k/n) or uniform (FedGKD's official code)")
+    client_weights: Literal["samples", "uniform"] = opt("samples", "weight of each client in the server's average: its "
+                                                                   "sample count n_k (the papers' n_k/n) or uniform "
+                                                                   "(FedGKD's official code)")
     eval_batch_size: int = opt(500, "batch size of test-set evaluation", min=1, math=False)
 
     def check(self) -> list[str]:
@@ -168,7 +223,8 @@ class TrainConfig:
 
 @dataclass
 class CodeConfig:
-    algorithm: str | None = opt(None, "SHA-256 of the plugin that defines the chosen algorithm (null: mpifed's own); recorded by mpifed from the code it loads, never set by hand")
+    algorithm: str | None = opt(None, "SHA-256 of the plugin that defines the chosen algorithm (null: mpifed's own); "
+                                      "recorded by mpifed from the code it loads, never set by hand")
     model: str | None = opt(None, "SHA-256 of the plugin that defines the chosen model (null: mpifed's own)")
     dataset: str | None = opt(None, "SHA-256 of the plugin that defines the chosen data set (null: mpifed's own)")
     partition: str | None = opt(None, "SHA-256 of the plugin that defines the chosen partition (null: mpifed's own)")
@@ -176,7 +232,9 @@ class CodeConfig:
 
 @dataclass
 class Config:
-    plugins: list[str] = opt([], "Python files (a path relative to the config file that names it) or modules to load first: methods, models, data sets or partitions of your own (docs/tutorial.md); the files of every config add up", math=False)
+    plugins: list[str] = opt([], "Python files (a path relative to the config file that names it) or modules to load "
+                                 "first: methods, models, data sets or partitions of your own (docs/tutorial.md); the "
+                                 "files of every config add up", math=False)
     run: RunConfig = section(RunConfig, "run directory, seed, evaluation and checkpoint frequency")
     data: DataConfig = section(DataConfig, "data set, clients and partition")
     model: Choice = choice(_models, "digits_cnn", "network (digits_cnn, fedavg_cnn, resnet8, ...)")
@@ -184,7 +242,8 @@ class Config:
     algorithm: Choice = choice(_algorithms, "fedavg", "federated algorithm (fedavg, fedntd, fedgkd, ...)")
     resources: ResourcesConfig = section(ResourcesConfig, "devices, threads, memory")
     comm: CommConfig = section(CommConfig, "collective timeouts and idle waiting")
-    code: CodeConfig = section(CodeConfig, "the code of the chosen entries that come from plugins, by hash (recorded by mpifed): a changed plugin is a changed setting")
+    code: CodeConfig = section(CodeConfig, "the code of the chosen entries that come from plugins, by hash (recorded "
+                                           "by mpifed): a changed plugin is a changed setting")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -219,7 +278,8 @@ def _type_name(tp: Any) -> str:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if tp is type(None):
         return "null"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 class _Builder:
@@ -245,7 +305,8 @@ class _Builder:
                 close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
                 hint = f"; did you mean '{_join(path, close[0])}'?" if close else "."
                 allowed = ", ".join(fields) or "none"
-                self.fail(_join(path, str(key)), f"unknown key{hint} Allowed here: {allowed}.{self.owners(path, str(key))}")
+                self.fail(_join(path, str(key)), f"unknown key{hint} Allowed here: "
+                                                 f"{allowed}.{self.owners(path, str(key))}")
         kwargs = {}
         for name, f in fields.items():
             if name in data:
@@ -279,7 +340,8 @@ class _Builder:
         if name not in registry:
             close = nearest(name, registry)
             hint = f" Did you mean '{close}'?" if close else ""
-            self.fail(_join(path, "name"), f"unknown {path.split('.')[-1]} {name!r}.{hint} Known: {', '.join(sorted(registry))}")
+            self.fail(_join(path, "name"), f"unknown {path.split('.')[-1]} {name!r}.{hint} Known: "
+                                           f"{', '.join(sorted(registry))}")
             return f.default_factory()
         return Choice(name, self.dataclass(registry[name], data, path))
 
@@ -479,7 +541,8 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections (run, data, model, train, algorithm, ...), not {type(data).__name__}")
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections (run, data, model, train, "
+                          f"algorithm, ...), not {type(data).__name__}")
     own = plugin_specs(data.pop("plugins", None), f"config file {str(path)!r}", path.parent)
     bases = data.pop("base", None)
     if bases is None:
@@ -525,7 +588,8 @@ def cross_checks(cfg: Config) -> list[str]:
     errors = []
     sampled = round(cfg.train.participation * cfg.data.num_clients)
     if sampled < 1:
-        errors.append(f"train.participation: {cfg.train.participation} of {cfg.data.num_clients} clients samples no client; raise it to at least {1 / cfg.data.num_clients:.3g}")
+        errors.append(f"train.participation: {cfg.train.participation} of {cfg.data.num_clients} clients samples no "
+                      f"client; raise it to at least {1 / cfg.data.num_clients:.3g}")
     method = ALGORITHMS.get(cfg.algorithm.name)
     known = to_dict(Config()) if method.depends_on else {}
     for key in method.depends_on:
@@ -533,11 +597,14 @@ def cross_checks(cfg: Config) -> list[str]:
             errors.append(f"algorithm.name: {cfg.algorithm.name!r} declares that its numbers depend on {key!r}, which "
                           f"is not a config key (see --config-reference); fix the method's depends_on")
     if method.needs_server_data and cfg.data.server_holdout_per_class <= 0:
-        errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server ({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
+        errors.append(f"data.server_holdout_per_class: algorithm {cfg.algorithm.name!r} needs data held by the server "
+                      f"({method.needs_server_data}); set it, e.g. --set data.server_holdout_per_class=32")
     if not cfg.run.eval_test and cfg.data.val_size <= 0:
-        errors.append("run.eval_test: false evaluates only the validation set, and data.val_size is 0; set data.val_size (e.g. 2000) or run.eval_test=true")
+        errors.append("run.eval_test: false evaluates only the validation set, and data.val_size is 0; set "
+                      "data.val_size (e.g. 2000) or run.eval_test=true")
     if not cfg.run.eval_test and cfg.run.rounds_to:
-        errors.append("run.rounds_to: the rounds to a test accuracy need the test set, and run.eval_test is false; drop one of them")
+        errors.append("run.rounds_to: the rounds to a test accuracy need the test set, and run.eval_test is false; "
+                      "drop one of them")
     errors.extend(entry_checks(cfg))
     errors.extend(_modality_checks(cfg))
     return errors
@@ -565,8 +632,8 @@ def _modality_checks(cfg: Config) -> list[str]:
     if data != model:
         fix = "a text model such as distilbert" if data == "text" else "an image model such as digits_cnn or resnet8"
         what = {"image": "images", "text": "text"}
-        errors.append(f"model.name: {cfg.model.name!r} takes {what[model]} but data set {cfg.data.dataset.name!r} holds {what[data]}; "
-                      f"choose {fix}")
+        errors.append(f"model.name: {cfg.model.name!r} takes {what[model]} but data set {cfg.data.dataset.name!r} "
+                      f"holds {what[data]}; choose {fix}")
     if data == "text" and not cfg.data.tokenizer:
         errors.append(f"data.tokenizer: data set {cfg.data.dataset.name!r} is text and needs a local tokenizer folder "
                       f"(tokenizer.json or vocab.txt); see docs/text.md for how to obtain one")
@@ -590,12 +657,14 @@ def _per_algorithm(layer: dict[str, Any], source: str) -> dict[str, Any]:
         if name not in known:
             close = nearest(name, known)
             hint = f" Did you mean '{close}'?" if close else ""
-            raise ConfigError(f"{source}: {PER_ALGORITHM}.{name}: unknown algorithm.{hint} Known: {', '.join(sorted(known))}")
+            raise ConfigError(f"{source}: {PER_ALGORITHM}.{name}: unknown algorithm.{hint} Known: "
+                              f"{', '.join(sorted(known))}")
     return section
 
 
 def load(paths: list[str] | None = None, overrides: list[str] | None = None,
-         base: dict[str, Any] | None = None, plugins: list[str] | tuple[str, ...] = ()) -> tuple[Config, dict[str, Any]]:
+         base: dict[str, Any] | None = None,
+         plugins: list[str] | tuple[str, ...] = ()) -> tuple[Config, dict[str, Any]]:
     """Defaults (or ``base``, e.g. a run's saved config), then each YAML file (with its
     ``per_algorithm`` values for the chosen algorithm), then each ``key=value`` override;
     returns the config and its plain dict.
@@ -685,7 +754,8 @@ def load_resources(paths: list[str] | None = None, overrides: list[str] | None =
     for layer in layers:
         value = layer.get("resources")
         if value is not None:
-            section = merge(section, value, ("resources",)) if isinstance(value, dict) and isinstance(section, dict) else value
+            section = merge(section, value,
+                            ("resources",)) if isinstance(value, dict) and isinstance(section, dict) else value
     builder = _Builder()
     resources = builder.dataclass(ResourcesConfig, section, "resources")
     if builder.errors:

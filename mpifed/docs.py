@@ -42,8 +42,8 @@ def table(registry: Registry, key: str, heading: str) -> str:
     rows = [f"| `{name}` | {summary(entry).replace('|', '/')} | {options(entry) or '-'} |"
             for name, entry in registry.items().items()]
     return (f"## {heading}\n\nChosen with `{key}: <name>`; the options go beside the name "
-            f"(docs/config-reference.md has their meaning).\n\n| name | what | options (default) |\n| --- | --- | --- |\n"
-            + "\n".join(rows) + "\n")
+            "(docs/config-reference.md has their meaning).\n\n"
+            "| name | what | options (default) |\n| --- | --- | --- |\n" + "\n".join(rows) + "\n")
 
 
 def pages() -> dict[str, str]:
@@ -57,7 +57,8 @@ def pages() -> dict[str, str]:
         "data.md": HEADER + "# Data sets and partitions\n\n" + table(DATASETS, "data.dataset.name", "Data sets")
         + "\n" + table(PARTITIONS, "data.partition.name", "Partitions"),
         "config-reference.md": HEADER + "# Config reference\n\nChoices (`data.dataset`, `data.partition`, `model`, "
-        "`algorithm`) take a `name` plus that entry's own keys, listed after the main table.\n\n" + config.reference() + "\n",
+        "`algorithm`) take a `name` plus that entry's own keys, listed after the main "
+        "table.\n\n" + config.reference() + "\n",
     }
 
 

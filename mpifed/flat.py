@@ -26,7 +26,8 @@ class FlatModel:
                 raise TypeError(f"{name} is {t.dtype}; mpifed models keep float32 state")
         device = params[0][1].device if params else torch.device("cpu")
         self.num_params = sum(p.numel() for _, p in params)
-        self.floats = torch.empty(self.num_params + sum(b.numel() for _, b in float_bufs), dtype=torch.float32, device=device)
+        self.floats = torch.empty(self.num_params + sum(b.numel() for _, b in float_bufs), dtype=torch.float32,
+                                  device=device)
         self.ints = torch.empty(sum(b.numel() for _, b in int_bufs), dtype=torch.int64, device=device)
         self.shapes: list[torch.Size] = [p.shape for _, p in params]
         self._params = [p for _, p in params]

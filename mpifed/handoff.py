@@ -136,7 +136,8 @@ def start_command(ranks: int) -> str:
     if Path(sys.argv[0]).name == "mpifed":
         main = "mpifed run"
     if launched_by_mpi():
-        runner = "srun" if os.environ.get("SLURM_STEP_ID") is not None and "OMPI_COMM_WORLD_SIZE" not in os.environ else "mpirun"
+        by_srun = os.environ.get("SLURM_STEP_ID") is not None and "OMPI_COMM_WORLD_SIZE" not in os.environ
+        runner = "srun" if by_srun else "mpirun"
         return f"{runner} -n {ranks} {main}"
     return main
 

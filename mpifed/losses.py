@@ -35,7 +35,8 @@ def not_true_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return logits.gather(1, others + (others >= targets.view(-1, 1)).long())
 
 
-def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, tau: float) -> torch.Tensor:
+def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+             targets: torch.Tensor, tau: float) -> torch.Tensor:
     """FedNTD's not-true distillation (Eq. 11): the KD term over the not-true classes only.
 
     The true-class logit is removed from both sides before the softmax (not zeroed), so
@@ -84,7 +85,8 @@ def csd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets
     teacher_logits = teacher_logits.detach()
     refined = teacher_logits
     if refine:
-        refined = csd_similarity(student_logits if similarity_grad else student_logits.detach(), global_prototypes) * teacher_logits
+        refined = csd_similarity(student_logits if similarity_grad else student_logits.detach(),
+                                 global_prototypes) * teacher_logits
     log_p = F.log_softmax(student_logits / tau, dim=1)
     log_q = F.log_softmax(refined / tau, dim=1)
     per_sample = tau * tau * (log_q.exp() * (log_q - log_p)).sum(dim=1)

@@ -126,7 +126,8 @@ def decide(setting: str, ranks: int, gpus: int, resources: ResourcesConfig, cont
         if control is None:
             raise MpsError(f"resources.mps=on, but {CONTROL} is not on PATH (it comes with the NVIDIA driver). "
                            f"Use auto or off")
-        return True, f"{users} rank{'s' if users != 1 else ''} on {gpus} GPU{'s' if gpus != 1 else ''} (resources.mps=on)"
+        return True, (f"{users} rank{'s' if users != 1 else ''} on {gpus} GPU{'s' if gpus != 1 else ''} "
+                      f"(resources.mps=on)")
     if users <= gpus:
         return False, ""
     if control is None:
@@ -200,7 +201,8 @@ def job_resources(mpifed_args: list[str]) -> ResourcesConfig:
             base = safe_yaml.read(saved) if saved.is_file() else None
         except (OSError, yaml.YAMLError):
             base = None
-    return load_resources(args.config, [o for group in args.set for o in group], base if isinstance(base, dict) else None)
+    return load_resources(args.config, [o for group in args.set for o in group],
+                          base if isinstance(base, dict) else None)
 
 
 def for_job(ranks: int, mpifed_args: list[str], environ: Mapping[str, str], say: Callable[[str], None]) -> Daemon:

@@ -145,7 +145,8 @@ class GraphAdam(_Flat):
         self.eps = eps
         self.decoupled = decoupled
         self.lr_t = torch.zeros((), device=flat.grad.device)
-        self.t = torch.zeros((), dtype=torch.float64, device=flat.grad.device)   # float64, as FlatAdam's Python arithmetic
+        self.t = torch.zeros((), dtype=torch.float64,
+                             device=flat.grad.device)   # float64, as FlatAdam's Python arithmetic
         self.m = torch.zeros_like(flat.grad)
         self.v = torch.zeros_like(flat.grad)
 

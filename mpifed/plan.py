@@ -17,7 +17,8 @@ class RoundPlan:
     checkpoint: bool = False    # the server writes a checkpoint after this round (workers first flush client state)
     stop: bool = False
     keep_states_from: int = 0   # a resume may start at this round or later (client-state versions it needs are kept)
-    moves: list[tuple[int, int, int]] = field(default_factory=list)   # (client, from worker, to worker): client state to move
+    # (client, from worker, to worker): client state to move
+    moves: list[tuple[int, int, int]] = field(default_factory=list)
     model_held: bool = False    # every rank holds the global model already (the last round's evaluation sent it)
     last_trained: dict[int, int] = field(default_factory=dict)  # assigned client -> the round it last trained in
                                                                  # (methods with client state; absent: never)

@@ -70,7 +70,8 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
             (line,) = ax.plot(c.rounds, c.mean, label=c.label, color=c.colour, linewidth=1.6,
                               marker="o" if len(c.rounds) < 12 else None, markersize=3)
             if c.std is not None:
-                ax.fill_between(c.rounds, c.mean - c.std, c.mean + c.std, color=line.get_color(), alpha=0.2, linewidth=0)
+                ax.fill_between(c.rounds, c.mean - c.std, c.mean + c.std, color=line.get_color(),
+                                alpha=0.2, linewidth=0)
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -350,7 +350,8 @@ def restore(records: list[dict[str, Any]], run_dir: Path, what: str,
             if same and changed == "refuse":
                 raise _changed(rec, same[0].sha256, run_dir, what)
             if not same:
-                now = ", ".join(f"plugin {p.label} (SHA-256 {p.sha256[:12]}...)" for p in have) or "mpifed's own entries"
+                now = ", ".join(f"plugin {p.label} (SHA-256 "
+                                f"{p.sha256[:12]}...)" for p in have) or "mpifed's own entries"
                 raise PluginError(f"{what} was made with {_recorded_label(rec)} (SHA-256 {rec['sha256'][:12]}...) "
                                   f"for {', '.join(rec.get('provides', []))}, but this process has {now} under those "
                                   f"names: the code differs. Leave out the --plugin or plugins: entry that loads it")
@@ -383,14 +384,15 @@ def load_copy(rec: dict[str, Any], run_dir: Path, what: str) -> Plugin:
     files = list(rec.get("files") or [])
     missing = [f for f in files if not (folder / f).is_file() or (folder / f).is_symlink()]
     if missing or not files:
-        raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} is missing ({folder / (missing or ['?'])[0]} "
+        raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} is missing "
+                          f"({folder / (missing or ['?'])[0]} "
                           f"is not there), and its origin is not there either: restore the copy or the origin")
     sha = _sha_file(folder / files[0]) if rec["kind"] == "file" else _sha_tree(
         {rel: (folder / rel).read_bytes() for rel in files})
     if sha != rec["sha256"]:
         raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} in {folder} was altered (SHA-256 "
-                          f"{sha[:12]}... now, {rec['sha256'][:12]}... recorded): its code is not the code the run used. "
-                          f"Restore the copy or the origin")
+                          f"{sha[:12]}... now, {rec['sha256'][:12]}... recorded): its code is not the code the run "
+                          f"used. Restore the copy or the origin")
     if rec["kind"] == "file":
         plugin = _load_file(str(folder / files[0]))
     else:
@@ -449,7 +451,8 @@ def _module_source(found: importlib.machinery.ModuleSpec) -> tuple[Path, dict[st
                  if "__pycache__" not in p.parts and not p.is_symlink()}
         return package.parent, {rel: files[rel].read_bytes() for rel in sorted(files)}
     if not found.origin or not found.origin.endswith(".py"):
-        raise PluginError(f"plugin module {found.name} is not Python source ({found.origin}): a plugin must be .py files")
+        raise PluginError(f"plugin module {found.name} is not Python source ({found.origin}): a plugin must be .py "
+                          "files")
     origin = Path(found.origin)
     return origin.parent, {origin.name: origin.read_bytes()}
 

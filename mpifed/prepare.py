@@ -37,9 +37,11 @@ def class_table(m: Manifest) -> str:
         head += f"  (+{counts.shape[1] - shown} more classes)"
     lines = [head, "-" * len(head)]
     for k, row in enumerate(counts):
-        lines.append(f"{k:>7} {int(row.sum()):>8} {int((row > 0).sum()):>7} | " + " ".join(f"{int(v):>5}" for v in row[:shown]))
+        lines.append(f"{k:>7} {int(row.sum()):>8} "
+                     f"{int((row > 0).sum()):>7} | " + " ".join(f"{int(v):>5}" for v in row[:shown]))
     total = counts.sum(axis=0)
-    lines.append(f"{'all':>7} {int(total.sum()):>8} {int((total > 0).sum()):>7} | " + " ".join(f"{int(v):>5}" for v in total[:shown]))
+    lines.append(f"{'all':>7} {int(total.sum()):>8} "
+                 f"{int((total > 0).sum()):>7} | " + " ".join(f"{int(v):>5}" for v in total[:shown]))
     stats = ", ".join(f"{k} {v}" for k, v in m.stats.items())
     val = f"validation set {m.val_size}; " if m.val_size else ""
     lines.append(f"test set {m.test_size} samples; {val}server-held {m.server_size}; {stats}")
@@ -53,9 +55,11 @@ def plot_partition(m: Manifest) -> Path:
     counts[counts == 0] = np.nan
     spec = m.spec["partition"]
     shown = ", ".join(f"{k} {v}" for k, v in spec.items() if k not in ("name", "fingerprint", *_TUNING))
-    title = f"{m.spec['dataset']['name']}: {m.num_clients} clients, {spec['name']} partition{f' ({shown})' if shown else ''}"
+    shown = f" ({shown})" if shown else ""
+    title = f"{m.spec['dataset']['name']}: {m.num_clients} clients, {spec['name']} partition{shown}"
     return plots.heatmap(m.root / "partition.png", title, "training samples per client and class (blank: none)", counts,
-                         [str(k) for k in range(m.num_clients)], class_names(DATASETS.get(m.spec["dataset"]["name"]), m.num_classes),
+                         [str(k) for k in range(m.num_clients)],
+                         class_names(DATASETS.get(m.spec["dataset"]["name"]), m.num_classes),
                          "class", "client", "samples", fmt="{:.0f}")
 
 

@@ -82,7 +82,8 @@ class Layout:
         missing = set(self.entries) - set(tensors)
         unknown = set(tensors) - set(self.entries)
         if missing or unknown:
-            parts = ([f"missing {sorted(missing)}"] if missing else []) + ([f"undeclared {sorted(unknown)}"] if unknown else [])
+            parts = (["missing "
+                      f"{sorted(missing)}"] if missing else []) + ([f"undeclared {sorted(unknown)}"] if unknown else [])
             raise ProtocolError(f"{self.what}{by}: {'; '.join(parts)} (declared: {sorted(self.entries)}). "
                                 f"Return exactly the entries the method's messages() declare")
         for name, t in tensors.items():
@@ -142,9 +143,11 @@ def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size:
     return Layouts(
         model=Layout("the global model", {"weights": ((num_floats,), np.float32), "ints": ((num_ints,), np.int64)}),
         down=Layout(f"{method}'s downlink", {k: (s, np.float32) for k, s in messages.down.items()}),
-        statistics=Layout(f"{method}'s client statistics", {k: (s, np.float64) for k, s in messages.statistics.items()}),
+        statistics=Layout(f"{method}'s client "
+                          "statistics", {k: (s, np.float64) for k, s in messages.statistics.items()}),
         sums=Layout(f"{method}'s uplink sums", sums),
-        model_sums=Layout("the integer buffers' sums", {"ints": ((num_ints,), np.float64), "samples": ((1,), np.float64)}),
+        model_sums=Layout("the integer buffers' "
+                          "sums", {"ints": ((num_ints,), np.float64), "samples": ((1,), np.float64)}),
         rows=Layout(f"{method}'s per-client uplink", {k: (u.shape, np.float32) for k, u in messages.up.items()
                                                       if u.travel == "per_client"}),
         evaluation=evaluation_layout(test_size, eval_batch_size, num_classes, num_groups, val_size),
@@ -346,7 +349,8 @@ class RoundProtocol:
             per = [layout.views(rows[i * layout.nbytes: (i + 1) * layout.nbytes]) for i in order]
             stacked = {name: torch.stack([p[name] for p in per]) for name in layout.entries}
         sums, model_sums = self.layouts.uplink_views(totals.view(np.uint8))
-        return (Replies(Fields(self.layouts.sums.what, sums), Fields(layout.what, stacked), [reports[i] for i in order]),
+        return (Replies(Fields(self.layouts.sums.what, sums), Fields(layout.what, stacked),
+                        [reports[i] for i in order]),
                 model_sums)
 
     def _evaluate(self, plan: RoundPlan) -> None:

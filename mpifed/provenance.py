@@ -72,7 +72,8 @@ def source_commit() -> tuple[str | None, bool | None]:
     return _git("rev-parse", "HEAD"), bool(changes) or any(line.startswith("??") for line in untracked.splitlines())
 
 
-def segment(ranks: list[dict[str, Any]], start_round: int, plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def segment(ranks: list[dict[str, Any]], start_round: int,
+            plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One start of a run: when, from which round, which software (with every plugin loaded, see
     :func:`mpifed.plugins.keep_copies`), and each rank's machine."""
     import torch

@@ -45,13 +45,14 @@ class Registry(Generic[T]):
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator: add the decorated object under ``name`` (lower-case letters, digits, '_')."""
         if not isinstance(name, str) or not _NAME.match(name):
-            raise RegistryError(f"{self.kind} name {name!r} must be lower-case letters, digits and '_', starting with a letter")
+            raise RegistryError(f"{self.kind} name {name!r} must be lower-case letters, digits and '_', starting with "
+                                "a letter")
 
         def add(entry: T) -> T:
             old = self._entries.get(name)
             if old is not None and old is not entry:
-                raise RegistryError(f"{self.kind} {name!r} is registered twice: by {_where(old)} and by {_where(entry)}; "
-                                    f"rename one of them")
+                raise RegistryError(f"{self.kind} {name!r} is registered twice: by {_where(old)} and by "
+                                    f"{_where(entry)}; rename one of them")
             self._entries[name] = entry
             return entry
         return add

@@ -65,7 +65,8 @@ class Metric:
                               f"{{kind: final, rounds_to: [0.65]}}, got {spec!r}")
         unknown = set(spec) - set(KEYS)
         if unknown:
-            raise MetricError(f"metric: unknown keys {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(KEYS)}")
+            raise MetricError(f"metric: unknown keys {', '.join(sorted(map(str, unknown)))}; allowed: "
+                              f"{', '.join(KEYS)}")
         kind = spec.get("kind", "final")
         if kind not in KINDS:
             raise MetricError(f"metric.kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -76,7 +77,8 @@ class Metric:
         if isinstance(targets, (int, float)):
             targets = [targets]
         if not isinstance(targets, list) or not all(isinstance(t, (int, float)) and 0 < t <= 1 for t in targets):
-            raise MetricError(f"metric.rounds_to must be a list of accuracy fractions in (0, 1] (65% is 0.65), got {targets!r}")
+            raise MetricError("metric.rounds_to must be a list of accuracy fractions in (0, 1] (65% is 0.65), got "
+                              f"{targets!r}")
         for flag in ("forgetting", "groups"):
             if not isinstance(spec.get(flag, False), bool):
                 raise MetricError(f"metric.{flag} must be true or false, got {spec[flag]!r}")
@@ -85,7 +87,8 @@ class Metric:
             at_rounds = [at_rounds]
         if not isinstance(at_rounds, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1
                                                       for r in at_rounds):
-            raise MetricError(f"metric.at_rounds must be a list of round numbers >= 1, e.g. [10, 20, 50], got {at_rounds!r}")
+            raise MetricError("metric.at_rounds must be a list of round numbers >= 1, e.g. [10, 20, 50], got "
+                              f"{at_rounds!r}")
         select = spec.get("select", "val_acc")
         if not isinstance(select, str) or not select:
             raise MetricError(f"metric.select must be a metrics column such as val_acc, got {select!r}")
@@ -195,7 +198,8 @@ def target_key(target: float) -> str:
     return f"{target:g}"
 
 
-def at_best(rows: list[dict[str, Any]], select: str = "val_acc", column: str = "test_acc") -> tuple[float, int] | tuple[None, None]:
+def at_best(rows: list[dict[str, Any]], select: str = "val_acc",
+            column: str = "test_acc") -> tuple[float, int] | tuple[None, None]:
     """``column`` at the first evaluation where ``select`` is highest, and that round."""
     chosen = _selected_row(rows, select, column)
     return (chosen[column], int(chosen.get("round", 0))) if chosen is not None else (None, None)

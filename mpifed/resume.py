@@ -100,13 +100,16 @@ def take_lock(run: RunDir) -> None:
 def unwritable_root(run_path: Path, exc: OSError) -> str:
     """Why the run directory ``run_path`` (or its lock file) could not be made (``exc``), and the fix."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = f"the disk holding {run_path.parent} is full (or your quota is used up): free space there, or set run.root=<folder elsewhere>"
+        fix = (f"the disk holding {run_path.parent} is full (or your quota is used up): free space there, or set "
+               f"run.root=<folder elsewhere>")
     elif exc.errno == errno.EROFS:
         fix = f"{run_path.parent} is on a read-only file system: set run.root=<a folder you can write to>"
     elif exc.errno in (errno.EACCES, errno.EPERM):
-        fix = f"you may not write into {run_path.parent if not run_path.is_dir() else run_path}: set run.root=<a folder of yours>"
+        fix = (f"you may not write into {run_path.parent if not run_path.is_dir() else run_path}: set "
+               f"run.root=<a folder of yours>")
     elif exc.errno == errno.EISDIR and (run_path / LOCK).is_dir():
-        fix = f"{run_path / LOCK} is a folder, where mpifed keeps the run's lock file: remove it (rmdir {run_path / LOCK})"
+        fix = (f"{run_path / LOCK} is a folder, where mpifed keeps the run's lock file: remove it "
+               f"(rmdir {run_path / LOCK})")
     else:
         fix = (f"run.root={run_path.parent} must be a folder you can write to (not a file, not under /proc or /sys); "
                f"set run.root=<folder>")
@@ -206,8 +209,8 @@ def _finished_without_checkpoint(run: RunDir, cfg: config.Config, status: dict[s
 def _hashes(stored: dict[str, Any], now: dict[str, Any], keys: list[str]) -> str:
     def short(v: Any) -> str:
         return f"{v[:12]}..." if isinstance(v, str) else "mpifed's own"
-    return "; ".join(f"{k.split('.', 1)[-1]}: {short(config.lookup(stored, k))} then, {short(config.lookup(now, k))} now"
-                     for k in keys)
+    return "; ".join(f"{k.split('.', 1)[-1]}: {short(config.lookup(stored, k))} then, "
+                     f"{short(config.lookup(now, k))} now" for k in keys)
 
 
 def restore_code(run: RunDir) -> None:

@@ -175,8 +175,9 @@ class RunDir:
         links = self.links()
         if links:
             raise NotOurs(errno.ELOOP, f"{self.path} holds symbolic links where a run keeps its own files "
-                                       f"({', '.join(str(p.relative_to(self.path)) for p in links)}); mpifed never writes "
-                                       f"through a link: replace each by the file or folder itself, or remove it")
+                                       f"({', '.join(str(p.relative_to(self.path)) for p in links)}); mpifed never "
+                                       f"writes through a link: replace each by the file or folder itself, or remove "
+                                       f"it")
 
     def links(self) -> list[Path]:
         """The symbolic links among the directory's entries and those of its checkpoints/ and plugins/

@@ -63,8 +63,8 @@ def _expanded(node: yaml.Node, seen: dict[int, int], source: str) -> int:
     key = id(node)
     if key in seen:
         if seen[key] < 0:
-            raise YamlTooLarge(f"{source}, line {node.start_mark.line + 1}: an alias (*name) refers to a node that holds it, "
-                               f"a value without end: a config never needs one")
+            raise YamlTooLarge(f"{source}, line {node.start_mark.line + 1}: an alias (*name) refers to a node that "
+                               f"holds it, a value without end: a config never needs one")
         return seen[key]
     seen[key] = -1
     if isinstance(node, yaml.MappingNode):

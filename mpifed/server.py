@@ -125,10 +125,10 @@ class RoundServer:
         if bad:
             scalars = ", ".join(f"{k}={float(v):.6g}" for k, v in sums if v.numel() == 1)
             summed = f" (summed: {scalars})" if scalars else ""
-            raise ProtocolError(f"{type(self.method).__name__}.aggregate (round {plan.round + 1}) returned a global model "
-                                f"with {bad} NaN or infinite value(s) of {new.numel()}, from finite uplinks{summed}: a "
-                                f"weighted mean whose weights sum to zero, or another division by zero, in the "
-                                f"method's aggregate")
+            raise ProtocolError(f"{type(self.method).__name__}.aggregate (round {plan.round + 1}) returned a global "
+                                f"model with {bad} NaN or infinite value(s) of {new.numel()}, from finite "
+                                f"uplinks{summed}: a weighted mean whose weights sum to zero, or another division by "
+                                f"zero, in the method's aggregate")
         self.global_floats = new
         self.model_sent = False
         ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
@@ -236,10 +236,11 @@ class RoundServer:
             "metrics": self.metrics,
             "config": self.cfg_dict,
             "config_math": math_fingerprint(self.cfg_dict),
-            "data_spec": self.manifest.spec,    # the prepared data's identity: a changed partition file is refused on resume
+            "data_spec": self.manifest.spec,    # the prepared data's identity: another partition is refused on resume
             "elapsed_s": self.elapsed(),
         }
-        self.last_checkpoint = checkpoint.save(self.run_dir.checkpoints, rounds_done, payload, self.cfg.run.keep_checkpoints)
+        self.last_checkpoint = checkpoint.save(self.run_dir.checkpoints, rounds_done, payload,
+                                               self.cfg.run.keep_checkpoints)
         self.last_checkpoint_round = rounds_done
         self._write_status("running", rounds_done)
         note_resume_point(self.describe_checkpoint())
@@ -279,8 +280,8 @@ class RoundServer:
                 f"continue with: {self.resume_command}")
 
     def _write_status(self, state: str, rounds_done: int) -> None:
-        self.run_dir.write_json("status.json", {"state": state, "rounds_done": rounds_done,
-                                                "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None})
+        last = str(self.last_checkpoint) if self.last_checkpoint else None
+        self.run_dir.write_json("status.json", {"state": state, "rounds_done": rounds_done, "checkpoint": last})
 
     def _save_model(self) -> None:
         flat = self.method.tools.flat
@@ -291,7 +292,8 @@ class RoundServer:
 
     def _write_summary(self, rounds_done: int, status: str) -> None:
         # a run resumed with run.eval_test false reports no test figure, not the earlier segment's
-        rows = self.metrics if self.cfg.run.eval_test else [{k: v for k, v in r.items() if k not in TEST_COLUMNS} for r in self.metrics]
+        rows = (self.metrics if self.cfg.run.eval_test
+                else [{k: v for k, v in r.items() if k not in TEST_COLUMNS} for r in self.metrics])
         best_acc, best_round = results.best(rows)
         summary = {
             "status": status,
@@ -305,7 +307,8 @@ class RoundServer:
             "best_round": best_round,
             "forgetting": results.forgetting(rows),
             "wall_time_s": round(self.elapsed(), 2),
-            "round_time_median_s": round(statistics.median(r["time"]["round"] for r in self.metrics), 4) if self.metrics else None,
+            "round_time_median_s": (round(statistics.median(r["time"]["round"] for r in self.metrics), 4)
+                                    if self.metrics else None),
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
             "first_round_started_at": self.first_round_at,
             "peak_rss_mb_per_rank": [round(rss, 1) for rss, _ in self.usage],
@@ -317,7 +320,8 @@ class RoundServer:
             best_val, best_val_round = results.best(rows, "val_acc")
             summary["best_val_acc"] = best_val
             summary["best_val_round"] = best_val_round
-            summary["test_acc_at_best_val"] = next((r.get("test_acc") for r in rows if r["round"] == best_val_round), None)
+            summary["test_acc_at_best_val"] = next((r.get("test_acc") for r in rows if r["round"] == best_val_round),
+                                                   None)
         if self.cfg.data.test_subset:
             summary["test_subset"] = self.manifest.test_size
         self.run_dir.write_json("summary.json", summary)
@@ -326,7 +330,8 @@ class RoundServer:
             chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
                       f"test accuracy there {summary['test_acc_at_best_val']:.4f}"
                       if summary.get("test_acc_at_best_val") is not None else "")
-            self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy {summary['final_test_acc']:.4f} "
+            self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy "
+                             f"{summary['final_test_acc']:.4f} "
                              f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, "
                              f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")
         elif summary.get("best_val_acc") is not None:

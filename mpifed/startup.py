@@ -236,7 +236,8 @@ def load_code(resolved: Resolved, rank: int) -> config.Config:
 def check_extras(cfg: config.Config) -> None:
     """Resolve: the optional packages the config asks for are installed (before anything starts)."""
     from mpifed.resume import RunError
-    for wanted, module, extra in ((cfg.run.tensorboard, "tensorboard", "tensorboard"), (cfg.run.mlflow, "mlflow", "mlflow")):
+    for wanted, module, extra in ((cfg.run.tensorboard, "tensorboard", "tensorboard"),
+                                  (cfg.run.mlflow, "mlflow", "mlflow")):
         if wanted and importlib.util.find_spec(module) is None:
             raise RunError(f"run.{extra}=true needs the {module} package: pip install 'mpifed[{extra}]' "
                            f"(or set run.{extra}=false)")
@@ -284,7 +285,8 @@ def make_algorithm(cfg: config.Config, manifest: Manifest, device: torch.device)
         net = build_model(cfg.model.name, cfg.model.options, manifest.input_shape, manifest.num_classes)
         if manifest.vocab_size > getattr(net, "vocab_size", manifest.vocab_size):
             raise ValueError(f"the tokenizer's vocabulary ({manifest.vocab_size} tokens) exceeds the model's "
-                             f"{net.vocab_size} token embeddings; set model.vocab_size to at least {manifest.vocab_size}")
+                             f"{net.vocab_size} token embeddings; set model.vocab_size to at least "
+                             f"{manifest.vocab_size}")
         return FlatModel(cls.extend_model(net, options).to(device))
 
     torch.manual_seed(cfg.run.seed)
@@ -329,7 +331,8 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
     from mpifed.server import RoundServer
     run.create()
     run.write_config(resolved.config)
-    resume = checkpoint.load_run_state(resolved.resume_from, resolved.trust_checkpoint) if resolved.resume_from else None
+    resume = checkpoint.load_run_state(resolved.resume_from,
+                                       resolved.trust_checkpoint) if resolved.resume_from else None
     if resume is None:
         shutil.rmtree(run.client_state, ignore_errors=True)
     else:
@@ -344,7 +347,8 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
         run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")
     elif resume is not None:
         run.log(f"[mpifed] resuming {run.path} after round {resume['rounds_done']} ({resolved.resume_from})")
-    return RoundServer(cfg, resolved.config, manifest, algo.server(tools), layouts, workers, run, resume, resume_command)
+    return RoundServer(cfg, resolved.config, manifest, algo.server(tools), layouts, workers, run, resume,
+                       resume_command)
 
 
 def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ranks: list[dict[str, Any]],

@@ -159,7 +159,8 @@ def _copy(into: Any, x: Any) -> None:
 
 def _shapes(batch: "Batch") -> tuple:
     x = batch.x
-    parts = sorted((k, tuple(v.shape), v.dtype) for k, v in x.items()) if isinstance(x, dict) else [(tuple(x.shape), x.dtype)]
+    parts = (sorted((k, tuple(v.shape), v.dtype) for k, v in x.items()) if isinstance(x, dict)
+             else [(tuple(x.shape), x.dtype)])
     return tuple(parts) + (tuple(batch.y.shape),)
 
 

@@ -57,7 +57,9 @@ class Tested:
         if self.result.verdict == "higher":
             return "supported" if self.holm_p < ALPHA else "supported by its interval alone, not after Holm"
         if self.result.verdict == "lower":
-            return "not supported (the other way)" if self.holm_p < ALPHA else "the other way by its interval alone, not after Holm"
+            if self.holm_p < ALPHA:
+                return "not supported (the other way)"
+            return "the other way by its interval alone, not after Holm"
         return "inconclusive"
 
 
@@ -93,7 +95,7 @@ class Summary:
     by_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)   # the metric per seed
     family: int = 0                # the claims Holm's adjustment covers (the table's, whatever ``claims`` shows)
     counted: set[tuple[str, str, int]] = field(default_factory=set)   # (setting, method, seed) of diverged runs counted
-    unpaired: dict[tuple[str, str], str] = field(default_factory=dict)   # (setting, method) not paired with the reference: why
+    unpaired: dict[tuple[str, str], str] = field(default_factory=dict)   # (setting, method) left unpaired: why
 
     def comparison_text(self, setting: str, method: str) -> str:
         """The method's paired comparison with the reference in ``setting``, or why there is none."""
@@ -113,7 +115,8 @@ class Summary:
             lines.append(f"| {m} | " + " | ".join(row) + " |")
         if self.reference is not None:
             points = " points" if self.percent else ""
-            lines += ["", f"Against {self.reference}, seed by seed ({self.metric.label}, difference in{points or ' its unit'}): "
+            lines += ["", f"Against {self.reference}, seed by seed ({self.metric.label}, difference "
+                          f"in{points or ' its unit'}): "
                           f"mean [95% CI], seeds ahead / seeds, p of the two-sided paired t-test; 'higher' or 'lower' "
                           f"only where the interval excludes 0", ""]
             lines += ["| method | " + " | ".join(self.settings) + " |", "| --- |" + " --- |" * len(self.settings)]
@@ -196,7 +199,8 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     seeds do not share their initialisation)."""
     counted_at = counted_at or {}
     percent = _in_points(metric)
-    metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper_metric is not None and paper_metric != metric else [])
+    paper = paper_metric is not None and paper_metric != metric
+    metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper else [])
     runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
     group_names = list(dict.fromkeys(name for m, _ in metrics if m.groups for rv in runs.values()
                                      for name in results.group_values(m, rv.rows)))
@@ -235,14 +239,15 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
                                         f"{' / '.join(sorted(theirs))}: the seeds do not share their initial model")
                     continue
                 compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
-    notes = list(notes or []) + _provenance_notes(metric, paper_metric, runs) + _counted_notes(metric, counted_at, counted_why, runs)
+    notes = (list(notes or []) + _provenance_notes(metric, paper_metric, runs)
+             + _counted_notes(metric, counted_at, counted_why, runs))
     values = primary if family is None else _primary_values(metric, family, runs, counted_at)
     tested = check_claims(claims or [], claim_settings or settings, values)
     shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
                    compared, reference if reference in methods else None, declared_seeds, notes, shown, primary,
-                   len(tested), {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at},
-                   unpaired)
+                   len(tested),
+                   {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at}, unpaired)
 
 
 def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
@@ -297,7 +302,8 @@ class _RunValues:
             cfg = safe_yaml.read(path / "config.yaml") or {}
         except (OSError, yaml.YAMLError):
             cfg = {}
-        run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {} for k in ("run", "data", "algorithm"))
+        run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
+                                for k in ("run", "data", "algorithm"))
         self.seed = run.get("seed") if isinstance(run.get("seed"), int) else None
         self.algorithm = algorithm.get("name")
         self.test_subset = data.get("test_subset") or 0
@@ -333,8 +339,8 @@ def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | Non
     machines = sorted({rv.machine for rv in runs.values() if rv.machine})
     unknown = sum(1 for rv in runs.values() if not rv.machine)
     if len(machines) > 1:
-        notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than rounding "
-                     f"across machines: compare methods on runs of one machine ({'; '.join(machines)}).")
+        notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than "
+                     f"rounding across machines: compare methods on runs of one machine ({'; '.join(machines)}).")
     elif machines:
         notes.append(f"Machine: {machines[0]}.")
     if unknown and runs:

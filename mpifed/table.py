@@ -1,17 +1,17 @@
 """Expand a table into its runs (settings x methods x seeds), tune, run them, compare the methods.
 
     python -m mpifed.table configs/papers/fedntd/table1.table.yaml --list
-    python -m mpifed.table TABLE --tune 3                              # the search only (if the table declares one)
-    python -m mpifed.table TABLE --run 3 [--set train.rounds=20 ...]   # search, then the runs; 3 ranks each (0: debug mode)
-    python -m mpifed.table TABLE --run 0 --parallel 8                  # 8 runs at once (a GPU with MPS, many cores)
-    python -m mpifed.table TABLE --write-runs runs.txt                 # for slurm/array.sbatch (one run per task)
-    python -m mpifed.table TABLE --summary [--reference fedprox]       # the metric, and each method against the reference
-    python -m mpifed.table TABLE --summary --by-seed                   # ... the search's scores, every seed's value and difference
-    python -m mpifed.table TABLE --summary --diverged 10               # ... a diverged run counted at chance (or 'out'), as a check
-    python -m mpifed.table TABLE --archive results                      # the settled runs without weights (mpifed.archive)
-    python -m mpifed.table TABLE --reuse results                        # take identical runs from another table's folder
-    python -m mpifed.table TABLE --prune                                # free the disk: settled runs' checkpoints and client state
-    ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2   # any command, on part of the table
+    python -m mpifed.table TABLE --tune 3                             # the search only (if the table has one)
+    python -m mpifed.table TABLE --run 3 [--set train.rounds=20 ...]  # search, then the runs; 3 ranks each (0: debug)
+    python -m mpifed.table TABLE --run 0 --parallel 8                 # 8 runs at once (a GPU with MPS, many cores)
+    python -m mpifed.table TABLE --write-runs runs.txt                # for slurm/array.sbatch (one run per task)
+    python -m mpifed.table TABLE --summary [--reference fedprox]      # the metric, each method against the reference
+    python -m mpifed.table TABLE --summary --by-seed                  # ... the search's scores, every seed's values
+    python -m mpifed.table TABLE --summary --diverged 10              # ... a diverged run counted at chance (or 'out')
+    python -m mpifed.table TABLE --archive results                    # settled runs without weights (mpifed.archive)
+    python -m mpifed.table TABLE --reuse results                      # take identical runs from another table's folder
+    python -m mpifed.table TABLE --prune                              # free the disk: settled runs' checkpoints, state
+    ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2  # any command, on part of the table
 
 A table file::
 
@@ -70,7 +70,10 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
     :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row).
     A diverged final run counts as the table declares (its ``diverged`` value, else left out), or,
     as a sensitivity check, as ``diverged_as`` (a value, or :data:`LEAVE_OUT`)."""
-    counted_as = table.diverged_value if diverged_as is None else None if diverged_as == LEAVE_OUT else float(diverged_as)
+    if diverged_as is None:
+        counted_as = table.diverged_value
+    else:
+        counted_as = None if diverged_as == LEAVE_OUT else float(diverged_as)
     counting = counted_as is not None
     groups, left_out, not_run, taken = finished_runs(table, with_diverged=counting)
     whole = table.whole or table
@@ -88,15 +91,16 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
     title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
                     reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
-                    claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)), family=family,
-                    counted_at=counted, counted_why=why)
+                    claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)),
+                    family=family, counted_at=counted, counted_why=why)
 
 
 def _search_notes(table: Table) -> list[str]:
     if table.tuning is None:
         return []
     percent = "acc" in table.tuning.select.column
-    lines = [f"Tuned on the validation set ({table.tuning.describe()}); each method's choice and every candidate's score:"]
+    lines = [f"Tuned on the validation set ({table.tuning.describe()}); each method's choice and every candidate's "
+             "score:"]
     for (setting, method), choice in table.choices.items():
         if not choice.search:
             lines.append(f"  {setting} x {method}: nothing to search (no grid)")
@@ -106,8 +110,8 @@ def _search_notes(table: Table) -> list[str]:
             f"; at the grid's edge ({'; '.join(edges)}): a value beyond it was not tried" if edges else ""))
     for setting, method in sorted(table.pending):
         partial = table.searching.get((setting, method), [])
-        lines.append(f"  {setting} x {method}: search not finished, {sum(c.settled for c in partial)} of {len(partial)} "
-                     f"candidates scored (python -m mpifed.table ... --tune N)")
+        lines.append(f"  {setting} x {method}: search not finished, {sum(c.settled for c in partial)} of "
+                     f"{len(partial)} candidates scored (python -m mpifed.table ... --tune N)")
     return lines
 
 
@@ -133,7 +137,8 @@ def search_table(table: Table) -> str:
     columns = list(dict.fromkeys(k for cells in rows.values() for k in cells))
     lines = [f"The search ({table.tuning.describe()}{', in %' if percent else ''}); the choice in bold", "",
              "| setting | method | " + " | ".join(columns) + " |", "| --- | --- |" + " --- |" * len(columns)]
-    lines += [f"| {s} | {m} | " + " | ".join(cells.get(c, "-") for c in columns) + " |" for (s, m), cells in rows.items()]
+    lines += [f"| {s} | {m} "
+              "| " + " | ".join(cells.get(c, "-") for c in columns) + " |" for (s, m), cells in rows.items()]
     return "\n".join(lines)
 
 
@@ -175,10 +180,11 @@ def listing(table: Table, extra: list[str]) -> str:
         lines.append(f"{len(waiting)} runs of {len(pairs)} setting x method pairs wait for their search to finish "
                      f"(--tune N, or --run N which searches first)")
     if folders:
-        lines.append("runs lack their raw data; put it in (or point data.dataset.root at): " + ", ".join(sorted(folders)))
+        lines.append("runs lack their raw data; put it in (or point data.dataset.root "
+                     "at): " + ", ".join(sorted(folders)))
     if tokenizers:
-        lines.append("runs lack their tokenizer folder; save the tokenizer there (docs/text.md), or point data.tokenizer "
-                     "at one: " + ", ".join(sorted(tokenizers)))
+        lines.append("runs lack their tokenizer folder; save the tokenizer there (docs/text.md), or point "
+                     "data.tokenizer at one: " + ", ".join(sorted(tokenizers)))
     if count:
         lines.append(f"{count} of {len(table.runs) + len(table.search)} runs cannot start until then")
     eta = estimate(table)
@@ -318,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with mpifed")
+    p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with "
+                                 "mpifed")
     p.add_argument("--runs-root", default="runs", help="folder that holds the table's run folder (default: runs)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
                    "module of your own first (a method, model, data set or partition), for every run of the table "
@@ -326,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="added to every run; runs with other results go to their own directories")
-    p.add_argument("--settings", nargs="+", metavar="LABEL", help="only these settings (their labels, as --list shows them)")
+    p.add_argument("--settings", nargs="+", metavar="LABEL", help="only these settings (their labels, as --list shows "
+                                                                  "them)")
     p.add_argument("--methods", nargs="+", metavar="LABEL", help="only these methods")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds (the search keeps its own)")
     p.add_argument("--reference", metavar="LABEL", help="--summary: compare every method with this one "
@@ -334,15 +342,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--by-seed", action="store_true", help="--summary: also the search's scores as a table, and each "
                    "method's metric seed by seed with its difference from the reference on each seed")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--list", action="store_true", help="print each run's status and mpifed arguments; mark missing raw data")
-    g.add_argument("--write-runs", metavar="FILE", help="one line of mpifed arguments per run (for slurm/array.sbatch): "
-                   "the search runs while a search is unfinished, then the table's runs")
-    g.add_argument("--tune", type=int, metavar="N", help="run the search here (N ranks each, 0: debug mode) and record the choice")
-    g.add_argument("--run", type=int, metavar="N", help="run here, one after another, with N ranks each (0: debug mode); "
-                   "a declared search runs first")
-    g.add_argument("--summary", action="store_true", help="the table in its metric, and each method against the reference")
+    g.add_argument("--list", action="store_true",
+                   help="print each run's status and mpifed arguments; mark missing raw data")
+    g.add_argument("--write-runs", metavar="FILE",
+                   help="one line of mpifed arguments per run (for slurm/array.sbatch): the search runs while a search "
+                        "is unfinished, then the table's runs")
+    g.add_argument("--tune", type=int, metavar="N",
+                   help="run the search here (N ranks each, 0: debug mode) and record the choice")
+    g.add_argument("--run", type=int, metavar="N",
+                   help="run here, one after another, with N ranks each (0: debug mode); a declared search runs first")
+    g.add_argument("--summary", action="store_true",
+                   help="the table in its metric, and each method against the reference")
     g.add_argument("--archive", metavar="FOLDER", help="copy the settled runs (finished or diverged, the search's "
-                   "too) without their weights to FOLDER/<table folder>, for a repository; --runs-root FOLDER reads them")
+                   "too) without their weights to FOLDER/<table folder>, for a repository; --runs-root FOLDER reads "
+                   "them")
     g.add_argument("--reuse", metavar="FOLDER", nargs="+", help="copy into the table the records of the settled runs "
                    "under FOLDER (another table's runs, an archive) whose configuration is one of this table's runs "
                    "(the search's too), instead of making them again")
@@ -351,9 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                    "with per-client state over many clients (FedCurv, SCAFFOLD, MOON)")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
-    p.add_argument("--diverged", type=_diverged_arg, metavar="VALUE", help="--summary: count each diverged final run "
-                   f"as VALUE in the primary metric (e.g. 10 for chance on ten classes), or '{LEAVE_OUT}' to leave them "
-                   "out: a check beside what the table declares (its 'diverged' key; without one they are left out)")
+    p.add_argument("--diverged", type=_diverged_arg, metavar="VALUE",
+                   help=f"--summary: count each diverged final run as VALUE in the primary metric (e.g. 10 for chance "
+                        f"on ten classes), or '{LEAVE_OUT}' to leave them out: a check beside what the table declares "
+                        f"(its 'diverged' key; without one they are left out)")
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")
@@ -386,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.archive:
         try:
-            filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods), ("--seeds", a.seeds)) if v
+            filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods),
+                                         ("--seeds", a.seeds)) if v
                        for w in (flag, *map(str, v))]
             overrides = ["--set", *extra] if extra else []
             code = [w for spec in a.plugin for w in ("--plugin", spec)]
@@ -425,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[mpifed.table] {line}", flush=True)
         if a.tune is not None or table.pending:
             if skipped:
-                print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they finish",
+                print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they "
+                      "finish",
                       flush=True)
             return 0
     code, more = run_all(table.runs, ranks, extra, again, a.parallel)

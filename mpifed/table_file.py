@@ -74,7 +74,8 @@ class Table:
     search: list[TableRun] = field(default_factory=list)     # the search runs (with a tuning section)
     choices: dict[tuple[str, str], Choice] = field(default_factory=dict)
     pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
-    searching: dict[tuple[str, str], list[Candidate]] = field(default_factory=dict)   # a pending pair's candidates so far
+    searching: dict[tuple[str, str],
+                    list[Candidate]] = field(default_factory=dict)   # a pending pair's candidates so far
     extra: list[str] = field(default_factory=list)
     plugins: list[str] = field(default_factory=list)          # loaded before its configs: its own and --plugin's
     whole: Table | None = None                                 # the table before select() kept a part
@@ -179,7 +180,8 @@ def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:
 def _seeds(spec: Any, path: Path) -> list[int]:
     if isinstance(spec, int) and not isinstance(spec, bool):
         raise config.ConfigError(f"table {path}: seeds must be a list, e.g. seeds: {list(range(max(spec, 1)))}")
-    if not isinstance(spec, list) or not spec or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in spec):
+    whole = isinstance(spec, list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in spec)
+    if not whole or not spec:
         raise config.ConfigError(f"table {path}: seeds must be a non-empty list of whole numbers >= 0, e.g. "
                                  f"[0, 1, 2, 3, 4], got {spec!r}")
     twice = sorted({s for s in spec if spec.count(s) > 1})
@@ -227,8 +229,8 @@ def resolve(table: Table, extra: list[str], record: bool = False) -> None:
     choice (recorded in choices.yaml when ``record``); until then its runs are ``pending``."""
     own_keys = [k for k in _keys(extra) if k in ("run.seed", "run.name", "run.root")]
     if own_keys:
-        raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name and run.root of its runs "
-                                 "itself; change the table's seeds, or use --runs-root")
+        raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name and run.root of its "
+                                 "runs itself; change the table's seeds, or use --runs-root")
     if "run.eval_test" in _keys(extra):
         raise config.ConfigError("--set run.eval_test: a table's runs report the test set, and its search runs "
                                  "leave it out themselves; drop the override")
@@ -280,9 +282,11 @@ def _place(r: TableRun, loader: _Loader) -> None:
 def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: bool) -> None:
     tuning = table.tuning
     searched = set(tuning.grid) | {k for g in tuning.per_method.values() for k in g}
-    clash = sorted({k for k in _keys(extra) for s in searched if k == s or k.startswith(s + ".") or s.startswith(k + ".")})
+    clash = sorted({k for k in _keys(extra) for s in searched
+                    if k == s or k.startswith(s + ".") or s.startswith(k + ".")})
     if clash:
-        raise config.ConfigError(f"--set {', '.join(clash)}: the table searches {'these keys' if len(clash) > 1 else 'this key'} "
+        raise config.ConfigError(f"--set {', '.join(clash)}: the table searches "
+                                 f"{'these keys' if len(clash) > 1 else 'this key'} "
                                  f"itself (its tuning section); drop the override, or edit the grid")
     pairs = list(dict.fromkeys((r.setting, r.method, tuple(r.configs)) for r in table.runs))
     methods = {m for _, m, _ in pairs}

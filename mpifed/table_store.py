@@ -26,7 +26,8 @@ def archive_table(table: Table, dest: Path, summary_command: str) -> str:
     if len(kept) < len(every):
         lines.append(f"{len(every) - len(kept)} runs not settled (not run, running, stopped or failed) were left out")
     if done.links:
-        lines.append(f"{len(done.links)} symbolic links were left out, not followed: " + ", ".join(map(str, done.links)))
+        lines.append(f"{len(done.links)} symbolic links were left out, not "
+                     "followed: " + ", ".join(map(str, done.links)))
     lines.append(f"its summary: {summary_command}")
     return "\n".join(lines)
 

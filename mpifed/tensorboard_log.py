@@ -14,7 +14,8 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise RuntimeError("run.tensorboard needs the tensorboard package: pip install 'mpifed[tensorboard]'") from None
+            raise RuntimeError("run.tensorboard needs the tensorboard package: pip install "
+                               "'mpifed[tensorboard]'") from None
         self.writer = SummaryWriter(str(folder), purge_step=first_round + 1)
 
     def add_row(self, row: dict[str, Any]) -> None:

@@ -99,7 +99,8 @@ def evaluate(trained: Trained, data: str = "test", overrides: list[str] | None =
         if (manifest.num_classes, tuple(manifest.input_shape)) != (trained.manifest.num_classes,
                                                                     tuple(trained.manifest.input_shape)):
             raise TrainedError(f"--data {data}: its data set has {manifest.num_classes} classes of shape "
-                               f"{tuple(manifest.input_shape)}, the model was trained on {trained.manifest.num_classes} of "
+                               f"{tuple(manifest.input_shape)}, the model was trained on "
+                               f"{trained.manifest.num_classes} of "
                                f"{tuple(trained.manifest.input_shape)}: it cannot be evaluated there")
     elif data == "val" and not manifest.val_size:
         raise TrainedError(f"{trained.path} holds no validation set (data.val_size is 0); evaluate on test")
@@ -111,7 +112,8 @@ def evaluate(trained: Trained, data: str = "test", overrides: list[str] | None =
                                    len(manifest.group_names), manifest.val_size)
         flat = FlatModel(trained.module)
         totals = layout.views(evaluate_share(InferenceCopy(flat), trained.inputs, batches, layout))
-    out = summarize(totals, manifest.test_class_counts, manifest.test_group_counts, manifest.group_names) if test else {}
+    out = summarize(totals, manifest.test_class_counts, manifest.test_group_counts,
+                    manifest.group_names) if test else {}
     if manifest.val_size:
         out.update(validation(totals, manifest.val_size))
     if not test:

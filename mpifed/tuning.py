@@ -51,10 +51,12 @@ class Tuning:
     def parse(spec: Any, table_seeds: list[int], primary: results.Metric, source: str) -> "Tuning":
         """A table file's ``tuning`` section (raises ConfigError naming the problem)."""
         if not isinstance(spec, dict):
-            raise ConfigError(f"{source}: tuning must be a mapping with a grid, e.g. tuning: {{grid: {{train.lr: [0.01, 0.1]}}}}")
+            raise ConfigError(f"{source}: tuning must be a mapping with a grid, e.g. tuning: "
+                              f"{{grid: {{train.lr: [0.01, 0.1]}}}}")
         unknown = set(spec) - set(KEYS)
         if unknown:
-            raise ConfigError(f"{source}: tuning: unknown keys {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(KEYS)}")
+            raise ConfigError(f"{source}: tuning: unknown keys {', '.join(sorted(map(str, unknown)))}; allowed: "
+                              f"{', '.join(KEYS)}")
         grid = _grid(spec.get("grid", {}), f"{source}: tuning.grid")
         per_method = spec.get("per_method", {})
         if not isinstance(per_method, dict):
@@ -65,7 +67,8 @@ class Tuning:
         seeds = spec.get("seeds", table_seeds[:1])
         if (not isinstance(seeds, list) or not seeds
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
-            raise ConfigError(f"{source}: tuning.seeds must be a list of seeds (whole numbers >= 0), e.g. [0], got {seeds!r}")
+            raise ConfigError(f"{source}: tuning.seeds must be a list of seeds (whole numbers >= 0), e.g. [0], got "
+                              f"{seeds!r}")
         if len(set(seeds)) != len(seeds):
             raise ConfigError(f"{source}: tuning.seeds lists a seed twice: {seeds}")
         rounds = spec.get("rounds")
@@ -272,8 +275,8 @@ class ChoiceBook:
             raise ConfigError(f"{self.path} cannot be read ({exc}); remove it to search again") from None
         if data is None:
             return []
-        if not isinstance(data, list) or not all(isinstance(e, dict) and {"setting", "method", "search", "chosen"} <= set(e)
-                                                 for e in data):
+        keys = {"setting", "method", "search", "chosen"}
+        if not isinstance(data, list) or not all(isinstance(e, dict) and keys <= set(e) for e in data):
             raise ConfigError(f"{self.path} is not a list of choices (setting, method, search, chosen); remove it to "
                               f"search again")
         return data
@@ -295,7 +298,8 @@ class ChoiceBook:
                            for c in candidates],
             "chosen_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        self.entries = [e for e in self.entries if (e["setting"], e["method"], e["search"]) != (setting, method, search)]
+        self.entries = [e for e in self.entries
+                        if (e["setting"], e["method"], e["search"]) != (setting, method, search)]
         self.entries.append(record)
         return Choice(setting, method, search, dict(chosen), record)
 

@@ -54,7 +54,8 @@ class Worker:
 
     # ---------------------------------------------------------------- the round
     def start_round(self, plan: RoundPlan, down: Downlink) -> None:
-        self.down = Downlink(self._on_device("model", "weights", down.weights), self._on_device("model", "ints", down.ints),
+        self.down = Downlink(self._on_device("model", "weights", down.weights),
+                             self._on_device("model", "ints", down.ints),
                              {k: self._on_device("down", k, v) for k, v in down}, self.layouts.down.what)
         self.client.inputs.reset("round")
         self.client.round_start(plan.round, self.down)
@@ -117,7 +118,8 @@ class Worker:
         (a :class:`ProtocolError` naming the hook, the client and the entry)."""
         source = f"{type(self.client).__name__}.uplink (client {ctx.cid}, round {ctx.round + 1})"
         if set(up) != self._declared:
-            raise ProtocolError(f"{source} returned {sorted(up)}; the method's messages() declare {sorted(self._declared)}")
+            raise ProtocolError(f"{source} returned {sorted(up)}; the method's messages() declare "
+                                f"{sorted(self._declared)}")
         for layout in (self.layouts.sums, self.layouts.rows):
             layout.check({k: up[k] for k in layout.entries}, source)
         for name, t in up.items():

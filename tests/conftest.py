@@ -24,11 +24,11 @@ def tiny(tmp: Path, *extra: str, name: str = "run") -> list[str]:
     return ["--set", "data.dataset.name=synthetic", "data.dataset.train_samples=300", "data.dataset.test_samples=120",
             "data.num_clients=5", "data.partition={name: dirichlet, beta: 0.5, min_size: 5}", "model.name=digits_cnn",
             "train.rounds=2", "train.local_epochs=1", "train.batch_size=16", "train.eval_batch_size=50",
-            "resources.threads=1", "resources.device=cpu", f"run.root={tmp / 'runs'}", f"data.prepared_root={tmp / 'data'}",
-            f"run.name={name}", *extra]
+            "resources.threads=1", "resources.device=cpu", f"run.root={tmp / 'runs'}",
+            f"data.prepared_root={tmp / 'data'}", f"run.name={name}", *extra]
 
 
-PLUGIN_METHOD = '''"""FedAvg plus a penalty on the squared logits: a method of a user's own, in a file outside mpifed."""
+PLUGIN_METHOD = '''"""FedAvg plus a penalty on the squared logits: a method of a user's own, outside mpifed."""
 from dataclasses import dataclass
 
 from mpifed.algorithms.base import Algorithm, Client
@@ -84,11 +84,13 @@ def write_tiny_table(folder: Path, data_root: Path, seeds: str = "[0, 1]") -> Pa
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "s.yaml").write_text(
         "data:\n  dataset: {name: synthetic, train_samples: 200, test_samples: 50}\n  num_clients: 3\n"
-        f"  partition: iid\n  prepared_root: {data_root}\ntrain: {{rounds: 2, local_epochs: 1}}\nresources: {{threads: 1}}\n")
+        f"  partition: iid\n  prepared_root: {data_root}\ntrain: {{rounds: 2, local_epochs: 1}}\nresources: "
+        f"{{threads: 1}}\n")
     (folder / "a.yaml").write_text("algorithm: fedavg\n")
     (folder / "b.yaml").write_text("algorithm: {name: fedntd, beta: 0.5}\n")
     table = folder / "x.table.yaml"
-    table.write_text(f"title: X\nmetric: final_test_acc\nsettings: [s.yaml]\nmethods: [a.yaml, b.yaml]\nseeds: {seeds}\n")
+    table.write_text("title: X\nmetric: final_test_acc\nsettings: [s.yaml]\nmethods: [a.yaml, b.yaml]\nseeds: "
+                     f"{seeds}\n")
     return table
 
 
@@ -127,13 +129,15 @@ def run_debug(args: list[str], check: bool = True) -> subprocess.CompletedProces
 
 
 def run_mpi(n: int, args: list[str], check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(LAUNCH), str(n), *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([str(LAUNCH), str(n), *args], cwd=REPO, env=env(), capture_output=True, text=True,
+                       timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"mpirun -n {n} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p
 
 
-def run_mpi_series(n: int, runs: list[list[str]], folder: Path, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+def run_mpi_series(n: int, runs: list[list[str]], folder: Path,
+                   timeout: float = 300) -> list[subprocess.CompletedProcess]:
     """The mpifed ``runs``, one after another in one MPI job of ``n`` ranks (tests/mpi_series.py),
     with the mpirun flags the launcher would add: each rank starts Python and PyTorch once for all
     the runs, not once per run. Returns one CompletedProcess per run, its exit code that run's and

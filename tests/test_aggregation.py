@@ -50,7 +50,8 @@ def test_evaluation_sums_do_not_depend_on_the_split():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4)).eval()
     tf = BatchTransform([0.5], [0.25], 0, False, 0, "cpu")
     batches, y = make_batches()
-    packer = build_layouts(ALGORITHMS.get("fedavg")(NoOptions(), small_setup()).messages(), 1, 0, 230, 50, 4, 0).evaluation
+    packer = build_layouts(ALGORITHMS.get("fedavg")(NoOptions(), small_setup()).messages(), 1, 0,
+                           230, 50, 4, 0).evaluation
     single = evaluate_share(model, tf, batches, packer)
     for workers in (2, 3, 7):
         total = np.zeros(packer.nbytes // 8)

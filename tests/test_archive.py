@@ -29,7 +29,8 @@ def _settled_table(tmp_path: Path) -> tuple[Path, Path]:
     resolve(t, [])
     for r in t.search:
         if r.candidate == "lr=0.1+mu=0.1":
-            _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: round 2: the loss is nan"})
+            nan = {"state": "failed", "error": "NonFiniteLoss: round 2: the loss is nan"}
+            _write(r.path, r.resolved, [], status=nan)
         else:
             score = 0.9 if r.candidate in ("lr=0.01", "lr=0.1+mu=0.01") else 0.5
             _write(r.path, r.resolved, [{"round": i + 1, "val_acc": score, "test_acc": 0.5} for i in range(3)])
@@ -93,12 +94,15 @@ def test_an_archive_continues_as_a_runs_root_and_cannot_be_written_over_its_sour
     assert listed.count("finished") == 11 and "run.name=s-b-s2" in listed      # only the stopped run is left to do
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--archive", str(tmp_path / "runs")]) == 2
     assert "that is where the table's runs are; name another folder" in capsys.readouterr().err
-    assert table_main([str(table), "--runs-root", str(more), "--archive", str(tmp_path / "again"), "--methods", "a"]) == 0
-    assert f"its summary: python -m mpifed.table {table} --runs-root {tmp_path / 'again'} --methods a --summary" in capsys.readouterr().out
+    assert table_main([str(table), "--runs-root", str(more), "--archive", str(tmp_path / "again"),
+                       "--methods", "a"]) == 0
+    said = capsys.readouterr().out
+    assert f"its summary: python -m mpifed.table {table} --runs-root {tmp_path / 'again'} --methods a --summary" in said
     assert table_main([str(table), "--runs-root", str(more), "--archive", str(tmp_path / "again"), "--methods", "a",
-                       "--set", "train.local_epochs=2"]) == 0                # runs with other results: the summary names them
-    assert (f"its summary: python -m mpifed.table {table} --runs-root {tmp_path / 'again'} --methods a --set train.local_epochs=2 "
-            f"--summary") in capsys.readouterr().out
+                       "--set",
+                       "train.local_epochs=2"]) == 0                # runs with other results: the summary names them
+    assert (f"its summary: python -m mpifed.table {table} --runs-root {tmp_path / 'again'} --methods a --set "
+            f"train.local_epochs=2 --summary") in capsys.readouterr().out
     with pytest.raises(SystemExit):
         table_main([str(table), "--runs-root", str(more), "--list", "--by-seed"])
     assert "--by-seed goes with --summary" in capsys.readouterr().err
@@ -108,7 +112,8 @@ def test_reuse_takes_identical_runs_from_another_tables_folder_and_nothing_else(
     table, root = _settled_table(tmp_path)
     other = tmp_path / "u"
     shutil.copytree(table.parent, other)
-    (other / "t.table.yaml").write_text((other / "t.table.yaml").read_text().replace("seeds: [0, 1, 2]", "seeds: [0, 1, 3]"))
+    table_file = other / "t.table.yaml"
+    table_file.write_text(table_file.read_text().replace("seeds: [0, 1, 2]", "seeds: [0, 1, 3]"))
     (other / "a.yaml").write_text("algorithm: fedavg\ntrain: {weight_decay: 0.001}\n")      # another configuration
     u_table, runs = str(other / "t.table.yaml"), ["--runs-root", str(tmp_path / "runs")]
     u = load_table(u_table, str(tmp_path / "runs"))
@@ -152,10 +157,12 @@ def test_reuse_gives_a_table_run_a_run_that_evaluated_the_test_set_and_skips_hid
     early = tmp_path / "early"                  # searched first: a validation-only copy and a stale hidden one
     shutil.copytree(root / "s-a-s0", early / "a-val-only")
     rows = [json.loads(line) for line in (root / "s-a-s0" / "metrics.jsonl").read_text().splitlines()]
-    (early / "a-val-only" / "metrics.jsonl").write_text("".join(json.dumps({"round": r["round"], "val_acc": 0.5}) + "\n" for r in rows))
+    val_only = "".join(json.dumps({"round": r["round"], "val_acc": 0.5}) + "\n" for r in rows)
+    (early / "a-val-only" / "metrics.jsonl").write_text(val_only)
     shutil.copytree(root / "s-a-s1", early / ".s-a-s1.old99")
     (early / ".s-a-s1.old99" / "metrics.jsonl").write_text(json.dumps({"round": 1, "test_acc": 0.01}) + "\n")
-    assert table_main([u_table, "--runs-root", str(tmp_path / "runs"), "--reuse", str(early), str(tmp_path / "runs")]) == 0
+    assert table_main([u_table, "--runs-root", str(tmp_path / "runs"), "--reuse", str(early),
+                       str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     for name in ("s-a-s0", "s-a-s1"):
         assert (u.root / name / "metrics.jsonl").read_bytes() == (root / name / "metrics.jsonl").read_bytes()
@@ -176,7 +183,8 @@ def test_prune_frees_the_settled_runs_resume_state_and_keeps_their_record(tmp_pa
     finally:
         held.unlock()
     out = capsys.readouterr().out
-    assert "freed 0.0 MB: the checkpoints and client state of 4 settled runs" in out and "1 runs held by another process" in out
+    assert "freed 0.0 MB: the checkpoints and client state of 4 settled runs" in out
+    assert "1 runs held by another process" in out
     for run in [root / "s-a-s1", root / "s-b-s1"]:
         assert not (run / "checkpoints").exists() and not (run / "client_state").exists()
         assert (run / "model.pt").is_file() and (run / "metrics.jsonl").is_file()

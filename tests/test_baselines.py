@@ -41,9 +41,11 @@ def test_feddyn_clients_mean_changes_what_is_evaluated_not_what_is_trained(tmp_p
 def bn_setup():
     """A Setup whose network has float buffers: BatchNorm1d(4) (weight, bias; running mean, var) + Linear(4, 3)."""
     def new_model():
-        return FlatModel(SplitNet(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(4)), torch.nn.Linear(4, 3)))
+        return FlatModel(SplitNet(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(4)),
+                                  torch.nn.Linear(4, 3)))
     flat = new_model()
-    return Setup(3, 4, 4, flat.num_floats, flat.num_params, flat.ints.numel(), 4, TrainConfig(), torch.device("cpu"), new_model)
+    return Setup(3, 4, 4, flat.num_floats, flat.num_params, flat.ints.numel(), 4, TrainConfig(),
+                 torch.device("cpu"), new_model)
 
 
 def fedavgm_rounds(**options):
@@ -81,11 +83,13 @@ def moon_previous(first_negative, rnd, trained=False, cid=2):
     cls = ALGORITHMS.get("moon")
     client = cls(cls.Options(projection_dim=0, first_negative=first_negative), setup).client()
     flat = setup.new_model()
-    ctx = ClientContext(cid, rnd, 0.1, flat, flat.floats.clone(), ClientData(cid, torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long)),
+    ctx = ClientContext(cid, rnd, 0.1, flat, flat.floats.clone(),
+                        ClientData(cid, torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long)),
                         None, torch.Generator(), setup.train)
     ctx.state = zeros("the client state", cls(cls.Options(), setup).messages().client_state)
     if trained:
-        ctx.state = Fields("the client state", {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)})
+        ctx.state = Fields("the client "
+                           "state", {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)})
     client.begin_client(ctx)
     return client.previous.flat.floats.clone() if client.inputs.has_previous else None
 
@@ -188,5 +192,6 @@ def test_fedgkd_mse_regulariser_by_hand():
     student = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]], requires_grad=True)
     batch = Batch(None, torch.tensor([1, 0]), torch.tensor([0, 1]))
     loss = client.loss(None, batch, Outputs(torch.zeros(2, 4), student))
-    assert loss.item() == pytest.approx((math.log(1 + math.e + math.e ** 2) - 2 + math.log(3)) / 2 + 0.2 * 7 / 6, abs=1e-6)
+    ce = (math.log(1 + math.e + math.e ** 2) - 2 + math.log(3)) / 2
+    assert loss.item() == pytest.approx(ce + 0.2 * 7 / 6, abs=1e-6)
     assert loss.item() == pytest.approx(0.986442, abs=1e-6)

@@ -62,7 +62,10 @@ def test_fedcurv_penalty_uses_the_other_clients_only():
     # lambda = 0.5, 15 parameters: -48.75. Gradient: 2 lambda (1 (1 - 2) + 0.5 (1 - 4)) = -2.5 per coordinate.
     setup = small_setup()
     p = setup.num_params
-    full = lambda v: torch.full((p,), float(v))
+
+    def full(v):
+        return torch.full((p,), float(v))
+
     fisher, weights = [full(1), full(3), full(0.5)], [full(2), full(-1), full(4)]
     _, client = roles("fedcurv", setup, lam=0.5)
     client.round_start(0, down(setup, fisher=sum(fisher), fisher_weights=sum(f * w for f, w in zip(fisher, weights))))
@@ -79,7 +82,8 @@ def test_fedcurv_first_round_has_no_penalty():
     p = setup.num_params
     _, client = roles("fedcurv", setup, lam=2.0)
     client.round_start(0, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
-    ctx = context(setup, data(0), torch.randn(p), torch.zeros(p), {"fisher": torch.zeros(p), "fisher_weights": torch.zeros(p)})
+    ctx = context(setup, data(0), torch.randn(p), torch.zeros(p),
+                  {"fisher": torch.zeros(p), "fisher_weights": torch.zeros(p)})
     assert extra_loss(client, ctx).item() == 0 and not client.inputs.active
     # the client's own contribution is all there is: no penalty either
     own = {"fisher": torch.rand(p), "fisher_weights": torch.rand(p)}
@@ -96,7 +100,8 @@ def test_empirical_fisher_is_the_mean_squared_batch_gradient():
     expected = torch.zeros(setup.num_params)
     for idx in (order[:4], order[4:8]):          # 6 samples asked for: the first two batches of 4
         out = ctx.model(PLAIN.eval(client_data.inputs[idx]))
-        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(out, client_data.labels[idx]), list(ctx.model.parameters()))
+        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(out, client_data.labels[idx]),
+                                    list(ctx.model.parameters()))
         expected += torch.cat([g.flatten() for g in grads]).square() / 2
     assert torch.allclose(empirical_fisher(ctx, 6), expected, atol=1e-7)
 
@@ -123,7 +128,8 @@ def test_fedcurv_uplink_replaces_the_client_contribution_and_the_server_sums_it(
     server.aggregate(1, w, Replies({**model, "delta_fisher": torch.full((p,), -1.0, dtype=torch.float64),
                                     "delta_fisher_weights": torch.full((p,), 0.5, dtype=torch.float64)}, {}, []))
     sent = server.downlink(2, w)
-    assert torch.equal(sent["fisher"], torch.full((p,), 2.0)) and torch.equal(sent["fisher_weights"], torch.full((p,), 2.5))
+    assert torch.equal(sent["fisher"], torch.full((p,), 2.0))
+    assert torch.equal(sent["fisher_weights"], torch.full((p,), 2.5))
 
 
 # ------------------------------------------------------------------- FedDyn
@@ -159,9 +165,11 @@ def test_feddyn_server_update_by_hand():
         return Replies({"model": sum(torch.full((p,), float(t), dtype=torch.float64) for t in thetas),
                         "weight": torch.tensor([float(len(thetas))], dtype=torch.float64)}, {}, [])
     w = server.aggregate(0, torch.zeros(p), replies(1, 3))
-    assert torch.allclose(server.h, torch.full((p,), -0.5, dtype=torch.float64)) and torch.allclose(w, torch.full((p,), 3.0))
+    assert torch.allclose(server.h, torch.full((p,), -0.5, dtype=torch.float64))
+    assert torch.allclose(w, torch.full((p,), 3.0))
     w = server.aggregate(1, w, replies(3, 5))
-    assert torch.allclose(server.h, torch.full((p,), -0.75, dtype=torch.float64)) and torch.allclose(w, torch.full((p,), 5.5))
+    assert torch.allclose(server.h, torch.full((p,), -0.75, dtype=torch.float64))
+    assert torch.allclose(w, torch.full((p,), 5.5))
     restored, _ = roles("feddyn", setup, alpha=0.5)
     restored.load_state_dict(server.state_dict())
     assert torch.equal(restored.h, server.h)
@@ -284,7 +292,8 @@ def test_feddistill_term_by_hand():
     both = class_logit_distillation(z, torch.tensor([0, 1]), g, torch.tensor([1.0, 0.0]), 1.0)
     assert both.item() == pytest.approx(0.1308120 / 2, abs=1e-6)
     # tau = 2: q = softmax([ln 3 / 2, 0]) = [0.633975, 0.366025]; tau^2 KL = 0.1453631
-    assert class_logit_distillation(z[:1], torch.tensor([0]), g, torch.ones(2), 2.0).item() == pytest.approx(0.1453631, abs=1e-6)
+    assert class_logit_distillation(z[:1], torch.tensor([0]), g,
+                                    torch.ones(2), 2.0).item() == pytest.approx(0.1453631, abs=1e-6)
 
 
 def test_feddistill_client_rows_are_the_class_means_of_its_training_passes():

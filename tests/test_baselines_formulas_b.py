@@ -59,7 +59,8 @@ def test_fedproto_round_trip_client_sums_server_prototypes_client_loss():
     for d in datasets:
         client = algo.client()
         client.round_start(0, Downlink(w, NO_INTS, server.downlink(0, w)))
-        ctx = ClientContext(d.cid, 0, 0.0, setup.new_model(), w, d, PLAIN, torch.Generator().manual_seed(0), setup.train)
+        ctx = ClientContext(d.cid, 0, 0.0, setup.new_model(), w, d, PLAIN,
+                            torch.Generator().manual_seed(0), setup.train)
         ctx.flat.load(w)
         up = client.local_round(ctx)                            # lr 0: the features stay those of w
         assert torch.equal(up["count"], torch.bincount(d.labels, minlength=3).double())   # the last epoch only

@@ -114,7 +114,8 @@ def test_python_m_mpifed_config_is_the_config_command():
     assert done.returncode == 0 and "{list,copy}" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("command", [["table", "configs/papers/fedntd/table1.table.yaml", "--list"], ["config", "list"]])
+@pytest.mark.parametrize("command",
+                         [["table", "configs/papers/fedntd/table1.table.yaml", "--list"], ["config", "list"]])
 def test_a_listing_into_a_closed_pipe_ends_without_a_traceback(command, tmp_path):
     """`mpifed table X --list | head -1`: the reader leaves early; the command stops quietly."""
     read_end, write_end = os.pipe()
@@ -144,4 +145,5 @@ def test_a_configs_tokenizer_folder_is_found_from_any_directory(tmp_path, monkey
     from mpifed.data.tokenize import tokenizer_file
     monkeypatch.chdir(tmp_path)
     found = tokenizer_file("configs/repro/fedgkd/fortunes-wordpiece")
-    assert found.name == "vocab.txt" and found.read_bytes() == (REPO / "configs/repro/fedgkd/fortunes-wordpiece/vocab.txt").read_bytes()
+    shipped = REPO / "configs/repro/fedgkd/fortunes-wordpiece/vocab.txt"
+    assert found.name == "vocab.txt" and found.read_bytes() == shipped.read_bytes()

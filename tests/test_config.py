@@ -13,7 +13,8 @@ def test_defaults_are_the_quick_start():
     cfg, d = config.load()
     assert cfg.data.dataset.name == "digits" and cfg.algorithm.name == "fedavg"
     assert cfg.data.num_clients == 10 and cfg.data.partition.name == "dirichlet"
-    assert d["data"]["partition"] == {"name": "dirichlet", "beta": 0.5, "min_size": 10, "balance": True, "max_tries": 10000}
+    assert d["data"]["partition"] == {"name": "dirichlet", "beta": 0.5, "min_size": 10, "balance": True,
+                                      "max_tries": 10000}
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -38,7 +39,8 @@ def test_unknown_algorithm_lists_known_ones():
     assert "algorithm.name" in msg and "Did you mean 'fedavg'" in msg and "fedavg" in msg
 
 
-@pytest.mark.parametrize("given, meant", [("FedNTD", "fedntd"), ("FedGKD+", "fedgkd_plus"), ("FedGKD-VOTE", "fedgkd_vote"),
+@pytest.mark.parametrize("given, "
+                         "meant", [("FedNTD", "fedntd"), ("FedGKD+", "fedgkd_plus"), ("FedGKD-VOTE", "fedgkd_vote"),
                                          ("MOON", "moon")])
 def test_a_method_written_as_the_papers_write_it_gets_its_name_suggested(given, meant):
     with pytest.raises(ConfigError) as e:
@@ -194,7 +196,8 @@ def test_checkpoint_with_a_setting_this_version_lacks_is_a_difference():
 
 
 def test_per_algorithm_values_count_as_written_in_their_file(tmp_path):
-    (tmp_path / "setting.yaml").write_text("per_algorithm:\n  moon: {algorithm: {mu: 5.0}}\n  fedprox: {algorithm: {mu: 0.1}}\n")
+    (tmp_path / "setting.yaml").write_text("per_algorithm:\n  moon: {algorithm: {mu: 5.0}}\n  fedprox: {algorithm: "
+                                           "{mu: 0.1}}\n")
     (tmp_path / "moon.yaml").write_text("algorithm: {name: moon, tau: 0.5}\n")
     (tmp_path / "moon-mu1.yaml").write_text("base: moon.yaml\nalgorithm: {mu: 1.0}\n")
     setting, moon, sweep = (str(tmp_path / f) for f in ("setting.yaml", "moon.yaml", "moon-mu1.yaml"))

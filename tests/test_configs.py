@@ -10,7 +10,8 @@ from mpifed import config
 from mpifed.table import main as table_main
 from mpifed.table_file import load_table, validate
 
-CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.endswith(".table.yaml") and p.parent.name != "methods")
+CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml")
+                 if not p.name.endswith(".table.yaml") and p.parent.name != "methods")
 TABLES = sorted((REPO / "configs").rglob("*.table.yaml"))
 
 
@@ -36,11 +37,14 @@ def test_every_setting_and_method_file_is_used_by_a_table():
 
 
 def test_fedntd_cifar10_setting_resolves_to_the_paper_values():
-    cfg, _ = config.load([str(REPO / "configs/papers/fedntd/cifar10-shard2.yaml"), str(REPO / "configs/papers/fedntd/methods/fedntd.yaml")])
-    assert (cfg.data.num_clients, cfg.train.participation, cfg.train.local_epochs, cfg.train.batch_size) == (100, 0.1, 5, 50)
+    cfg, _ = config.load([str(REPO / "configs/papers/fedntd/cifar10-shard2.yaml"),
+                          str(REPO / "configs/papers/fedntd/methods/fedntd.yaml")])
+    assert (cfg.data.num_clients, cfg.train.participation, cfg.train.local_epochs,
+            cfg.train.batch_size) == (100, 0.1, 5, 50)
     assert (cfg.train.lr, cfg.train.lr_decay, cfg.data.augment.cutout) == (0.01, 0.99, 16)
     assert cfg.data.partition.options.shards_per_client == 2 and cfg.algorithm.name == "fedntd"
-    cfg, _ = config.load([str(REPO / "configs/papers/fedgkd/tiny_imagenet-alpha0.1.yaml"), str(REPO / "configs/papers/fedgkd/methods/fedgkd.yaml")])
+    cfg, _ = config.load([str(REPO / "configs/papers/fedgkd/tiny_imagenet-alpha0.1.yaml"),
+                          str(REPO / "configs/papers/fedgkd/methods/fedgkd.yaml")])
     assert cfg.algorithm.options.gamma == 0.1 and cfg.model.name == "resnet50" and cfg.train.rounds == 30
 
 
@@ -66,7 +70,8 @@ def test_per_data_set_values_of_the_other_baselines():
     office = paper("fedcsd/office_caltech.yaml", "fedcsd/methods/fedcsd.yaml").algorithm.options
     assert (office.mu, office.tau) == (0.5, 4.0)
     label_skew = paper("fedcsd/cifar100-beta0.5.yaml", "fedcsd/methods/fedcsd.yaml")
-    assert (label_skew.algorithm.options.mu, label_skew.algorithm.options.tau, label_skew.data.augment.rotation) == (0.001, 10.0, 15)
+    assert (label_skew.algorithm.options.mu, label_skew.algorithm.options.tau,
+            label_skew.data.augment.rotation) == (0.001, 10.0, 15)
     assert paper("fedgkd/cifar10-alpha1.yaml", "fedgkd/methods/fedavg.yaml").train.client_weights == "uniform"
     # a value given on the command line still wins over the setting's
     cfg, _ = config.load([str(REPO / "configs/papers/fedgkd/cifar100-alpha1.yaml"),

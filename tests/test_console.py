@@ -54,8 +54,8 @@ def test_tensorboard_events_hold_the_metrics_rows(tmp_path):
 @pytest.mark.e2e
 def test_a_debug_run_goes_on_when_its_stdout_closes(tmp_path):
     """``python -m mpifed.main ... | head -1``: the run finishes, its log.txt has every line."""
-    proc = subprocess.Popen([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, "train.rounds=3")], cwd=REPO, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, "train.rounds=3")], cwd=REPO,
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("[")
     proc.stdout.close()                                     # as head does after its line
     err = proc.stderr.read()

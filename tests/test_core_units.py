@@ -66,7 +66,8 @@ def test_layout_round_trip_and_strict_packing():
     v = pk.views(buf)
     assert v["a"].tolist() == [1, 2, 3] and v["b"].tolist() == [[1, 2], [3, 4]] and v["c"].tolist() == [0.5]
     with pytest.raises(ProtocolError, match=r"missing \['c'\]"):
-        pk.pack({"a": torch.zeros(3), "b": torch.zeros(2, 2)})          # a declared entry left out: an error, no zero fill
+        pk.pack({"a": torch.zeros(3),
+                 "b": torch.zeros(2, 2)})          # a declared entry left out: an error, no zero fill
     with pytest.raises(ProtocolError, match="undeclared"):
         pk.pack({"a": torch.zeros(3), "b": torch.zeros(2, 2), "c": torch.zeros(1), "zzz": torch.zeros(1)})
     with pytest.raises(ProtocolError, match="has 4 elements"):
@@ -101,7 +102,8 @@ def test_client_seed_is_stable_and_distinct():
 
 def test_device_placement_with_faked_gpus():
     assert choose_device(False, 0, "auto", "cpu", 0) == "cpu"
-    assert [choose_device(False, i, "auto", "cpu", 4) for i in range(6)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+    chosen = [choose_device(False, i, "auto", "cpu", 4) for i in range(6)]
+    assert chosen == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
     assert choose_device(False, 3, "cpu", "cpu", 4) == "cpu"
     assert choose_device(True, -1, "auto", "cpu", 4) == "cpu"
     assert choose_device(True, -1, "auto", "cuda", 4) == "cuda:0"

@@ -48,7 +48,8 @@ def test_cifar100_fine_and_coarse(tmp_path):
     for name, n in (("train", 9), ("test", 4)):
         data = RNG.integers(0, 255, (n, 3072), dtype=np.uint8)
         with open(base / name, "wb") as f:
-            pickle.dump({b"data": data, b"fine_labels": list(range(n)), b"coarse_labels": [i % 20 for i in range(n)]}, f)
+            pickle.dump({b"data": data, b"fine_labels": list(range(n)),
+                         b"coarse_labels": [i % 20 for i in range(n)]}, f)
     fine = load("cifar100", root=str(tmp_path))
     coarse = load("cifar100", root=str(tmp_path), labels="coarse")
     assert fine.num_classes == 100 and coarse.num_classes == 20 and fine.train_y.tolist() == list(range(9))
@@ -115,7 +116,8 @@ def write_leaf(folder, users, per_user):
     folder.mkdir(parents=True)
     data = {"users": users, "num_samples": [per_user] * len(users), "user_data": {}}
     for i, u in enumerate(users):
-        data["user_data"][u] = {"x": RNG.random((per_user, 784)).round(3).tolist(), "y": [(i * 7 + j) % 62 for j in range(per_user)]}
+        data["user_data"][u] = {"x": RNG.random((per_user, 784)).round(3).tolist(),
+                                "y": [(i * 7 + j) % 62 for j in range(per_user)]}
     (folder / "all_data_0.json").write_text(json.dumps(data))
 
 
@@ -127,7 +129,8 @@ def test_femnist_leaf_json_and_natural_partition(tmp_path):
     assert raw.num_classes == 62 and raw.train_x.shape == (30, 1, 28, 28) and raw.train_x.dtype == np.uint8
     assert sorted(np.unique(raw.train_groups).tolist()) == list(range(6)) and raw.test_groups is None
     cfg, _ = config.load(overrides=["data.dataset.name=femnist", f"data.dataset.root={root}", "data.num_clients=3",
-                                    "data.partition=natural", "model=femnist_cnn", f"data.prepared_root={tmp_path / 'p'}"])
+                                    "data.partition=natural", "model=femnist_cnn",
+                                    f"data.prepared_root={tmp_path / 'p'}"])
     m = prepare(cfg, log=lambda s: None)
     assert m.client_sizes.tolist() == [10, 10, 10]      # two whole writers per client
     digits = load("femnist", root=str(root), digits_only=True)
@@ -173,13 +176,17 @@ def test_office_caltech_domains_and_domain_partition(tmp_path):
     raw = load("office_caltech", root=str(tmp_path), size=32)
     assert raw.train_x.shape[1:] == (3, 32, 32) and raw.group_names == ["amazon", "caltech", "dslr", "webcam"]
     assert np.bincount(raw.test_groups).tolist() == [2, 2, 2, 2]       # 20% of each class of each domain
-    cfg, _ = config.load(overrides=["data.dataset.name=office_caltech", f"data.dataset.root={tmp_path}", "data.dataset.size=32",
-                                    "data.num_clients=4", "data.partition=domain", f"data.prepared_root={tmp_path / 'p'}"])
+    cfg, _ = config.load(overrides=["data.dataset.name=office_caltech", f"data.dataset.root={tmp_path}",
+                                    "data.dataset.size=32",
+                                    "data.num_clients=4", "data.partition=domain",
+                                    f"data.prepared_root={tmp_path / 'p'}"])
     m = prepare(cfg, log=lambda s: None)
     assert m.client_sizes.tolist() == [8, 8, 8, 8] and m.group_names == raw.group_names
     assert m.test_group_counts.tolist() == [2, 2, 2, 2]
-    cfg3, _ = config.load(overrides=[f"data.dataset.root={tmp_path}", "data.dataset.name=office_caltech", "data.dataset.size=32",
-                                     "data.num_clients=3", "data.partition=domain", f"data.prepared_root={tmp_path / 'q'}"])
+    cfg3, _ = config.load(overrides=[f"data.dataset.root={tmp_path}", "data.dataset.name=office_caltech",
+                                     "data.dataset.size=32",
+                                     "data.num_clients=3", "data.partition=domain",
+                                     f"data.prepared_root={tmp_path / 'q'}"])
     with pytest.raises(Exception, match="num_clients=4"):
         prepare(cfg3, log=lambda s: None)
 

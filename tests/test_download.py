@@ -43,7 +43,8 @@ def md5(path):
 def publish(monkeypatch, name, files, present):
     """Make the served files the 'published' ones of data set ``name`` (their checksums)."""
     monkeypatch.setitem(download.SOURCES, name, Source(
-        tuple(RemoteFile(f"https://example.invalid/{f.name}", md5(f), unpack=f.name.endswith((".tar.gz", ".zip"))) for f in files),
+        tuple(RemoteFile(f"https://example.invalid/{f.name}", md5(f),
+                         unpack=f.name.endswith((".tar.gz", ".zip"))) for f in files),
         present))
 
 
@@ -65,7 +66,8 @@ def test_idx_files_are_fetched_checked_and_prepared(server, tmp_path, monkeypatc
     assert sorted(p.name for p in root.iterdir()) == sorted(f.name for f in files)
     assert "md5 verified" in out.out and "prepared data:" in out.out
     assert prepare_main(["--download", "--set", "data.dataset.name=fashion_mnist", f"data.dataset.root={root}",
-                         "data.num_clients=2", "data.partition=iid", f"data.prepared_root={tmp_path / 'prepared'}"]) == 0
+                         "data.num_clients=2", "data.partition=iid",
+                         f"data.prepared_root={tmp_path / 'prepared'}"]) == 0
     assert "already in" in capsys.readouterr().out
 
 

@@ -156,8 +156,8 @@ def test_full_disk_then_resume_after_freeing_space(tmp_path, short_reference):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)]).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        p = subprocess.run([sys.executable, "-m", "mpifed.main", *args(tmp_path, f"run.root={disk}", rounds=SHORT)], cwd=REPO,
-                           env=env(), capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-m", "mpifed.main", *args(tmp_path, f"run.root={disk}", rounds=SHORT)],
+                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
         assert "No space left on device writing" in p.stderr and "--resume" in p.stderr
         run = disk / "cut"
@@ -308,7 +308,8 @@ def test_links_in_a_run_directory_are_never_followed(tmp_path, short_reference):
     (run / "notes.txt").symlink_to(secret)
     done = archive_runs([run], run.parent, tmp_path / "archive", [])
     copy = tmp_path / "archive" / run.name
-    assert done.links == [run / "notes.txt"] and not (copy / "notes.txt").exists() and (copy / "metrics.jsonl").is_file()
+    assert done.links == [run / "notes.txt"]
+    assert not (copy / "notes.txt").exists() and (copy / "metrics.jsonl").is_file()
     (run / "notes.txt").unlink()
     victim = tmp_path / "victim.txt"
     victim.write_text("someone else's log\n")

@@ -138,7 +138,8 @@ time.sleep(60)
 
 def _holder(path):
     """Another process that takes the run's lock and holds it; its first line: held or refused."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=REPO, env=env(), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=REPO, env=env(),
+                            stdout=subprocess.PIPE, text=True)
     return proc, proc.stdout.readline().strip()
 
 

@@ -60,7 +60,8 @@ def test_progress_bar_only_on_a_terminal_and_never_under_a_bare_mpirun(monkeypat
     assert handoff.progress_bar_wanted()
 
 
-@pytest.mark.parametrize("argv", [["-n", "3", "--config", "x", "--set", "a=1"], ["-n3", "--config", "x", "--set", "a=1"],
+@pytest.mark.parametrize("argv",
+                         [["-n", "3", "--config", "x", "--set", "a=1"], ["-n3", "--config", "x", "--set", "a=1"],
                                   ["--ranks=3", "--config", "x", "--set", "a=1"]])
 def test_everything_after_n_goes_to_mpifed(argv):
     args = launch.parse_args(argv)
@@ -131,7 +132,8 @@ def test_clean_outcomes_are_handed_back_and_other_codes_kept(tmp_path, monkeypat
 
 FAILING_MPIRUN = """#!/bin/sh
 [ "$1" = --version ] && { echo "mpirun (Open MPI) 5.0.5"; exit 0; }
-printf ' Last checkpoint: runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume runs/x' > "$MPIFED_HANDOFF/resume"
+printf ' Last checkpoint: runs/x/checkpoints/round_000004.ckpt (after round 4); ' > "$MPIFED_HANDOFF/resume"
+printf 'continue with: launch/local.sh 3 --resume runs/x' >> "$MPIFED_HANDOFF/resume"
 exit 3
 """
 
@@ -149,7 +151,8 @@ def test_a_failed_job_ends_with_rank_0s_last_note_of_where_to_continue(tmp_path,
             signal.signal(sig, handler)
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == ("[mpifed.launch] the job failed (mpirun exited with 3). Last checkpoint: "
-                    "runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume runs/x")
+                    "runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume "
+                    "runs/x")
 
 
 def test_resume_command_is_the_command_that_started_the_run(monkeypatch):
@@ -251,7 +254,8 @@ def test_a_configuration_error_under_the_launcher_is_one_message_and_exit_2(has_
 @pytest.mark.e2e
 def test_killing_the_launcher_ends_the_job(has_mpirun, tmp_path):
     proc = subprocess.Popen([str(LAUNCH), "3", *tiny(tmp_path, "train.rounds=400", "train.local_epochs=20")], cwd=REPO,
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     pids = []
     for line in proc.stdout:
         pids += [int(p) for p in re.findall(r"rank \d \(\w+\): host \S+ pid (\d+)", line)]

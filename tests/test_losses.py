@@ -25,7 +25,8 @@ def t(*rows):
 
 def test_kd_loss_hand_value():
     # teacher softmax [3/4, 1/4], student [1/2, 1/2]: KL = 3/4 ln(3/2) + 1/4 ln(1/2)
-    assert kd_loss(t([0.0, 0.0]), t([LN(3), 0.0]), 1.0).item() == pytest.approx(0.75 * LN(1.5) + 0.25 * LN(0.5), abs=1e-12)
+    assert kd_loss(t([0.0, 0.0]),
+                   t([LN(3), 0.0]), 1.0).item() == pytest.approx(0.75 * LN(1.5) + 0.25 * LN(0.5), abs=1e-12)
 
 
 def test_kd_loss_temperature_and_batch_mean():
@@ -39,12 +40,14 @@ def test_ntd_loss_removes_the_true_class():
     s, te = [5.0, 1.0, 2.0, 0.5], [-3.0, 0.2, 1.0, 2.0]
     expected = 4.0 * kl(softmax([x / 2 for x in te[1:]]), softmax([x / 2 for x in s[1:]]))
     assert ntd_loss(t(s), t(te), torch.tensor([0]), 2.0).item() == pytest.approx(expected, abs=1e-12)
-    assert not_true_logits(t([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]), torch.tensor([1, 2])).tolist() == [[1.0, 3.0], [4.0, 5.0]]
+    assert not_true_logits(t([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]),
+                           torch.tensor([1, 2])).tolist() == [[1.0, 3.0], [4.0, 5.0]]
 
 
 def test_ntd_loss_does_not_depend_on_true_class_logits():
     torch.manual_seed(0)
-    s, te, y = torch.randn(6, 10, dtype=torch.float64), torch.randn(6, 10, dtype=torch.float64), torch.randint(0, 10, (6,))
+    s, te, y = torch.randn(6, 10, dtype=torch.float64), torch.randn(6, 10,
+                                                                    dtype=torch.float64), torch.randint(0, 10, (6,))
     s2, te2 = s.clone(), te.clone()
     s2[torch.arange(6), y] += 7.0
     te2[torch.arange(6), y] -= 3.0
@@ -78,7 +81,8 @@ def test_csd_loss_hand_value():
 
 
 def test_csd_loss_with_temperature_and_zero_prototype_row():
-    student, teacher, protos = t([0.5, -1.0, 2.0]), t([3.0, 0.0, 1.0]), t([1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0])
+    student, teacher = t([0.5, -1.0, 2.0]), t([3.0, 0.0, 1.0])
+    protos = t([1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0])
     n = math.sqrt(0.25 + 1 + 4)
     cos = [(0.5 - 1.0) / (n * math.sqrt(2)), 0.0, (-1.0 + 2.0) / (n * math.sqrt(2))]
     refined = [w * z for w, z in zip(softmax(cos), [3.0, 0.0, 1.0])]
@@ -89,12 +93,13 @@ def test_csd_loss_with_temperature_and_zero_prototype_row():
 def test_csd_loss_is_zero_when_the_mask_is_all_zero():
     student, teacher = torch.randn(5, 4, dtype=torch.float64), torch.zeros(5, 4, dtype=torch.float64)
     teacher[:, 0] = 10.0                       # the teacher is sure of class 0; every label is 1
-    assert csd_loss(student, teacher, torch.ones(5, dtype=torch.long), torch.eye(4, dtype=torch.float64), 10.0).item() == 0.0
+    assert csd_loss(student, teacher, torch.ones(5, dtype=torch.long),
+                    torch.eye(4, dtype=torch.float64), 10.0).item() == 0.0
 
 
 def test_csd_mask_variants_hand_values():
-    # teacher softmax at T = 1: sample 0 [0.6, 0.3, 0.1] (label 1: 0.3 <= 1/3), sample 1 [0.2, 0.5, 0.3] (label 2: 0.3 <= 1/3,
-    # not the argmax), sample 2 [0.2, 0.45, 0.35] (label 1: above 1/3 and the argmax)
+    # teacher softmax at T = 1: sample 0 [0.6, 0.3, 0.1] (label 1: 0.3 <= 1/3), sample 1 [0.2, 0.5, 0.3]
+    # (label 2: 0.3 <= 1/3, not the argmax), sample 2 [0.2, 0.45, 0.35] (label 1: above 1/3 and the argmax)
     probs = t([0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.2, 0.45, 0.35])
     logits, y = probs.log(), torch.tensor([1, 2, 1])
     assert csd_mask(logits, y, "adaptive").tolist() == [0.0, 0.0, 1.0]
@@ -119,12 +124,14 @@ def test_csd_mask_from_refined_logits_and_without_refinement():
     refined2 = [s0 * 1.0, s1 * 1.2]
     assert softmax(refined2)[1] < 0.5 < softmax([1.0, 1.2])[1]
     assert csd_loss(student, teacher2, y, protos, 1.0, mask_from_refined=True).item() == 0.0
-    assert csd_loss(student, teacher2, y, protos, 1.0).item() == pytest.approx(kl(softmax(refined2), softmax([1.0, 0.0])), abs=1e-12)
+    assert csd_loss(student, teacher2,
+                    y, protos, 1.0).item() == pytest.approx(kl(softmax(refined2), softmax([1.0, 0.0])), abs=1e-12)
 
 
 def test_csd_similarity_gradient_option():
     torch.manual_seed(1)
-    s, te, y, p = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64) * 3, torch.randint(0, 5, (4,)), torch.randn(5, 5, dtype=torch.float64)
+    s, te = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64) * 3
+    y, p = torch.randint(0, 5, (4,)), torch.randn(5, 5, dtype=torch.float64)
     grads = []
     for flag in (False, True):
         x = s.clone().requires_grad_(True)
@@ -149,16 +156,18 @@ def test_cad_class_weights_stay_within_bounds():
 
 def test_cad_loss_hand_value():
     # alpha_y = 0.3: 0.7 * CE (ln 2) + 0.3 * L_d, L_d = -(3/4 ln 1/2 + 1/4 ln 1/2) = ln 2 (Alg. 1: a cross-entropy)
-    got = cad_loss(t([0.0, 0.0]), t([LN(3), 0.0]), torch.tensor([1]), torch.tensor([0.1, 0.3], dtype=torch.float64), 1.0).item()
+    got = cad_loss(t([0.0, 0.0]), t([LN(3), 0.0]), torch.tensor([1]),
+                   torch.tensor([0.1, 0.3], dtype=torch.float64), 1.0).item()
     assert got == pytest.approx(0.7 * LN(2) + 0.3 * LN(2), abs=1e-12)
-    full_ce = cad_loss(t([0.0, 0.0]), t([LN(3), 0.0]), torch.tensor([1]), torch.tensor([0.1, 0.3], dtype=torch.float64), 1.0,
-                       scale_ce=False).item()
+    full_ce = cad_loss(t([0.0, 0.0]), t([LN(3), 0.0]), torch.tensor([1]), torch.tensor([0.1, 0.3], dtype=torch.float64),
+                       1.0, scale_ce=False).item()
     assert full_ce == pytest.approx(LN(2) + 0.3 * LN(2), abs=1e-12)
 
 
 def test_cad_distillation_is_the_papers_cross_entropy_at_tau_without_tau_squared():
     # tau = 2: student logits [0, 2] -> softmax at tau [1, e] / (1 + e); teacher [2 ln 3, 0] -> [3/4, 1/4]
-    student, teacher, y, w = t([0.0, 2.0]), t([2 * LN(3), 0.0]), torch.tensor([0]), torch.tensor([1.0, 1.0], dtype=torch.float64)
+    student, teacher = t([0.0, 2.0]), t([2 * LN(3), 0.0])
+    y, w = torch.tensor([0]), torch.tensor([1.0, 1.0], dtype=torch.float64)
     p = [1 / (1 + math.e), math.e / (1 + math.e)]
     soft_ce = -(0.75 * math.log(p[0]) + 0.25 * math.log(p[1]))
     assert cad_loss(student, teacher, y, w, 2.0).item() == pytest.approx(soft_ce, abs=1e-12)
@@ -167,7 +176,8 @@ def test_cad_distillation_is_the_papers_cross_entropy_at_tau_without_tau_squared
 
 def test_cad_loss_with_zero_weights_is_cross_entropy():
     s, te, y = torch.randn(8, 5), torch.randn(8, 5), torch.randint(0, 5, (8,))
-    assert cad_loss(s, te, y, torch.zeros(5), 2.0).item() == pytest.approx(torch.nn.functional.cross_entropy(s, y).item(), abs=1e-6)
+    expected = torch.nn.functional.cross_entropy(s, y).item()
+    assert cad_loss(s, te, y, torch.zeros(5), 2.0).item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_identical_student_and_teacher_give_zero_kl():

@@ -79,7 +79,8 @@ def test_a_misspelt_downlink_fails_at_start_up(tmp_path):
 def test_a_downlink_of_the_wrong_size_fails_at_start_up(tmp_path):
     p = run_plugin(tmp_path, MISSPELT_DOWN.replace("NAME", "fisher").replace("SIZE", "5"), "misspelt_down")
     assert p.returncode != 0
-    assert "misspelt_down's downlink from MisspeltServer.downlink: 'fisher' has 5 elements, its declared shape (3,) has 3" in p.stderr
+    assert ("misspelt_down's downlink from MisspeltServer.downlink: 'fisher' has 5 elements, its declared shape (3,) "
+            "has 3") in p.stderr
     assert p.returncode == 2 and "Traceback" not in p.stderr and "round 1/" not in p.stdout
     assert not (tmp_path / "runs" / "run" / "metrics.jsonl").read_text()
 

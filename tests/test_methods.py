@@ -53,7 +53,8 @@ def test_fedgkd_vote_weights_follow_validation_losses():
     for i, m in enumerate(models):
         server.aggregate(i, m, fedavg_replies(m))
     down = server.downlink(2, models[-1])
-    losses = torch.tensor([torch.nn.functional.cross_entropy(tools.logits(m), y).item() for m in models], dtype=torch.float64)
+    losses = torch.tensor([torch.nn.functional.cross_entropy(tools.logits(m), y).item() for m in models],
+                          dtype=torch.float64)
     expected = 0.1 * torch.softmax(-losses * 3, dim=0)              # beta = 1/M with M = 3
     assert torch.allclose(down["teacher_weights"][:2].double(), expected, atol=1e-6) and down["teacher_weights"][2] == 0
     assert torch.equal(down["teachers"][:2], torch.stack(models)) and torch.all(down["teachers"][2] == 0)
@@ -85,7 +86,9 @@ def test_fedcsd_prototype_reduction_equals_central_prototypes():
 
     def worker_algo():
         _, client = roles("fedcsd", setup)
-        client.round_start(0, Downlink(torch.zeros(setup.num_floats), torch.zeros(0, dtype=torch.int64), {"teacher": teacher_w}))
+        client.round_start(0,
+                           Downlink(torch.zeros(setup.num_floats), torch.zeros(0, dtype=torch.int64),
+                                    {"teacher": teacher_w}))
         return client
 
     # two "workers": clients {0, 1} and {2, 3}; their sums added as the all-reduce does
@@ -123,14 +126,16 @@ def test_teacher_logit_cache_equals_per_batch_logits():
     ctx = ClientContext(5, 0, 0.1, setup.new_model(), torch.zeros(1), data, plain, torch.Generator(), TrainConfig())
     idx = torch.tensor([3, 17, 8])
     expected = teacher.logits(plain.eval(x[idx]))
-    assert torch.allclose(teacher.batch_logits(ctx, Batch(plain.eval(x[idx]), data.labels[idx], idx)), expected, atol=1e-6)
+    assert torch.allclose(teacher.batch_logits(ctx, Batch(plain.eval(x[idx]), data.labels[idx], idx)),
+                          expected, atol=1e-6)
     assert 5 in teacher._cache
     teacher.load(torch.randn(setup.num_floats))        # a new round's teacher drops the cache
     assert not teacher._cache
     flipped = BatchTransform([0.5], [0.5], 0, True, 0, "cpu")
     ctx.transform = flipped
     aug = flipped.train(x[idx], torch.Generator().manual_seed(1))
-    assert torch.equal(teacher.batch_logits(ctx, Batch(aug, data.labels[idx], idx)), teacher.logits(aug))   # augmented: no cache
+    assert torch.equal(teacher.batch_logits(ctx, Batch(aug, data.labels[idx], idx)),
+                       teacher.logits(aug))   # augmented: no cache
     assert not teacher._cache
 
 
@@ -144,12 +149,14 @@ def test_fedcsd_local_prototypes_and_official_weighting():
     assert local.messages().statistics == {}
     tf = BatchTransform([0.5], [0.5], 0, False, 0, "cpu")
     g = torch.Generator().manual_seed(0)
-    data = ClientData(0, torch.randint(0, 255, (9, 1, 2, 2), generator=g, dtype=torch.uint8), torch.tensor([0, 1] * 4 + [0]))
+    data = ClientData(0, torch.randint(0, 255, (9, 1, 2, 2), generator=g, dtype=torch.uint8),
+                      torch.tensor([0, 1] * 4 + [0]))
     teacher_w = torch.randn(setup.num_floats, generator=g)
     for weighting in ("paper", "official"):
         client = cls(cls.Options(prototypes="local", weighting=weighting, mu=0.4), setup).client()
         client.round_start(0, Downlink(teacher_w, torch.zeros(0, dtype=torch.int64), {"teacher": teacher_w}))
-        ctx = ClientContext(0, 0, 0.1, setup.new_model(), teacher_w, data, tf, torch.Generator(), TrainConfig(local_epochs=1))
+        ctx = ClientContext(0, 0, 0.1, setup.new_model(), teacher_w, data, tf, torch.Generator(),
+                            TrainConfig(local_epochs=1))
         client.begin_client(ctx)
         own = client.client_prototypes(data, tf)[0].float()
         assert torch.equal(client.inputs.prototypes, own) and torch.all(own[2] == 0)      # class 2 not held: a zero row

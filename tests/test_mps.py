@@ -23,11 +23,14 @@ if [ "$1" = -d ]; then
 fi
 read -r cmd
 echo "$cmd pipe=$pipe" >> "$MPS_STANDIN_LOG"
-if [ -z "$MPS_STANDIN_RUNNING" ] && [ ! -e "$pipe/control" ]; then echo "Cannot find MPS control daemon process" >&2; exit 1; fi
+if [ -z "$MPS_STANDIN_RUNNING" ] && [ ! -e "$pipe/control" ]; then
+    echo "Cannot find MPS control daemon process" >&2; exit 1
+fi
 case "$cmd" in
     get_server_list) if [ -n "$MPS_STANDIN_RUNNING" ] || [ -e "$pipe/server" ]; then echo 4242; fi ;;
     start_server*) if [ -n "$MPS_STANDIN_REFUSE" ]; then
-                       echo "Server failed to start: the GPU's compute mode forbids MPS" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+                       echo "Server failed to start: the GPU's compute mode forbids MPS" \
+                           >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
                    else touch "$pipe/server"; fi ;;
     quit) rm -f "$pipe/control" "$pipe/server" ;;
 esac
@@ -104,8 +107,8 @@ def test_the_resources_section_is_read_without_torch(tmp_path):
     run.mkdir()
     (run / "config.yaml").write_text("resources: {mps: on, server_device: cuda}\n")
     code = ("import sys; from mpifed.mps import job_resources; "
-            f"r = job_resources(['--config', {str(f)!r}, '--set', 'resources.threads=2', 'train.rounds=5', '--overwrite']); "
-            f"s = job_resources(['--resume', {str(run)!r}, '--set', 'resources.cache_mb=7']); "
+            f"r = job_resources(['--config', {str(f)!r}, '--set', 'resources.threads=2', 'train.rounds=5', "
+            f"'--overwrite']); s = job_resources(['--resume', {str(run)!r}, '--set', 'resources.cache_mb=7']); "
             "print(r.mps, r.device, r.threads, s.mps, s.server_device, s.cache_mb, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, check=True).stdout
     assert out.split() == ["off", "cuda", "2", "on", "cuda", "7", "False"]
@@ -117,8 +120,10 @@ def test_a_job_starts_and_stops_its_own_daemon(standin):
     daemon = mps.for_job(4, ["--set", "resources.device=cuda"], os.environ, said.append)
     folder = daemon.folder
     assert folder.parent == tmp and folder.name.startswith("mpifed-mps-")
-    assert daemon.env == {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
-    assert said == [f"MPS: 3 ranks share 1 GPU: started a control daemon for this job (pipe and log folders in {folder})"]
+    assert daemon.env == {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"),
+                          "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
+    assert said == ["MPS: 3 ranks share 1 GPU: started a control daemon for this job (pipe and log folders in "
+                    f"{folder})"]
     pipe = f"pipe={folder / 'pipe'}"
     assert calls(record) == ["get_server_list pipe=/tmp/nvidia-mps", f"-d {pipe} log={folder / 'log'}",
                              f"start_server -uid {os.getuid()} {pipe}", f"get_server_list {pipe}"]

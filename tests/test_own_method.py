@@ -215,7 +215,8 @@ def test_an_installed_packages_entry_point_is_found_without_a_flag(tmp_path):
         f.write("# version 1.1\n")
     p = mpifed(tmp_path, "mpifed.main", "--resume", str(tmp_path / "runs" / "ep"), "--set", "train.rounds=3",
                check=False, extra_env=with_site)
-    assert p.returncode == 2 and "the installed plugin penalty = mpifed_penalty.methods (mpifed-penalty 1.0)" in p.stderr
+    assert p.returncode == 2
+    assert "the installed plugin penalty = mpifed_penalty.methods (mpifed-penalty 1.0)" in p.stderr
     assert "changed since the run started" in p.stderr
 
 
@@ -282,7 +283,8 @@ def test_a_partition_of_your_own_prepares_under_the_hash_of_its_code(tmp_path):
     (tmp_path / "s.yaml").write_text(SETTING.replace("partition: {name: dirichlet, beta: 0.5, min_size: 5}",
                                                      "partition: {name: strided, offset: 1}"))
     shown = command(tmp_path, "mpifed.prepare", "--plugin", "strided.py", "--config", "s.yaml", "--show").stdout
-    first = next(line for line in shown.splitlines() if line.startswith("prepared data: ")).removeprefix("prepared data: ")
+    first = next(line for line in shown.splitlines() if line.startswith("prepared "
+                                                                        "data: ")).removeprefix("prepared data: ")
     manifest = json.loads((tmp_path / first / "manifest.json").read_text())
     sha = hashlib.sha256((tmp_path / "strided.py").read_bytes()).hexdigest()
     assert manifest["spec"]["code"] == {"partition": sha} and manifest["spec"]["partition"]["name"] == "strided"

@@ -42,7 +42,8 @@ def skew(parts, y):
 
 def test_dirichlet_skew_grows_as_beta_shrinks():
     y = labels(5000)
-    s = [np.mean([skew(split("dirichlet", y, 10, seed, beta=beta), y) for seed in range(5)]) for beta in (100.0, 1.0, 0.1)]
+    s = [np.mean([skew(split("dirichlet", y, 10,
+                             seed, beta=beta), y) for seed in range(5)]) for beta in (100.0, 1.0, 0.1)]
     assert s[0] < s[1] < s[2]
     assert s[0] < 0.1 and s[2] > 0.5
 
@@ -108,7 +109,8 @@ def test_label_k_gives_each_client_k_classes():
         split("label_k", y, 4, k=11)
 
 
-@pytest.mark.parametrize("opts", [{"distribution": "dirichlet", "beta": 0.3}, {"distribution": "power_law", "exponent": 1.5}])
+@pytest.mark.parametrize("opts",
+                         [{"distribution": "dirichlet", "beta": 0.3}, {"distribution": "power_law", "exponent": 1.5}])
 def test_quantity_skew_keeps_labels_iid(opts):
     y = labels(20000)
     parts = split("quantity", y, 10, min_size=50, **opts)
@@ -235,8 +237,8 @@ def test_from_file_refuses_samples_the_server_holds(tmp_path):
     opts = p.Options(path=write_split(tmp_path, [[1, 2], [7], [9]]))
     with pytest.raises(PartitionError, match="sample 7 .* is held by the server"):
         p.split(y[pool], 3, np.random.default_rng(0), opts, None, indices=pool)
-    parts = p.split(y[pool], 3, np.random.default_rng(0), p.Options(path=write_split(tmp_path, [[1, 2], [9], [10]])), None,
-                    indices=pool)
+    parts = p.split(y[pool], 3, np.random.default_rng(0), p.Options(path=write_split(tmp_path, [[1, 2], [9], [10]])),
+                    None, indices=pool)
     assert [pool[q].tolist() for q in parts] == [[1, 2], [9], [10]]
 
 

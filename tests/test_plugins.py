@@ -48,7 +48,8 @@ def test_an_edited_file_replaces_its_earlier_version(tmp_path):
 @pytest.mark.parametrize("source,message", [
     ("import no_such_module_here\n", r"failed to import: ModuleNotFoundError: No module named 'no_such_module_here' "
                                      r"\(.*broken\.py, line 1\)"),
-    ("x = 1\ny = undefined_name\n", r"failed to import: NameError: name 'undefined_name' is not defined \(.*, line 2\)"),
+    ("x = 1\ny = "
+     "undefined_name\n", r"failed to import: NameError: name 'undefined_name' is not defined \(.*, line 2\)"),
     ("def f(:\n", r"failed to import: SyntaxError: .*\(.*broken\.py, line 1\)"),
     ("x = 1\n", r"registers nothing: a plugin defines a method, model, data set or partition and registers it"),
     (plugin_method("fedavg"), r"algorithm 'fedavg' is registered twice: by mpifed\.algorithms\.fedavg\.FedAvg"),
@@ -60,7 +61,8 @@ def test_an_edited_file_replaces_its_earlier_version(tmp_path):
      "@ALGORITHMS.register('plug_thing')\nclass Thing:\n    Options = NoOptions\n",
      r"'plug_thing' \(Thing\): is not a subclass of mpifed\.algorithms\.base\.Algorithm"),
     ("from mpifed.options import NoOptions\nfrom mpifed.registry import MODELS\n"
-     "@MODELS.register('plug_net')\nclass Net:\n    Options = NoOptions\n", r"model 'plug_net' \(Net\) has no build\(\)"),
+     "@MODELS.register('plug_net')\nclass Net:\n    Options = "
+     "NoOptions\n", r"model 'plug_net' \(Net\) has no build\(\)"),
 ])
 def test_a_broken_plugin_is_one_message_and_leaves_nothing_registered(tmp_path, source, message):
     f = write(tmp_path / "broken.py", source)
@@ -77,7 +79,8 @@ def test_a_broken_plugin_is_one_message_and_leaves_nothing_registered(tmp_path, 
 def test_a_missing_file_or_module_is_named(tmp_path):
     with pytest.raises(plugins.PluginError, match=r"nothere\.py does not exist"):
         plugins.load(str(tmp_path / "nothere.py"))
-    with pytest.raises(plugins.PluginError, match=r"plugin module nolab\.methods cannot be found: no module named 'nolab'"):
+    with pytest.raises(plugins.PluginError, match=r"plugin module nolab\.methods cannot be found: no module named "
+                                                  r"'nolab'"):
         plugins.load("nolab.methods")
 
 

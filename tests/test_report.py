@@ -30,7 +30,8 @@ def hand_written_table(tmp_path):
         for seed, last in enumerate(finals):
             accs = [0.3, 0.5, last]
             per_class = [[a - 0.1, a + 0.1] for a in accs]
-            fake_run(root / f"s-{method}-s{seed}", resolved_config(table, seed, method=f"{method}.yaml"), accs, per_class)
+            fake_run(root / f"s-{method}-s{seed}", resolved_config(table, seed, method=f"{method}.yaml"),
+                     accs, per_class)
     return table
 
 

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 REPRODUCTION = "docs/REPRODUCTION.md"
-ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml", REPRODUCTION),  # results/ folder -> table, report
+ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml",
+                              REPRODUCTION),  # results/ folder -> table, report
             "fedntd-epochs": ("configs/repro/fedntd/epochs.table.yaml", REPRODUCTION),
             "fedcad-table1": ("configs/repro/fedcad/table1.table.yaml", REPRODUCTION),
             "fedcsd-table1": ("configs/repro/fedcsd/table1.table.yaml", REPRODUCTION),

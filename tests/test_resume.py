@@ -104,7 +104,8 @@ def test_more_rounds_on_resume_continue_the_same_run(tmp_path):
 
 def test_resume_refuses_changes_to_the_math(tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=2"))
-    p = run_debug(["--resume", str(tmp_path / "runs" / "run"), "--set", "train.lr=0.5", "data.partition.beta=0.1"], check=False)
+    p = run_debug(["--resume", str(tmp_path / "runs" / "run"), "--set", "train.lr=0.5",
+                   "data.partition.beta=0.1"], check=False)
     assert p.returncode == 2
     assert "data.partition.beta" in p.stderr and "train.lr" in p.stderr and "change the results" in p.stderr
 

@@ -26,7 +26,8 @@ STATEFUL = [(name, {}) for name in ALGORITHMS.names() if ALGORITHMS.get(name).Se
 STATEFUL.append(("feddyn", {"evaluate": "clients_mean"}))     # a state that grows with an option
 
 
-@pytest.mark.parametrize("name,options", STATEFUL, ids=[f"{n}{'-' if o else ''}{'-'.join(o.values())}" for n, o in STATEFUL])
+@pytest.mark.parametrize("name,options", STATEFUL,
+                         ids=[f"{n}{'-' if o else ''}{'-'.join(o.values())}" for n, o in STATEFUL])
 def test_the_checkpoint_holds_the_declared_state_and_restores_it(name, options):
     setup = small_setup()
     cls = ALGORITHMS.get(name)
@@ -44,4 +45,7 @@ def test_the_checkpoint_holds_the_declared_state_and_restores_it(name, options):
     restored.load_state_dict(saved)
     for attr in server.state:
         mine, theirs = getattr(server, attr), getattr(restored, attr)
-        assert all(torch.equal(a, b) for a, b in zip(mine, theirs)) if isinstance(mine, list) else torch.equal(mine, theirs)
+        if isinstance(mine, list):
+            assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+        else:
+            assert torch.equal(mine, theirs)

@@ -24,7 +24,8 @@ def test_round_trip_and_attributes(tmp_path):
     write_shard(tmp_path / "s.h5", x, y, {"client_id": 7, "class_counts": [7, 7, 6], "partition": {"name": "iid"}})
     s = read_shard(tmp_path / "s.h5")
     assert np.array_equal(s.images, x) and np.array_equal(s.labels, y) and s.labels.dtype == np.int64
-    assert s.attrs["client_id"] == 7 and s.attrs["class_counts"] == [7, 7, 6] and s.attrs["partition"] == {"name": "iid"}
+    assert s.attrs["client_id"] == 7 and s.attrs["class_counts"] == [7, 7, 6]
+    assert s.attrs["partition"] == {"name": "iid"}
     assert s.attrs["num_samples"] == 20
     xi, yi, g = read_rows(tmp_path / "s.h5", 5, 9)
     assert np.array_equal(xi["images"], x[5:9]) and np.array_equal(yi, y[5:9]) and g is None
@@ -85,7 +86,8 @@ def test_without_a_validation_set_the_spec_and_folder_are_as_before(tmp_path):
     assert prepare_spec(cfg) == {
         "dataset": {"name": "synthetic", "train_samples": 300, "test_samples": 50, "num_classes": 10, "channels": 1,
                     "size": 8, "noise": 40.0, "data_seed": 0},
-        "num_clients": 4, "partition": {"name": "dirichlet", "beta": 0.5, "min_size": 5, "balance": True, "max_tries": 10000},
+        "num_clients": 4,
+        "partition": {"name": "dirichlet", "beta": 0.5, "min_size": 5, "balance": True, "max_tries": 10000},
         "seed": 0, "train_subset": 0, "test_subset": 0, "server_holdout_per_class": 0}
     assert prepared_dir(cfg).name == "synthetic-dirichlet-k4-2901ec34e6"
     m = prepare(cfg, log=lambda s: None)
@@ -107,7 +109,8 @@ def test_validation_set_is_stratified_disjoint_and_deterministic(tmp_path):
     share = 40 * np.bincount(raw.train_y, minlength=10) / 300
     assert counts.sum() == 40 and np.all(np.abs(counts - share) < 1)
     assert counts.tolist() == m.val_class_counts.tolist() == val.attrs["class_counts"]
-    assert json.loads((m.root / "manifest.json").read_text())["val"] == {"num_samples": 40, "class_counts": counts.tolist()}
+    assert json.loads((m.root / "manifest.json").read_text())["val"] == {"num_samples": 40,
+                                                                         "class_counts": counts.tolist()}
     # data.train_subset takes the first 200 of the samples left; the clients and the server share them out
     shards = [read_shard(m.client_path(k)) for k in range(m.num_clients)] + [read_shard(m.server_path)]
     used = sorted(index[x.tobytes()] for s in shards for x in s.images)
@@ -173,7 +176,8 @@ def test_concurrent_preparation_of_the_same_folder(tmp_path):
             "cfg, _ = config.load(overrides=sys.argv[1:]); print(ensure_prepared(cfg, log=lambda s: None).root)")
     sets = ["data.dataset.name=synthetic", "data.dataset.train_samples=3000", "data.num_clients=20",
             f"data.prepared_root={tmp_path}"]
-    procs = [subprocess.Popen([sys.executable, "-c", code, *sets], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", code, *sets], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for _ in range(6)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]

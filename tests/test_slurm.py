@@ -37,7 +37,8 @@ def _free_port() -> int:
 
 
 def _installed() -> bool:
-    libpmix = any(Path(d, "libpmix.so").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"))
+    libpmix = any(Path(d, "libpmix.so").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+                                                           "/usr/lib64", "/usr/lib"))
     return all(shutil.which(t) for t in ("slurmctld", "slurmd", "sbatch", "munged")) and libpmix
 
 
@@ -192,7 +193,8 @@ def cluster(tmp_path_factory):
 
 
 def quick_args(rounds: int) -> list[str]:
-    return ["configs/quickstart.yaml", "--set", f"train.rounds={rounds}", "resources.threads=1", "run.checkpoint_every=4"]
+    return ["configs/quickstart.yaml", "--set", f"train.rounds={rounds}", "resources.threads=1",
+            "run.checkpoint_every=4"]
 
 
 def run_dir(runs: Path, jid: str) -> Path:
@@ -221,7 +223,8 @@ def test_a_launcher_that_exits_0_without_running_mpifed_fails_the_job(cluster, t
                          env={"MPIFED_RUNS": str(tmp_path / "runs"), "PYTHON": str(fake)})
     assert cluster.wait(jid) == "FAILED"
     log = (tmp_path / f"{jid}.out").read_text()
-    assert "exited with code 0; run state: unknown" in log and "not finished (state: unknown): failing the job" in log, log
+    assert "exited with code 0; run state: unknown" in log, log
+    assert "not finished (state: unknown): failing the job" in log, log
 
 
 def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_path):
@@ -266,7 +269,8 @@ def test_table_as_array_job(cluster, tmp_path):
     runs_file = tmp_path / "runs.txt"
     subprocess.run([sys.executable, "-m", "mpifed.table", str(table), "--runs-root", str(tmp_path / "runs"),
                     "--write-runs", str(runs_file)], cwd=REPO, env=cluster.env, check=True, capture_output=True)
-    jid = cluster.sbatch("--array=0-1", "-n", "3", "-o", str(tmp_path / "%A_%a.out"), "slurm/array.sbatch", str(runs_file))
+    jid = cluster.sbatch("--array=0-1", "-n", "3", "-o", str(tmp_path / "%A_%a.out"), "slurm/array.sbatch",
+                         str(runs_file))
     for task in ("0", "1"):
         assert cluster.wait(f"{jid}_{task}") == "COMPLETED", (tmp_path / f"{jid}_{task}.out").read_text()
     for name in ("s-a-s0", "s-b-s0"):

@@ -32,7 +32,8 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
-        masks = args[1] if name.startswith("aten::index") and len(args) > 1 and isinstance(args[1], (list, tuple)) else []
+        indexed = name.startswith("aten::index") and len(args) > 1 and isinstance(args[1], (list, tuple))
+        masks = args[1] if indexed else []
         if name in HOST_READS or any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in masks):
             self.found.append(name)
         return func(*args, **(kwargs or {}))

@@ -197,14 +197,16 @@ def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path, ca
     got = counted.claims[0].result
     assert got.n == 5 and got.mean == pytest.approx(want.mean) and got.p == pytest.approx(want.p)
     assert counted.paired[("s", "b")].mean == pytest.approx(want.mean)
-    assert sorted(counted.cells[("s", "b", "final test_acc")].values) == sorted([10.0] + [METHOD[k] for k in (0, 2, 3, 4)])
+    assert sorted(counted.cells[("s", "b", "final "
+                                           "test_acc")].values) == sorted([10.0] + [METHOD[k] for k in (0, 2, 3, 4)])
     assert counted.cell_text("s", "b", "paper: mean of last 2 test_acc").endswith("(n=4; no result in 1)")
     assert not any("s-b-s1" in line for line in counted.left_out)
     assert "Diverged runs counted as 10 in final test_acc (the table's declared value" in counted.markdown()
     assert "| b | 80.00 | 10.00 (diverged) | 81.00 | 85.00 | 79.00 |" in counted.seed_tables()
     t = load_table(tables["counted"], str(tmp_path / "counted" / "runs"))
     resolve(t, [])
-    t.select(None, ["a"], [0, 1, 2, 3, 4])                 # the view holds a only; the claim's family still counts b's seed 1
+    t.select(None, ["a"],
+             [0, 1, 2, 3, 4])                 # the view holds a only; the claim's family still counts b's seed 1
     view = summarize(t)
     assert view.claims == [] and view.family == 1
     assert "none in this view; 1 more outside this view, in the claims' family" in view.markdown()
@@ -276,10 +278,12 @@ def test_settings_with_the_same_file_name_do_not_collide(tmp_path):
     folder = tmp_path / "t"
     for sub, beta in (("a", 0.5), ("b", 0.1)):
         (folder / sub).mkdir(parents=True)
-        (folder / sub / "qs.yaml").write_text(f"base: ../s.yaml\ndata: {{partition: {{name: dirichlet, beta: {beta}, min_size: 2}}}}\n")
+        (folder / sub / "qs.yaml").write_text("base: ../s.yaml\ndata: "
+                                              f"{{partition: {{name: dirichlet, beta: {beta}, min_size: 2}}}}\n")
     write_table(folder, tmp_path / "data")
     table = folder / "t.table.yaml"
-    table.write_text("title: T\nmetric: final_test_acc\nsettings: [a/qs.yaml, b/qs.yaml]\nmethods: [a.yaml]\nseeds: [0]\n")
+    table.write_text("title: T\nmetric: final_test_acc\nsettings: [a/qs.yaml, b/qs.yaml]\nmethods: [a.yaml]\nseeds: "
+                     "[0]\n")
     t = load_table(table, str(tmp_path / "runs"))
     resolve(t, [])
     assert [r.name for r in t.runs] == ["a.qs-a-s0", "b.qs-a-s0"]
@@ -346,10 +350,12 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
     assert partial.pending == {("s", "b")} and search_table(partial).splitlines()[2:] == [
         "| setting | method | lr=0.01 | lr=0.1 |", "| --- | --- | --- | --- |",
         "| s | a | **80.00** | 70.00 |",
-        "| s | b (search not finished: 3 of 4 candidates) | mu=0.01: 60.00; mu=0.1: 65.00 | mu=0.01: 90.00; mu=0.1: - |"]
+        "| s | b (search not finished: 3 of 4 candidates) | mu=0.01: 60.00; mu=0.1: 65.00 | mu=0.01: 90.00; mu=0.1: - "
+        "|"]
     assert "s x b: search not finished, 3 of 4 candidates scored" in summarize(partial).markdown()
     r = runs[("b", "lr=0.1+mu=0.1")]
-    _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
+    _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local "
+                                                                       "loss is nan"})
 
     t = load_table(table, str(tmp_path / "runs"))
     resolve(t, [], record=True)
@@ -366,7 +372,7 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
     final = {r.method: r for r in t.runs if r.seed == 1}
     assert final["a"].name == "s-a-s1" and final["a"].resolved["train"]["lr"] == 0.01
     assert final["b"].resolved["train"]["lr"] == 0.1 and final["b"].resolved["algorithm"]["mu"] == 0.01
-    assert final["b"].resolved["train"]["rounds"] == 2                                    # the table's horizon, not the search's
+    assert final["b"].resolved["train"]["rounds"] == 2                      # the table's horizon, not the search's
     assert "--set run.seed=1" in " ".join(final["b"].args([])) and "algorithm.mu=0.01" in final["b"].args([])
 
     # a run made before the choice (the default lr) is another configuration: not counted, said why
@@ -405,7 +411,8 @@ def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monk
     resolve(t, [])
     for (method, candidate), r in _search_runs(t).items():
         if method == "a":
-            _write(r.path, r.resolved, [{"round": i + 1, "val_acc": 0.5 + (candidate == "lr=0.1") / 10} for i in range(3)])
+            _write(r.path, r.resolved,
+                   [{"round": i + 1, "val_acc": 0.5 + (candidate == "lr=0.1") / 10} for i in range(3)])
     started = []
     monkeypatch.setattr("mpifed.table.run_all", lambda runs, *rest: (started.extend(runs), (0, 0))[1])
     root = ["--runs-root", str(tmp_path / "runs")]
@@ -427,7 +434,8 @@ def test_write_runs_lists_the_search_runs_left_to_run(tmp_path, capsys):
         r = runs[("a", candidate)]
         _write(r.path, r.resolved, [{"round": i + 1, "val_acc": 0.5} for i in range(3)])
     r = runs[("b", "lr=0.1+mu=0.1")]        # diverged: settled, running it again diverges again
-    _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
+    _write(r.path, r.resolved, [], status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local "
+                                                                       "loss is nan"})
     listed = tmp_path / "runs.txt"
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--write-runs", str(listed)]) == 0
     assert "3 search runs written" in capsys.readouterr().out
@@ -557,12 +565,13 @@ def test_filters_select_part_of_the_table_and_list_estimates_the_time_left(tmp_p
     assert table_main([str(table), *root, "--list", "--methods", "a", "--seeds", "1", "2"]) == 0
     out = capsys.readouterr().out
     assert "run.name=s-a-s1" in out and "run.name=s-a-s2" in out and "s-b-" not in out and "s-a-s0" not in out
-    assert "estimated time left, one run at a time: 1m for 2 runs, from 1 finished runs' seconds per round and local epoch" in out
+    assert ("estimated time left, one run at a time: 1m for 2 runs, from 1 finished runs' seconds per round and "
+            "local epoch") in out
     _write(t.root / "s-a-s1", t.runs[1].resolved, [],
            status={"state": "failed", "error": "NonFiniteLoss: client 1, round 2: the local loss is nan"})
     assert table_main([str(table), *root, "--list", "--methods", "a"]) == 0    # a diverged run is not run again
-    assert "estimated time left, one run at a time: 1m for 1 runs, from 1 finished runs' seconds per round and local epoch" in \
-        capsys.readouterr().out
+    assert ("estimated time left, one run at a time: 1m for 1 runs, from 1 finished runs' seconds per round and "
+            "local epoch") in capsys.readouterr().out
     assert table_main([str(table), *root, "--list", "--methods", "zz"]) == 2
     assert "--methods zz: not in this table (its methods: a b)" in capsys.readouterr().err
 
@@ -586,8 +595,8 @@ def test_a_run_held_by_another_process_is_skipped_not_the_end_of_the_table(tmp_p
     resolve(t, [])
     held = t.runs[0].path
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from mpifed.rundir import RunDir; RunDir(Path(sys.argv[1])).lock(); print('held', flush=True); "
-                               "time.sleep(120)", str(held)], env=env(), stdout=subprocess.PIPE, text=True)
+                               "from mpifed.rundir import RunDir; RunDir(Path(sys.argv[1])).lock(); print('held', "
+                               "flush=True); time.sleep(120)", str(held)], env=env(), stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--run", "0"]) == 0

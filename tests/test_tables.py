@@ -16,7 +16,8 @@ from mpifed.table_file import load_table, resolve
 
 
 def write_table(folder: Path, data_root: Path, methods: str = "[a.yaml]", seeds: str = "[0]",
-                metric: str = "final_test_acc", dataset: str = "{name: synthetic, train_samples: 120, test_samples: 40}") -> Path:
+                metric: str = "final_test_acc", dataset: str = "{name: synthetic, train_samples: 120, "
+                                                               "test_samples: 40}") -> Path:
     """A table of one tiny setting (2 rounds, Dirichlet 0.5) x ``methods`` (a: fedavg, b: fedprox)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "s.yaml").write_text(
@@ -47,7 +48,8 @@ def fake_run(path: Path, d: dict, accs: list[float | None], per_class: list[list
         rows.append(row)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evaluated = [a for a in accs if a is not None]
-    (path / "summary.json").write_text(json.dumps({"status": state, "final_test_acc": evaluated[-1] if evaluated else None}))
+    (path / "summary.json").write_text(json.dumps({"status": state,
+                                                   "final_test_acc": evaluated[-1] if evaluated else None}))
     (path / "status.json").write_text(json.dumps({"state": state}))
     return path
 
@@ -166,7 +168,8 @@ def test_metric_kinds_rounds_to_and_forgetting_on_hand_written_rows():
     assert results.rounds_to(ROWS, 0.9) is None
     # Eq. 5: class 0 peaked at 0.9, ends at 0.7; class 1 peaked at 0.72, ends at 0.66
     assert results.forgetting(ROWS) == pytest.approx(((0.9 - 0.7) + (0.72 - 0.66)) / 2)
-    for spec, want in [({"kind": "final"}, 0.68), ({"kind": "best"}, 0.70), ({"kind": "last_k", "k": 3}, (0.7 + 0.66 + 0.68) / 3),
+    for spec, want in [({"kind": "final"}, 0.68), ({"kind": "best"}, 0.70),
+                       ({"kind": "last_k", "k": 3}, (0.7 + 0.66 + 0.68) / 3),
                        ("final_test_acc", 0.61), ("test_acc", 0.68)]:
         assert results.value(results.Metric.parse(spec), ROWS, {"final_test_acc": 0.61}) == pytest.approx(want)
 

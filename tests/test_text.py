@@ -47,7 +47,8 @@ def test_ag_news_csv(tmp_path):
         load("ag_news", root=str(tmp_path / "none"))
 
 
-TREES = ["(3 (2 It) (4 (4 (2 's) (4 good)) (2 (2 -LRB-) (2 (2 really) (2 -RRB-)))))", "(0 (0 Awful) (2 .))", "(4 (4 Great))"]
+TREES = ["(3 (2 It) (4 (4 (2 's) (4 good)) (2 (2 -LRB-) (2 (2 really) (2 "
+         "-RRB-)))))", "(0 (0 Awful) (2 .))", "(4 (4 Great))"]
 
 
 def test_sst5_ptb_jsonl_and_tsv_give_the_same_sentences(tmp_path):
@@ -60,7 +61,8 @@ def test_sst5_ptb_jsonl_and_tsv_give_the_same_sentences(tmp_path):
         (ptb / f"{split}.txt").write_text("\n".join(TREES) + "\n")
         (jl / f"{split}.jsonl").write_text("".join(json.dumps({"text": s, "label": y, "label_text": "x"}) + "\n"
                                                    for s, y in zip(sentences, labels)))
-        (tsv / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in zip(sentences, labels)))
+        rows = "".join(f"{s}\t{y}\n" for s, y in zip(sentences, labels))
+        (tsv / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
         (bare / f"{split}.tsv").write_text("".join(f"{y}\t{s}\n" for s, y in zip(sentences, labels)))
     (ptb / "dev.txt").write_text("(1 (1 unused))\n")
     for folder in (ptb, jl, tsv, bare):
@@ -118,7 +120,8 @@ def test_text_manifest_fingerprints_the_raw_files(tmp_path):
     assert "politics" in first_change(m.raw_inputs)
 
 
-@pytest.mark.parametrize("name, present", [("ag_news", ["train.csv", "test.csv"]), ("sst5", ["train.jsonl", "test.jsonl"]),
+@pytest.mark.parametrize("name, "
+                         "present", [("ag_news", ["train.csv", "test.csv"]), ("sst5", ["train.jsonl", "test.jsonl"]),
                                            ("fortunes", ["computers", "men-women", "politics", "science"])])
 def test_text_data_sets_say_when_their_files_are_missing(tmp_path, name, present):
     entry = DATASETS.get(name)
@@ -145,7 +148,8 @@ def test_table_list_names_a_missing_tokenizer_as_such(tmp_path, capsys):
                     "categories": ["computers", "politics", "science"]},
         "tokenizer": str(tmp_path / "nowhere")}, "model": {"name": "distilbert", "vocab_size": 64}}))
     (tmp_path / "a.yaml").write_text("algorithm: fedavg\n")
-    (tmp_path / "t.table.yaml").write_text("title: T\nmetric: {kind: final}\nsettings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\n")
+    (tmp_path / "t.table.yaml").write_text("title: T\nmetric: {kind: final}\nsettings: [s.yaml]\nmethods: "
+                                           "[a.yaml]\nseeds: [0]\n")
     assert table_main([str(tmp_path / "t.table.yaml"), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
     out = capsys.readouterr().out
     assert f"[tokenizer missing: expects {tmp_path / 'nowhere'}]" in out and "raw data" not in out
@@ -180,7 +184,8 @@ def test_distilbert_base_has_the_published_size():
 def test_distilbert_contract_matches_hugging_face_and_loads_local_weights(tmp_path):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
     torch.manual_seed(0)
-    hf = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=40, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+    hf = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=40, dim=32, n_layers=2, n_heads=2,
+                                                              hidden_dim=64,
                                                               max_position_embeddings=16, num_labels=3)).eval()
     hf.save_pretrained(tmp_path / "ckpt")
     x = {"input_ids": torch.randint(0, 40, (5, 12)), "attention_mask": torch.ones(5, 12, dtype=torch.long)}

@@ -100,7 +100,8 @@ def test_provenance_is_written_at_start_and_extended_on_resume(tmp_path):
 
 def test_machine_names_every_host_cpu_gpu_and_torch_version():
     found = {"segments": [
-        {"torch": "2.1", "ranks": [{"host": "b", "cpu": "Xeon", "gpu": None}, {"host": "b", "cpu": "Xeon", "gpu": "H100"}]},
+        {"torch": "2.1",
+         "ranks": [{"host": "b", "cpu": "Xeon", "gpu": None}, {"host": "b", "cpu": "Xeon", "gpu": "H100"}]},
         {"torch": "2.1", "ranks": [{"host": "a", "cpu": "EPYC", "gpu": None}]}]}
     assert provenance.machine(found) == "a + b; CPU EPYC + Xeon; GPU H100; torch 2.1"
 
@@ -121,6 +122,8 @@ def test_mpi_run_with_a_validation_set_equals_the_debug_run(has_mpirun, tmp_path
     assert [(r["rank"], r["role"]) for r in ranks] == [(0, "server"), (1, "worker"), (2, "worker")]
     run_mpi(3, tiny(tmp_path, *extra, "run.eval_test=false", name="val-only"))
     alone = metrics(tmp_path / "runs" / "val-only")
-    assert [(r["round"], r["val_acc"]) for r in alone if "val_acc" in r] == [(r["round"], r["val_acc"]) for r in b if "val_acc" in r]
-    assert np.allclose([r["val_loss"] for r in alone if "val_loss" in r], [r["val_loss"] for r in b if "val_loss" in r], rtol=1e-6)
+    assert ([(r["round"], r["val_acc"]) for r in alone if "val_acc" in r]
+            == [(r["round"], r["val_acc"]) for r in b if "val_acc" in r])
+    assert np.allclose([r["val_loss"] for r in alone if "val_loss" in r],
+                       [r["val_loss"] for r in b if "val_loss" in r], rtol=1e-6)
     assert not any("test_acc" in r for r in alone)

@@ -28,7 +28,8 @@ def write_vocab(folder: Path) -> Path:
     """A lower-case WordPiece vocabulary holding the words of :func:`write_fortunes`."""
     folder.mkdir(parents=True, exist_ok=True)
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "-", ".", "fortune"] + FILLER
-    tokens += sorted({w for ws in WORDS.values() for w in ws}) + [str(d) for d in range(10)] + ["##" + str(d) for d in range(10)]
+    tokens += sorted({w for ws in WORDS.values() for w in ws})
+    tokens += [str(d) for d in range(10)] + ["##" + str(d) for d in range(10)]
     (folder / "vocab.txt").write_text("\n".join(tokens) + "\n")
     return folder
 

@@ -268,7 +268,8 @@ class ClientContext:
     transform: BatchTransform
     generator: torch.Generator      # seeded by (seed, round, client), on the device: batches and augmentation
     train_cfg: TrainConfig
-    state: Fields = field(default_factory=lambda: Fields("the client state", {}))   # Messages.client_state it starts with
+    state: Fields = field(default_factory=lambda: Fields("the client "
+                                                         "state", {}))   # Messages.client_state it starts with
     new_state: Fields = field(default_factory=lambda: Fields("the client state", {}))   # what it keeps: end_client's
     epoch: int = 0                  # the local epoch being trained (0-based)
     steps: int = 0
@@ -633,9 +634,9 @@ class Algorithm:
         client.__init__(ReadOnlyOptions(self.options), self.setup)
         mutable = sorted(name for name, value in vars(client).items() if isinstance(value, (list, dict, set)))
         if mutable:
-            raise UndeclaredState(f"{role.__name__}.__init__ keeps {mutable} as mutable containers: a hook could change "
-                                  f"them behind a captured step. Build them as tuples, or declare what changes in the "
-                                  f"method's inputs()")
+            raise UndeclaredState(f"{role.__name__}.__init__ keeps {mutable} as mutable containers: a hook could "
+                                  f"change them behind a captured step. Build them as tuples, or declare what changes "
+                                  f"in the method's inputs()")
         object.__setattr__(client, "_sealed", True)
         return client
 

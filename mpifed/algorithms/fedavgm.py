@@ -56,7 +56,8 @@ class FedAvgM(Algorithm):
     class Options:
         beta: float = opt(0.9, "server momentum (FedNTD's code uses 0.7)", min=0, max=1)
         server_lr: float = opt(1.0, "server learning rate", min=0, exclusive_min=True)
-        dampening: bool = opt(False, "v <- beta v + (1 - beta) Delta from v = 0 (MOON's code) instead of v <- beta v + Delta")
+        dampening: bool = opt(False, "v <- beta v + (1 - beta) Delta from v = 0 (MOON's code) instead of v <- beta v + "
+                                     "Delta")
         buffers: Literal["momentum", "average"] = opt(
             "momentum", "float buffers (BatchNorm statistics): through the momentum as the parameters (MOON's code), "
                         "or the clients' plain average")

@@ -23,7 +23,8 @@ class FedCADServer(Server):
     def class_weights(self, weights: torch.Tensor) -> torch.Tensor:
         tau = self.options.tau if self.options.weights_at_tau else 1.0
         probs = torch.softmax(self.tools.logits(weights).double() / tau, dim=1)
-        return cad_class_weights(probs, self.tools.data.labels, self.options.beta, self.options.gamma, self.setup.num_classes)
+        return cad_class_weights(probs, self.tools.data.labels, self.options.beta, self.options.gamma,
+                                 self.setup.num_classes)
 
     def downlink(self, rnd, weights):
         self.weights = self.class_weights(weights).float().cpu()
@@ -85,8 +86,10 @@ class FedCAD(Algorithm):
         tau: float = opt(2.0, "distillation temperature", min=0, exclusive_min=True)
         weights_at_tau: bool = opt(True, "Eq. 6 from the global model's softmax at temperature tau (the paper's p^g); "
                                          "false: at temperature 1")
-        tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); the paper's Alg. 1 does not")
-        scale_ce: bool = opt(True, "(1 - alpha_y) CE as Eq. 5; false: CE + alpha_y L_d (an ablation: FedAvg's full CE step)")
+        tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); the paper's Alg. 1 "
+                                       "does not")
+        scale_ce: bool = opt(True, "(1 - alpha_y) CE as Eq. 5; false: CE + alpha_y L_d (an ablation: FedAvg's full CE "
+                                   "step)")
 
         def check(self) -> list[str]:
             return [f"beta ({self.beta}) must not exceed gamma ({self.gamma})"] if self.beta > self.gamma else []
@@ -124,8 +127,10 @@ class FedLSD(FedCAD):
     class Options:
         alpha: float = opt(0.3, "constant distillation weight", min=0, max=1)
         tau: float = opt(2.0, "distillation temperature", min=0, exclusive_min=True)
-        tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); FedCAD's Alg. 1 does not")
-        scale_ce: bool = opt(True, "(1 - alpha) CE as FedLSD's loss; false: CE + alpha L_d (an ablation: FedAvg's full CE step)")
+        tau_squared: bool = opt(False, "multiply the distillation term by tau^2 (Hinton et al.); FedCAD's Alg. 1 does "
+                                       "not")
+        scale_ce: bool = opt(True, "(1 - alpha) CE as FedLSD's loss; false: CE + alpha L_d (an ablation: FedAvg's full "
+                                   "CE step)")
 
     Server = FedLSDServer
     switches = Switches(on=("algorithm.alpha=0.3",), off=("algorithm.alpha=0",))

@@ -121,12 +121,18 @@ class FedCSD(Algorithm):
         tau: float = opt(10.0, "distillation temperature", min=0, exclusive_min=True)
         alpha: float = opt(0.9, "teacher moving-average momentum", min=0, max=1)
         similarity_grad: bool = opt(False, "let the gradient flow through the similarity score (official code)")
-        teacher_train_mode: bool = opt(False, "run the teacher in train mode (official code; BatchNorm uses batch statistics)")
-        mask_from_refined: bool = opt(False, "compute the mask from the refined teacher logits (official code; paper: the teacher's own)")
-        weighting: Literal["paper", "official"] = opt("paper", "paper: CE + mu L_CSD (Eq. 15); official: (1 - mu) CE + mu L_CSD")
-        prototypes: Literal["global", "local"] = opt("global", "global: the mean over the round's clients (Eq. 7); local: each client's own (official code)")
-        refine: bool = opt(True, "refine the teacher logits with the prototype similarity (Eqs. 8-10); false: Table III's ablation")
-        mask: Literal["adaptive", "forcible", "none"] = opt("adaptive", "adaptive (Eq. 13), forcible (Eq. 16: correctly classified by the teacher), or none")
+        teacher_train_mode: bool = opt(False, "run the teacher in train mode (official code; BatchNorm uses batch "
+                                              "statistics)")
+        mask_from_refined: bool = opt(False, "compute the mask from the refined teacher logits (official code; paper: "
+                                             "the teacher's own)")
+        weighting: Literal["paper", "official"] = opt("paper", "paper: CE + mu L_CSD (Eq. 15); official: (1 - mu) CE + "
+                                                               "mu L_CSD")
+        prototypes: Literal["global", "local"] = opt("global", "global: the mean over the round's clients (Eq. 7); "
+                                                               "local: each client's own (official code)")
+        refine: bool = opt(True, "refine the teacher logits with the prototype similarity (Eqs. 8-10); false: Table "
+                                 "III's ablation")
+        mask: Literal["adaptive", "forcible", "none"] = opt("adaptive", "adaptive (Eq. 13), forcible (Eq. 16: "
+                                                                        "correctly classified by the teacher), or none")
 
     Server = FedCSDServer
     Client = FedCSDClient

@@ -123,7 +123,8 @@ class FedCurv(Algorithm):
     @dataclass
     class Options:
         lam: float = opt(1.0, "weight lambda of the EWC penalty (FedNTD's code: 1.0)", min=0)
-        fisher_samples: int = opt(500, "training samples (whole batches) of the Fisher estimate (FedNTD's code: 500)", min=1)
+        fisher_samples: int = opt(500, "training samples (whole batches) of the Fisher estimate (FedNTD's "
+                                       "code: 500)", min=1)
 
     Client = FedCurvClient
     Server = FedCurvServer

@@ -185,7 +185,8 @@ class FedGenClient(Client):
         if self.inputs.alpha > 0:
             sampled = torch.randint(self.setup.num_classes, (self.setup.train.batch_size,), generator=ctx.generator,
                                     device=ctx.generator.device).to(self.setup.device)
-            loss = loss + self.inputs.alpha * F.cross_entropy(ctx.model.head(self.generate(sampled, ctx.generator)), sampled)
+            generated = ctx.model.head(self.generate(sampled, ctx.generator))
+            loss = loss + self.inputs.alpha * F.cross_entropy(generated, sampled)
         if self.inputs.beta > 0:
             target = F.softmax(ctx.model.head(self.generate(batch.y, ctx.generator)), dim=1).detach()
             loss = loss + self.inputs.beta * F.kl_div(F.log_softmax(out.logits, dim=1), target, reduction="batchmean")
@@ -289,7 +290,8 @@ class FedGen(Algorithm):
             generator = FeatureGenerator(self.options.noise_dim, self.options.hidden_dim, s.num_classes, s.feature_dim)
         floats = sum(t.numel() for t in [*generator.parameters(), *generator.buffers()] if t.is_floating_point())
         return super().messages().extend(down={"generator": (floats,)},
-                                         up={"head": per_client(head_size(s)), "label_counts": per_client(s.num_classes)})
+                                         up={"head": per_client(head_size(s)),
+                                             "label_counts": per_client(s.num_classes)})
 
     def inputs(self):
         # this round's alpha_t and beta_t (0 in round 1: its generator is untrained); a client's label counts

@@ -104,9 +104,10 @@ class FedGKD(Algorithm):
         gamma: float = opt(0.2, "distillation weight gamma (the loss uses gamma/2)", min=0)
         tau: float = opt(1.0, "distillation temperature", min=0, exclusive_min=True)
         distill_first_round: bool = opt(False, "distil in round 1 from the initial model (the official code does not)")
-        projection_dim: int = opt(0, "FedGKD+: add MOON's projection head with this output size (paper: 256; 0: none)", min=0)
-        loss: Literal["kl", "mse"] = opt("kl", "the regulariser: tau^2 KL of the softmaxes (Eq. 3) or the mean squared error "
-                                               "of the logits (Table 9; no temperature)")
+        projection_dim: int = opt(0, "FedGKD+: add MOON's projection head with this output size (paper: 256; "
+                                     "0: none)", min=0)
+        loss: Literal["kl", "mse"] = opt("kl", "the regulariser: tau^2 KL of the softmaxes (Eq. 3) or the mean squared "
+                                               "error of the logits (Table 9; no temperature)")
 
     Server = FedGKDServer
     Client = FedGKDClient
@@ -201,10 +202,12 @@ class FedGKDVote(Algorithm):
 
     @dataclass
     class Options:
-        buffer_size: int = opt(5, "M, the number of past global models used as teachers (paper: 5 for vision, 3 for NLP)", min=1)
+        buffer_size: int = opt(5, "M, the number of past global models used as teachers (paper: 5 for vision, 3 for "
+                                  "NLP)", min=1)
         lam: float = opt(0.1, "lambda, the scale of the teacher weights", min=0)
         tau: float = opt(1.0, "distillation temperature", min=0, exclusive_min=True)
-        vote_temperature: float | None = opt(None, "beta of the weight softmax (null: 1/M as in the paper)", min=0, exclusive_min=True)
+        vote_temperature: float | None = opt(None, "beta of the weight softmax (null: 1/M "
+                                                   "as in the paper)", min=0, exclusive_min=True)
         distill_first_round: bool = opt(False, "distil in round 1 from the initial model (the official code does not)")
 
     Server = VoteServer

@@ -169,7 +169,8 @@ class InputBuffers:
         return iter(self.__values.items())
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{n}={tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}" for n, v in self.__values.items())
+        shown = ", ".join(f"{n}={tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}"
+                          for n, v in self.__values.items())
         return f"InputBuffers({shown})"
 
 

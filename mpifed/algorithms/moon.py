@@ -115,7 +115,8 @@ class Moon(Algorithm):
     class Options:
         mu: float = opt(1.0, "weight of the model-contrastive loss", min=0)
         tau: float = opt(0.5, "temperature of the contrastive softmax", min=0, exclusive_min=True)
-        projection_dim: int = opt(256, "output size of MOON's projection head (0: no head, the network's own features)", min=0)
+        projection_dim: int = opt(256, "output size of MOON's projection head (0: no head, the network's own "
+                                       "features)", min=0)
         first_negative: Literal["none", "random", "initial"] = opt(
             "none", "the negative of a client that has not trained yet (rounds 2+): none (no contrastive term; "
                     "FedGKD's code), its own random initial network (MOON's code) or the initial global model "

@@ -55,7 +55,8 @@ class ScaffoldClient(Client):
 
     def end_client(self, ctx):
         n = self.setup.num_params
-        drift = (ctx.global_weights[:n] - ctx.flat.floats[:n]) / (effective_steps(ctx.steps, self.setup.train.momentum) * ctx.lr)
+        steps = effective_steps(ctx.steps, self.setup.train.momentum)
+        drift = (ctx.global_weights[:n] - ctx.flat.floats[:n]) / (steps * ctx.lr)
         return {"control": ctx.state.control - self.inputs.control + drift}
 
     def uplink(self, ctx):

@@ -170,7 +170,8 @@ class Quantity:
               groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         n = len(labels)
         if options.min_size * num_clients > n:
-            raise PartitionError(f"{num_clients} clients x data.partition.min_size={options.min_size} exceed {n} samples")
+            raise PartitionError(f"{num_clients} clients x data.partition.min_size={options.min_size} exceed {n} "
+                                 "samples")
         if options.distribution == "dirichlet":
             p = rng.dirichlet(np.full(num_clients, options.beta))
         else:
@@ -194,11 +195,14 @@ class Natural:
     def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, options: NoOptions,
               groups: np.ndarray | None = None, indices: np.ndarray | None = None) -> list[np.ndarray]:
         if groups is None:
-            raise PartitionError("partition 'natural' needs a data set with writers or users (femnist); use dirichlet otherwise")
+            raise PartitionError("partition 'natural' needs a data set with writers or users (femnist); use dirichlet "
+                                 "otherwise")
         ids = np.unique(groups)
         if len(ids) < num_clients:
-            raise PartitionError(f"{len(ids)} writers cannot be split over {num_clients} clients; lower data.num_clients")
-        return [np.sort(np.flatnonzero(np.isin(groups, run))) for run in np.array_split(rng.permutation(ids), num_clients)]
+            raise PartitionError(f"{len(ids)} writers cannot be split over {num_clients} clients; lower "
+                                 "data.num_clients")
+        return [np.sort(np.flatnonzero(np.isin(groups, run)))
+                for run in np.array_split(rng.permutation(ids), num_clients)]
 
 
 @PARTITIONS.register("domain")
@@ -232,7 +236,8 @@ class DirichletChunks:
     class Options:
         beta: float = opt(0.5, "Dirichlet concentration; smaller is more skewed", min=0, exclusive_min=True)
         group: int = opt(10, "clients per Dirichlet draw (the code's n_auxi_workers)", min=1)
-        min_fraction: float = opt(0.5, "redraw until every client of a draw holds this fraction of its fair share", min=0, max=1)
+        min_fraction: float = opt(0.5, "redraw until every client of a draw holds this fraction of its "
+                                       "fair share", min=0, max=1)
         max_tries: int = opt(10000, "give up after this many draws", min=1)
 
     @staticmethod
@@ -267,8 +272,8 @@ class FromFile:
     """A split made elsewhere, exactly: a JSON file mapping each client to its training-sample
     indices (``{"0": [...], "1": [...]}`` or a list of lists), a NumPy ``.npz`` file of one index
     array per client (``numpy.savez(f, *clients)``) or a ``.npy`` file of a 2-D array of
-    equal-sized clients; NumPy files are read without unpickling (an object array is refused). Indices refer to the training
-    set as mpifed reads it (after ``data.train_subset``). They are checked: the number of
+    equal-sized clients; NumPy files are read without unpickling (an object array is refused).
+    Indices refer to the training set as mpifed reads it (after ``data.train_subset``). They are checked: the number of
     clients, indices in range, no sample given twice, none held by the server."""
 
     @dataclass
@@ -288,8 +293,8 @@ class FromFile:
     def _existing(path: str | Path) -> Path:
         """``path`` as a Path, or a PartitionError saying why it is not a file to read."""
         if not str(path):
-            raise PartitionError("data.partition.path is not set: give the JSON, .npz or .npy file that maps each client "
-                                 "to its training-sample indices")
+            raise PartitionError("data.partition.path is not set: give the JSON, .npz or .npy file that maps each "
+                                 "client to its training-sample indices")
         path = Path(path)
         if path.is_dir():
             raise PartitionError(f"partition file {path} is a folder, not a file; set data.partition.path to the "
@@ -324,8 +329,8 @@ class FromFile:
         with open(path, "rb") as f:
             head = f.read(6)
         if not head.startswith((b"\x93NUMPY", b"PK")):
-            raise PartitionError(f"partition file {path} is not a NumPy .npy or .npz file (it lacks their header); write "
-                                 f"it with numpy.save or numpy.savez, or use a JSON file")
+            raise PartitionError(f"partition file {path} is not a NumPy .npy or .npz file (it lacks their header); "
+                                 f"write it with numpy.save or numpy.savez, or use a JSON file")
         try:
             data = np.load(path, allow_pickle=False)
         except ValueError as exc:
@@ -352,7 +357,8 @@ class FromFile:
         try:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PartitionError(f"partition file {path} is not valid JSON ({exc}); a NumPy file must end in .npz or .npy") from None
+            raise PartitionError(f"partition file {path} is not valid JSON ({exc}); a NumPy file must end in .npz or "
+                                 ".npy") from None
         except OSError as exc:
             raise PartitionError(f"partition file {path} cannot be read ({exc.strerror})") from None
         if isinstance(data, dict):
@@ -373,7 +379,8 @@ class FromFile:
         path = Path(options.path)
         clients = FromFile.read(options.path)
         if len(clients) != num_clients:
-            raise PartitionError(f"partition file {path} has {len(clients)} clients; set data.num_clients={len(clients)}")
+            raise PartitionError(f"partition file {path} has {len(clients)} clients; set "
+                                 f"data.num_clients={len(clients)}")
         indices = np.arange(len(labels)) if indices is None else indices
         total = int(indices.max()) + 1 if len(indices) else 0
         position = np.full(max(total, 1), -1, dtype=np.int64)
@@ -393,14 +400,17 @@ class FromFile:
             held = idx[position[idx] < 0]
             if len(held):
                 raise PartitionError(f"partition file {path}: sample {int(held[0])} (client {k}) is held by the server "
-                                     f"(data.server_holdout_per_class); set it to 0 or leave those samples out of the file")
+                                     "(data.server_holdout_per_class); set it to 0 or leave those samples out of the "
+                                     "file")
             out.append(np.sort(position[idx]))
         return out
 
 
 def split_summary(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
     """Per-client class counts, K x C."""
-    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]) if parts else np.zeros((0, num_classes), dtype=np.int64)
+    if not parts:
+        return np.zeros((0, num_classes), dtype=np.int64)
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
 
 
 def hold_out_per_class(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -410,7 +420,8 @@ def hold_out_per_class(labels: np.ndarray, per_class: int, rng: np.random.Genera
         idx = np.flatnonzero(labels == c)
         if len(idx) <= per_class:
             raise PartitionError(
-                f"class {c} has {len(idx)} training samples, not more than data.server_holdout_per_class={per_class}; lower it")
+                f"class {c} has {len(idx)} training samples, not more than data.server_holdout_per_class={per_class}; "
+                "lower it")
         held.append(rng.choice(idx, size=per_class, replace=False))
     held_idx = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
     mask = np.ones(len(labels), dtype=bool)

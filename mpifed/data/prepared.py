@@ -96,17 +96,20 @@ class Manifest:
         try:
             m = json.loads(path.read_text())
         except FileNotFoundError:
-            raise PreparedDataError(f"{root} holds no manifest.json; prepare it with python -m mpifed.prepare --config <config>") from None
+            raise PreparedDataError(f"{root} holds no manifest.json; prepare it with python -m mpifed.prepare --config "
+                                    "<config>") from None
         except json.JSONDecodeError as exc:
-            raise PreparedDataError(f"{path} is corrupt ({exc}); re-prepare with python -m mpifed.prepare --config <config> --force") from None
+            raise PreparedDataError(f"{path} is corrupt ({exc}); re-prepare with python -m mpifed.prepare --config "
+                                    "<config> --force") from None
         except OSError as exc:
             raise PreparedDataError(f"cannot read {path} ({exc.strerror}); re-prepare with python -m mpifed.prepare "
                                     f"--config <config> --force") from None
         if not isinstance(m, dict):
-            raise PreparedDataError(f"{path} is malformed (not a JSON object); re-prepare with python -m mpifed.prepare "
-                                    f"--config <config> --force")
+            raise PreparedDataError(f"{path} is malformed (not a JSON object); re-prepare with python -m "
+                                    f"mpifed.prepare --config <config> --force")
         if m.get("format") != FORMAT:
-            raise PreparedDataError(f"{root} was prepared by another mpifed version (format {m.get('format')}); re-prepare with --force")
+            raise PreparedDataError(f"{root} was prepared by another mpifed version (format {m.get('format')}); "
+                                    "re-prepare with --force")
         try:
             manifest = Manifest._from_json(root, m)
             manifest._check()
@@ -122,7 +125,8 @@ class Manifest:
             input_shape=tuple(m["input_shape"] if "input_shape" in m else m["image_shape"]),
             mean=m["mean"], std=m["std"], crop_padding=m["crop_padding"], flip=m["flip"],
             client_sizes=np.array([c["num_samples"] for c in m["clients"]], dtype=np.int64),
-            client_class_counts=np.array([c["class_counts"] for c in m["clients"]], dtype=np.int64).reshape(len(m["clients"]), m["num_classes"]),
+            client_class_counts=np.array([c["class_counts"] for c in m["clients"]],
+                                         dtype=np.int64).reshape(len(m["clients"]), m["num_classes"]),
             test_size=m["test"]["num_samples"], test_class_counts=np.array(m["test"]["class_counts"], dtype=np.int64),
             group_names=m["test"]["group_names"], test_group_counts=np.array(m["test"]["group_counts"], dtype=np.int64),
             server_size=m["server"]["num_samples"] if m["server"] else 0,
@@ -267,7 +271,8 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
     test_source = len(raw.test_y)
     val = None    # inputs, labels, groups of the validation set
     if cfg.data.val_size:
-        val_idx, rest = hold_out_stratified(raw.train_y, cfg.data.val_size, np.random.default_rng([spec["seed"], 0x7A1]))
+        val_idx, rest = hold_out_stratified(raw.train_y, cfg.data.val_size,
+                                            np.random.default_rng([spec["seed"], 0x7A1]))
         val = (select(raw.train_x, val_idx), raw.train_y[val_idx],
                raw.train_groups[val_idx] if raw.train_groups is not None else None)
         raw = _rows(raw, rest, slice(None))
@@ -281,8 +286,8 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         server_idx, pool = hold_out_per_class(labels, cfg.data.server_holdout_per_class, rng)
     partition = PARTITIONS.get(cfg.data.partition.name)
     groups = raw.train_groups[pool] if raw.train_groups is not None else None
-    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options, groups,
-                                              indices=pool)]
+    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options,
+                                              groups, indices=pool)]
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(f"clients {empty[:10]} received no samples; use fewer clients or a less skewed partition")
@@ -302,12 +307,13 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
                         raw.train_groups[idx] if raw.train_groups is not None else None)
             clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts[k].tolist()})
         test_counts = np.bincount(raw.test_y, minlength=raw.num_classes)
-        write_shard(tmp / "test.h5", raw.test_x, raw.test_y, {**common, "client_id": -1, "class_counts": test_counts.tolist()},
-                    raw.test_groups)
+        write_shard(tmp / "test.h5", raw.test_x, raw.test_y,
+                    {**common, "client_id": -1, "class_counts": test_counts.tolist()}, raw.test_groups)
         val_section = None
         if val is not None:
             vc = np.bincount(val[1], minlength=raw.num_classes)
-            write_shard(tmp / "val.h5", val[0], val[1], {**common, "client_id": -3, "class_counts": vc.tolist()}, val[2])
+            write_shard(tmp / "val.h5", val[0], val[1],
+                        {**common, "client_id": -3, "class_counts": vc.tolist()}, val[2])
             val_section = {"num_samples": int(len(val[1])), "class_counts": vc.tolist()}
         server = None
         if len(server_idx):
@@ -321,7 +327,8 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
             "vocab_size": vocab_size, "mean": mean, "std": std,
             "crop_padding": dataset.crop_padding, "flip": dataset.flip,
             "clients": clients,
-            "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(), "group_names": raw.group_names,
+            "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(),
+                     "group_names": raw.group_names,
                      "group_counts": np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
                      if raw.test_groups is not None else [],
                      **({"source_samples": test_source} if cfg.data.test_subset else {})},
@@ -346,7 +353,8 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
         shutil.rmtree(tmp, ignore_errors=True)
         log(f"[prepare] {root} was prepared by another process meanwhile; using it")
         return
-    log(f"[prepare] wrote {len(parts)} client shards, test set{', validation set' if val is not None else ''} and manifest to {root}")
+    log(f"[prepare] wrote {len(parts)} client shards, test set{', validation set' if val is not None else ''} and "
+        f"manifest to {root}")
 
 
 def remove_stale_temporary(folder: Path, log: Callable[[str], None]) -> list[Path]:
@@ -392,8 +400,8 @@ def _subset(raw: RawData, train: int, test: int) -> RawData:
 
 def _rows(raw: RawData, tr: np.ndarray | slice, te: np.ndarray | slice) -> RawData:
     """The training rows ``tr`` and test rows ``te`` of ``raw``."""
-    return RawData(select(raw.train_x, tr), raw.train_y[tr], select(raw.test_x, te), raw.test_y[te], raw.num_classes, raw.source,
-                   raw.train_groups[tr] if raw.train_groups is not None else None,
+    return RawData(select(raw.train_x, tr), raw.train_y[tr], select(raw.test_x, te), raw.test_y[te], raw.num_classes,
+                   raw.source, raw.train_groups[tr] if raw.train_groups is not None else None,
                    raw.test_groups[te] if raw.test_groups is not None else None, raw.group_names, raw.files)
 
 
@@ -438,7 +446,8 @@ def verify_client_shards(manifest: Manifest, index: int, count: int) -> None:
 
 def verify_files(manifest: Manifest) -> None:
     """Every shard is present and the test and validation sets match their checksums (checked before training)."""
-    missing = [str(manifest.client_path(k)) for k in range(manifest.num_clients) if not manifest.client_path(k).is_file()]
+    missing = [str(manifest.client_path(k)) for k in range(manifest.num_clients)
+               if not manifest.client_path(k).is_file()]
     if missing:
         raise ShardError(f"{len(missing)} client shard(s) are missing, e.g. {missing[0]}; "
                          f"re-prepare with python -m mpifed.prepare --config <config> --force")

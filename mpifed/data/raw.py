@@ -150,7 +150,8 @@ class RawData:
             if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
                 raise ValueError(f"{name} labels must lie in [0, {self.num_classes}), got [{y.min()}, {y.max()}]")
         if _shapes(self.train_x) != _shapes(self.test_x):
-            raise ValueError(f"train and test inputs differ in shape: {_shapes(self.train_x)} vs {_shapes(self.test_x)}")
+            raise ValueError(f"train and test inputs differ in shape: {_shapes(self.train_x)} vs "
+                             f"{_shapes(self.test_x)}")
 
     @property
     def input_shape(self) -> tuple[int, ...]:

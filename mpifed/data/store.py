@@ -104,7 +104,9 @@ def load_eval_batches(manifest: Manifest, batch_size: int, worker: int, workers:
                       device: torch.device | str, test: bool = True) -> list[EvalBatch]:
     """This worker's share of the test set (unless ``test`` is false) and of the validation set
     (when there is one), read row range by row range and kept on the device."""
-    sets = [(manifest.test_path, manifest.test_size if test else 0)] + ([(manifest.val_path, manifest.val_size)] if manifest.val_size else [])
+    sets = [(manifest.test_path,
+             manifest.test_size if test else 0)] + ([(manifest.val_path,
+                                                      manifest.val_size)] if manifest.val_size else [])
     out = []
     for s, b in eval_batch_ids([size for _, size in sets], batch_size, worker, workers):
         path, size = sets[s]

@@ -77,7 +77,9 @@ class DistilBert:
 
     @dataclass
     class Options:
-        pretrained: str | None = opt(None, "local folder with a Hugging Face DistilBERT checkpoint (config.json and model.safetensors); null: random weights of the shape below (ignored when set)")
+        pretrained: str | None = opt(None, "local folder with a Hugging Face DistilBERT checkpoint (config.json and "
+                                           "model.safetensors); null: random weights of the shape below (ignored when "
+                                           "set)")
         vocab_size: int = opt(30522, "token embeddings (at least the tokenizer's vocabulary)", min=1)
         dim: int = opt(768, "hidden size", min=1)
         n_layers: int = opt(6, "transformer layers", min=1)

@@ -38,7 +38,8 @@ class CifarResNet(Classifier):
     """The CIFAR ResNet of He et al. (Sec. 4.2): 3x3 stem, three stages of 16/32/64 channels,
     global average pooling (the 64 features), a linear classifier. ResNet-(6n+2) has n blocks per stage."""
 
-    def __init__(self, blocks_per_stage: int, in_channels: int, num_classes: int, norm: Callable[[int], nn.Module]) -> None:
+    def __init__(self, blocks_per_stage: int, in_channels: int, num_classes: int,
+                 norm: Callable[[int], nn.Module]) -> None:
         from torchvision.models.resnet import BasicBlock
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), norm(16), nn.ReLU(inplace=True))

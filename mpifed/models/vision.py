@@ -20,7 +20,8 @@ class AlexNet:
 
     @dataclass
     class Options:
-        norm: Literal["batch", "none"] = opt("batch", "BatchNorm after convolutions and hidden FC layers (FedBN), or none")
+        norm: Literal["batch", "none"] = opt("batch", "BatchNorm after convolutions and hidden FC layers (FedBN), or "
+                                                      "none")
 
     @staticmethod
     def build(options, image_shape, num_classes):

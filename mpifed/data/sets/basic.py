@@ -20,7 +20,8 @@ class Digits(Dataset):
 
     @dataclass
     class Options:
-        test_fraction: float = opt(0.2, "fraction of each class held out as the test set", min=0, max=1, exclusive_min=True)
+        test_fraction: float = opt(0.2, "fraction of each class held out as the "
+                                        "test set", min=0, max=1, exclusive_min=True)
         split_seed: int = opt(0, "seed of the train/test split", min=0)
 
     @staticmethod

@@ -71,8 +71,8 @@ class Cifar10(Dataset):
 
     @staticmethod
     def load(options) -> RawData:
-        return _load(Path(options.root), "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
-                     b"labels", 10, options.download, "CIFAR10", "CIFAR-10")
+        return _load(Path(options.root), "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)],
+                     ["test_batch"], b"labels", 10, options.download, "CIFAR10", "CIFAR-10")
 
 
 @DATASETS.register("cifar100")

@@ -28,7 +28,8 @@ def read_class_folders(root: Path, classes: list[str], size: int | None) -> tupl
     """``root/<class>/<image>`` for each class (sorted file order), as images and labels."""
     xs, ys = [], []
     for label, name in enumerate(classes):
-        files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if (root / name).is_dir() else []
+        folder = root / name
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
         xs += [load_image(p, size) for p in files]
         ys += [label] * len(files)
     if not xs:
@@ -134,9 +135,11 @@ class OfficeCaltech(Dataset):
     class Options:
         root: str = opt("data/raw/office_caltech_10", "folder with amazon/, caltech/, dslr/, webcam/")
         size: int = opt(256, "images are resized to size x size (FedBN: 256)", min=32)
-        test_fraction: float = opt(0.2, "fraction of each domain (per class) held out as its test split", min=0, max=1, exclusive_min=True)
+        test_fraction: float = opt(0.2, "fraction of each domain (per class) held "
+                                        "out as its test split", min=0, max=1, exclusive_min=True)
         split_seed: int = opt(0, "seed of the per-domain train/test split", min=0)
-        train_cut: float = opt(0.0, "train every domain on train_cut x the smallest domain's training split (FedBN: 0.5; 0: all)", min=0, max=1)
+        train_cut: float = opt(0.0, "train every domain on train_cut x the smallest domain's training split (FedBN: "
+                                    "0.5; 0: all)", min=0, max=1)
 
     title = "Office-Caltech-10"
     flip = True
@@ -149,7 +152,8 @@ class OfficeCaltech(Dataset):
         classes = class_names(root / OfficeCaltech.DOMAINS[0])
         parts = {"trx": [], "try": [], "trg": [], "tex": [], "tey": [], "teg": []}
         domains = [read_class_folders(root / d, classes, options.size) for d in OfficeCaltech.DOMAINS]
-        splits = [stratified_split(y, options.test_fraction, options.split_seed + g) for g, (_, y) in enumerate(domains)]
+        splits = [stratified_split(y, options.test_fraction,
+                                   options.split_seed + g) for g, (_, y) in enumerate(domains)]
         cut = int(options.train_cut * min(len(tr) for tr, _ in splits)) if options.train_cut else 0
         for g, ((x, y), (tr, te)) in enumerate(zip(domains, splits)):
             if cut:
@@ -159,6 +163,7 @@ class OfficeCaltech(Dataset):
             parts["trg"].append(np.full(len(tr), g, dtype=np.int64))
             parts["teg"].append(np.full(len(te), g, dtype=np.int64))
         cat = {k: np.concatenate(v) for k, v in parts.items()}
-        return RawData(cat["trx"], cat["try"], cat["tex"], cat["tey"], len(classes), f"Office-Caltech-10 folders in {root}",
+        return RawData(cat["trx"], cat["try"], cat["tex"], cat["tey"], len(classes),
+                       f"Office-Caltech-10 folders in {root}",
                        train_groups=cat["trg"], test_groups=cat["teg"], group_names=list(OfficeCaltech.DOMAINS),
                        files=[root / d / c for d in OfficeCaltech.DOMAINS for c in classes if (root / d / c).is_dir()])

@@ -57,7 +57,8 @@ def load_idx_split(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     images_file, labels_file = idx_files(root, prefix)
     images, labels = read_idx(images_file), read_idx(labels_file)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(f"IDX files under {root} ({prefix}) do not pair up: images {images.shape}, labels {labels.shape}")
+        raise ValueError(f"IDX files under {root} ({prefix}) do not pair up: images {images.shape}, labels "
+                         f"{labels.shape}")
     return images[:, None].astype(np.uint8), labels.astype(np.int64)
 
 
@@ -65,7 +66,8 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str, classes: 
     @dataclass
     class Options:
         root: str = opt(default_root, f"folder with the {title} IDX files (train-images-idx3-ubyte[.gz], ...)")
-        download: bool = opt(False, "fetch the files with torchvision when they are missing (needs internet)", math=False)
+        download: bool = opt(False, "fetch the files with torchvision when they are missing (needs "
+                                    "internet)", math=False)
 
     class IdxDataset(Dataset):
         __doc__ = f"{title} from its IDX files (60,000 training and 10,000 test 28x28 grey images)."
@@ -79,8 +81,9 @@ def _idx_dataset(title: str, default_root: str, torchvision_name: str, classes: 
             except FileNotFoundError as missing:
                 if not options.download:
                     raise DataMissing(
-                        f"{title}: cannot read the IDX files in {root}: {missing}. Point data.dataset.root at the folder "
-                        f"with the IDX files, or set data.dataset.download=true to fetch them with torchvision") from None
+                        f"{title}: cannot read the IDX files in {root}: {missing}. Point data.dataset.root at the "
+                        "folder with the IDX files, or set data.dataset.download=true to fetch them with "
+                        "torchvision") from None
             import torchvision
             getattr(torchvision.datasets, torchvision_name)(str(root), train=True, download=True)
             return IdxDataset._read(root / torchvision_name / "raw")

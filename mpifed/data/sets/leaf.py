@@ -27,7 +27,8 @@ def read_leaf(folder: Path, writer_ids: dict[str, int]) -> tuple[np.ndarray, np.
                 data = d["user_data"][user]
                 x = np.asarray(data["x"], dtype=np.float32)
                 if x.shape != (count, 784) or len(data["y"]) != count:
-                    raise ValueError(f"user {user}: {x.shape} images and {len(data['y'])} labels, num_samples says {count}")
+                    raise ValueError(f"user {user}: {x.shape} images and {len(data['y'])} labels, num_samples says "
+                                     f"{count}")
                 xs.append(np.rint(np.clip(x, 0, 1) * 255).astype(np.uint8).reshape(-1, 1, 28, 28))
                 ys.append(np.asarray(data["y"], dtype=np.int64))
                 gs.append(np.full(count, writer_ids.setdefault(user, len(writer_ids)), dtype=np.int64))

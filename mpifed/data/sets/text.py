@@ -52,7 +52,8 @@ class AgNews(Dataset):
     @dataclass
     class Options:
         root: str = opt("data/raw/ag_news", "folder with train.csv and test.csv (the ag_news_csv archive)")
-        train_fraction: float = opt(1.0, "keep this fraction of every class of the training texts (FedGKD: 0.5)", min=0, max=1, exclusive_min=True)
+        train_fraction: float = opt(1.0, "keep this fraction of every class of the "
+                                         "training texts (FedGKD: 0.5)", min=0, max=1, exclusive_min=True)
         fraction_seed: int = opt(0, "seed of the kept fraction", min=0)
 
     title = "AG News"
@@ -68,7 +69,8 @@ class AgNews(Dataset):
         train, ytr = read_ag_news_csv(root / "train.csv")
         test, yte = read_ag_news_csv(root / "test.csv")
         train, ytr = _keep_fraction(train, ytr, options.train_fraction, options.fraction_seed)
-        return RawText(train, ytr, test, yte, 4, f"AG News CSV in {root}", files=[root / "train.csv", root / "test.csv"])
+        return RawText(train, ytr, test, yte, 4, "AG News CSV in "
+                                                 f"{root}", files=[root / "train.csv", root / "test.csv"])
 
 
 # ------------------------------------------------------------------------------ SST-5
@@ -127,7 +129,8 @@ def read_tsv(path: Path) -> tuple[list[str], list[int]]:
         li = 0 if all(r[0].strip().isdigit() for r in rows) else 1
         ti = 1 - li
     else:
-        raise ValueError(f"{path}: expected a header with 'label' and 'sentence' columns, or two columns (label, sentence)")
+        raise ValueError(f"{path}: expected a header with 'label' and 'sentence' columns, or two columns (label, "
+                         "sentence)")
     try:
         return [r[ti] for r in rows], [int(r[li]) for r in rows]
     except (ValueError, IndexError) as exc:
@@ -152,7 +155,8 @@ class SST5(Dataset):
     @dataclass
     class Options:
         root: str = opt("data/raw/sst5", "folder with train/test as PTB trees (.txt), JSONL (.jsonl) or TSV (.tsv)")
-        format: Literal["auto", "ptb", "jsonl", "tsv"] = opt("auto", "file format; auto: the first of .txt, .jsonl, .tsv present")
+        format: Literal["auto", "ptb", "jsonl", "tsv"] = opt("auto", "file format; auto: the first of .txt, .jsonl, "
+                                                                     ".tsv present")
 
     @staticmethod
     def _formats(options: "SST5.Options") -> list[str]:
@@ -162,8 +166,8 @@ class SST5(Dataset):
     def _format(options: "SST5.Options") -> str | None:
         """The first requested format whose train and test files are both in the folder."""
         root = Path(options.root)
-        return next((f for f in SST5._formats(options) if all((root / f"{s}{_SST_READERS[f][0]}").is_file() for s in ("train", "test"))),
-                    None)
+        return next((f for f in SST5._formats(options)
+                     if all((root / f"{s}{_SST_READERS[f][0]}").is_file() for s in ("train", "test"))), None)
 
     @staticmethod
     def raw_missing(options: "SST5.Options") -> Path | None:
@@ -176,7 +180,8 @@ class SST5(Dataset):
         if fmt is None:
             names = " or ".join(f"train{_SST_READERS[f][0]} + test{_SST_READERS[f][0]}" for f in SST5._formats(options))
             raise DataMissing(f"SST-5: {names} not found in {root}. Get the treebank's trainDevTestTrees_PTB "
-                              f"(train.txt, dev.txt, test.txt) or an SST-5 JSONL/TSV export and point data.dataset.root at it")
+                              "(train.txt, dev.txt, test.txt) or an SST-5 JSONL/TSV export and point "
+                              "data.dataset.root at it")
         suffix, reader = _SST_READERS[fmt]
         files = [root / f"train{suffix}", root / f"test{suffix}"]
         train, ytr = reader(files[0])
@@ -199,15 +204,16 @@ def read_fortunes(path: Path) -> list[str]:
 @DATASETS.register("fortunes")
 class Fortunes(Dataset):
     """Debian's ``fortunes`` package (``apt-get install fortunes``): short English texts filed by
-    topic; each chosen category file is a class. The default four categories hold 2,961 texts (2,369 training, 592 test).
-    A stratified ``test_fraction`` is held out with ``split_seed``. A small, real, offline
+    topic; each chosen category file is a class. The default four categories hold 2,961 texts
+    (2,369 training, 592 test). A stratified ``test_fraction`` is held out with ``split_seed``. A small, real, offline
     topic-classification task for demonstrations, not a benchmark from a paper."""
 
     @dataclass
     class Options:
         root: str = opt("/usr/share/games/fortunes", "folder with the fortune files")
         categories: list[str] = opt(["computers", "men-women", "politics", "science"], "fortune files, one class each")
-        test_fraction: float = opt(0.2, "fraction of each class held out as the test set", min=0, max=1, exclusive_min=True)
+        test_fraction: float = opt(0.2, "fraction of each class held out as the "
+                                        "test set", min=0, max=1, exclusive_min=True)
         split_seed: int = opt(0, "seed of the train/test split", min=0)
 
     title = "fortunes"
@@ -233,4 +239,5 @@ class Fortunes(Dataset):
         y = _labels(labels)
         tr, te = stratified_split(y, options.test_fraction, options.split_seed)
         return RawText([texts[i] for i in tr], y[tr], [texts[i] for i in te], y[te], len(options.categories),
-                       f"fortunes {', '.join(options.categories)} in {root}", files=[root / c for c in options.categories])
+                       f"fortunes {', '.join(options.categories)} in "
+                       f"{root}", files=[root / c for c in options.categories])
