@@ -42,11 +42,12 @@ def evaluate_share(model: Callable[[Any], torch.Tensor], transform: BatchTransfo
     return buf
 
 
-TEST_COLUMNS = ("test_acc", "test_loss", "per_class_acc", "per_group_acc", "group_mean_acc")   # what summarize returns
+# the figures evaluation_figures returns
+TEST_COLUMNS = ("test_acc", "test_loss", "per_class_acc", "per_group_acc", "group_mean_acc")
 
 
-def summarize(totals: dict[str, torch.Tensor], class_counts: np.ndarray, group_counts: np.ndarray,
-              group_names: list[str]) -> dict[str, Any]:
+def evaluation_figures(totals: dict[str, torch.Tensor], class_counts: np.ndarray, group_counts: np.ndarray,
+                       group_names: list[str]) -> dict[str, Any]:
     """Accuracy, mean loss, per-class (and per-group) accuracy from the summed evaluation."""
     n = int(class_counts.sum())
     correct = totals["correct"].numpy()

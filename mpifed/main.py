@@ -70,37 +70,37 @@ def main(argv: list[str] | None = None) -> int:
         from mpifed.comm import Comm, MpiComm, world
         from mpifed.startup import StartFailed, StartStopped
         mpi_world, _, size = world()
-        w: Comm = MpiComm(mpi_world) if size > 1 else Comm()
+        comm: Comm = MpiComm(mpi_world) if size > 1 else Comm()
         errors = user_errors()
         try:
-            return handoff.hand_back(_run(args, w, mpi_world, errors), w.rank)
+            return handoff.hand_back(_run(args, comm, mpi_world, errors), comm.rank)
         except StartFailed:
-            return handoff.hand_back(2, w.rank)
+            return handoff.hand_back(2, comm.rank)
         except StartStopped:
-            return handoff.hand_back(handoff.EXIT_STOPPED, w.rank)
+            return handoff.hand_back(handoff.EXIT_STOPPED, comm.rank)
         except errors as exc:
-            return handoff.hand_back(_refused(w, str(exc)), w.rank)
+            return handoff.hand_back(_refused(comm, str(exc)), comm.rank)
         except BaseException as exc:
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                return handoff.hand_back(_refused(
-                    w, f"{exc.strerror} writing {exc.filename or 'a file'}: free space there, then continue the run "
-                       f"with --resume (it restarts from the last complete checkpoint)"), w.rank)
-            return _crashed(w)
+                full = (f"{exc.strerror} writing {exc.filename or 'a file'}: free space there, then continue the run "
+                        f"with --resume (it restarts from the last complete checkpoint)")
+                return handoff.hand_back(_refused(comm, full), comm.rank)
+            return _crashed(comm)
         finally:
             release_locks()
 
 
-def _run(args: argparse.Namespace, w: Comm, mpi_world: Any, errors: tuple[type[Exception], ...]) -> int:
+def _run(args: argparse.Namespace, comm: Comm, mpi_world: Any, errors: tuple[type[Exception], ...]) -> int:
     """Start up (:mod:`mpifed.startup`), then walk the rounds; returns the exit code."""
     from mpifed.startup import Startup
-    startup = Startup(w, mpi_world, errors)
+    startup = Startup(comm, mpi_world, errors)
     resolved = startup.resolve(lambda: resolve(args))
     if args.show_config or resolved.nothing_to_do:
-        if w.rank == 0:
+        if comm.rank == 0:
             print(yaml.safe_dump(resolved.config, sort_keys=False) if args.show_config else resolved.nothing_to_do,
                   flush=True)
         return 0
-    return startup.start(resolved, handoff.resume_command(resolved.run_path, w.size)).walk()
+    return startup.start(resolved, handoff.resume_command(resolved.run_path, comm.size)).walk()
 
 
 def resolve(args: argparse.Namespace) -> Resolved:
@@ -187,20 +187,20 @@ def user_errors() -> tuple[type[Exception], ...]:
             PartitionError, PlacementError, PreparedDataError, ShardError, NonFiniteLoss, ProtocolError)
 
 
-def _refused(w: Comm, message: str) -> int:
+def _refused(comm: Comm, message: str) -> int:
     """End the job on an error that is the user's to fix: its message, no traceback, exit code 2."""
-    sys.stderr.write(f"[mpifed] rank {w.rank}: {message}\n")
-    if w.size > 1:
-        w.abort(2)
+    sys.stderr.write(f"[mpifed] rank {comm.rank}: {message}\n")
+    if comm.size > 1:
+        comm.abort(2)
     return 2
 
 
-def _crashed(w: Comm) -> int:
+def _crashed(comm: Comm) -> int:
     """Report an unexpected error with its traceback and end the job."""
-    sys.stderr.write(f"[mpifed] rank {w.rank} failed:\n{traceback.format_exc()}")
-    if w.size > 1:
-        sys.stderr.write(f"[mpifed] rank {w.rank}: ending the whole job (MPI Abort)\n")
-        w.abort(1)
+    sys.stderr.write(f"[mpifed] rank {comm.rank} failed:\n{traceback.format_exc()}")
+    if comm.size > 1:
+        sys.stderr.write(f"[mpifed] rank {comm.rank}: ending the whole job (MPI Abort)\n")
+        comm.abort(1)
     return 1
 
 

@@ -10,7 +10,7 @@ import numpy as np
 class RoundPlan:
     """Broadcast to every worker at the start of a round (a small pickled object)."""
 
-    round: int                  # 0-based (the logs call it round + 1)
+    round: int                  # 0-based (the logs number it: number)
     lr: float
     assignment: list[list[int]] = field(default_factory=list)   # client ids per worker
     evaluate: bool = False
@@ -22,6 +22,11 @@ class RoundPlan:
     model_held: bool = False    # every rank holds the global model already (the last round's evaluation sent it)
     last_trained: dict[int, int] = field(default_factory=dict)  # assigned client -> the round it last trained in
                                                                  # (methods with client state; absent: never)
+
+    @property
+    def number(self) -> int:
+        """The round as logs, metrics and messages number it: 1 for the first."""
+        return self.round + 1
 
 
 def clients_per_round(num_clients: int, participation: float) -> int:

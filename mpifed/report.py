@@ -68,7 +68,7 @@ class Collection:
     identities: dict[Path, dict[str, Any]] = field(default_factory=dict)   # each run's result fingerprint
 
 
-def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results.Metric | None,
+def collect(inputs: list[str], runs_root: str, added: list[str], metric: results.Metric | None,
             plugins: list[str] | None = None) -> Collection:
     """Group the runs of every input (see the module docstring), methods by their display names;
     a setting whose runs hold different data is split, one setting per data (:func:`split_by_data`)."""
@@ -78,7 +78,7 @@ def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results
         path = Path(item)
         if path.name.endswith(".table.yaml"):
             table = load_table(path, runs_root, plugins)
-            resolve(table, extra)
+            resolve(table, added)
             groups, left_out, _, _ = finished_runs(table)
             out.identities.update({r.path: r.identity for r in table.runs})
             for key, runs in groups.items():
@@ -96,7 +96,7 @@ def collect(inputs: list[str], runs_root: str, extra: list[str], metric: results
     if not any(out.groups.values()):
         raise ReportError("no finished runs found in " + ", ".join(inputs)
                           + (f" (left out: {'; '.join(out.left_out)})" if out.left_out else ""))
-    overrides = f" (--set {' '.join(extra)})" if extra else ""
+    overrides = f" (--set {' '.join(added)})" if added else ""
     out.title = "; ".join(titles) + overrides
     out.figure_title = "; ".join(tables) + overrides if tables else ""
     split_by_data(out)

@@ -20,7 +20,7 @@ from mpifed import checkpoint, results
 from mpifed.algorithms.base import Fields, ProtocolError, Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
-from mpifed.evaluation import TEST_COLUMNS, summarize, validation
+from mpifed.evaluation import TEST_COLUMNS, evaluation_figures, validation
 from mpifed.handoff import EXIT_STOPPED, describe_signal, note_resume_point
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
@@ -44,7 +44,7 @@ class RoundServer:
         flat = method.tools.flat
         self.device = flat.floats.device
         self.metrics: list[dict[str, Any]] = []
-        self.rnd = 0                       # the next round to run (0-based)
+        self.rounds_done = 0               # rounds trained so far: the next round's 0-based index
         self.model_sent = False            # the last evaluation broadcast the global model as it is now
         self.holders: dict[int, int] = {}  # client -> the worker holding its state in memory
         self.last_trained: dict[int, int] = {}   # client -> the last round it trained in (methods with client state)
@@ -77,14 +77,14 @@ class RoundServer:
             self._restore(resume)
             method.start(self.global_floats)
             method.load_state_dict(resume["algorithm"])
-        self.first_down = self._method_downlink(self.rnd)   # made now: a name not declared fails before round 1
-        self._write_status("running", self.rnd)   # a finished run trained further is running again, from now
+        self.first_down = self._method_downlink(self.rounds_done)   # made now: a name not declared fails before round 1
+        self._write_status("running", self.rounds_done)   # a finished run trained further is running again, from now
         note_resume_point(self.describe_checkpoint())
 
     # ------------------------------------------------------------ the round, in order
     def plan(self) -> RoundPlan:
         """The next round's plan, or the stop plan after the last round or on a stop request."""
-        cfg, rnd = self.cfg, self.rnd
+        cfg, rnd = self.cfg, self.rounds_done
         if rnd >= cfg.train.rounds or stop_requested() or self.worker_stops:
             return RoundPlan(round=rnd, lr=0.0, stop=True)
         clients = sample_clients(cfg.run.seed, rnd, self.manifest.num_clients, cfg.train.participation)
@@ -125,7 +125,7 @@ class RoundServer:
         if bad:
             scalars = ", ".join(f"{k}={float(v):.6g}" for k, v in sums if v.numel() == 1)
             summed = f" (summed: {scalars})" if scalars else ""
-            raise ProtocolError(f"{type(self.method).__name__}.aggregate (round {plan.round + 1}) returned a global "
+            raise ProtocolError(f"{type(self.method).__name__}.aggregate (round {plan.number}) returned a global "
                                 f"model with {bad} NaN or infinite value(s) of {new.numel()}, from finite "
                                 f"uplinks{summed}: a weighted mean whose weights sum to zero, or another division by "
                                 f"zero, in the method's aggregate")
@@ -142,7 +142,7 @@ class RoundServer:
 
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None:
         m = self.manifest
-        self.result = (summarize(totals, m.test_class_counts, m.test_group_counts, m.group_names)
+        self.result = (evaluation_figures(totals, m.test_class_counts, m.test_group_counts, m.group_names)
                        if self.cfg.run.eval_test else {})
         if m.val_size:
             self.result.update(validation(totals, m.val_size))
@@ -150,10 +150,10 @@ class RoundServer:
     def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None:
         self._check_lock()
         self._record(plan, times)
-        self.rnd = plan.round + 1
+        self.rounds_done = plan.number
         self.worker_stops = stops
         if plan.checkpoint:
-            self.checkpoint(self.rnd)
+            self.checkpoint(self.rounds_done)
 
     def stopped(self, usage: list[Any]) -> None:
         """After the stop plan: the final checkpoint, model, summary and status."""
@@ -161,7 +161,7 @@ class RoundServer:
         self.progress.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
-        rounds_done = self.rnd
+        rounds_done = self.rounds_done
         finished = rounds_done >= self.cfg.train.rounds
         self._check_lock()
         if self.last_checkpoint_round != rounds_done:
@@ -199,7 +199,7 @@ class RoundServer:
         busy = [sum(r.seconds for r in reports if r.worker == w) for w in range(self.workers)]
         timing = {k: round(v, 4) for k, v in t.items()}
         timing["worker_idle_mean"] = round(t["local_training"] - statistics.fmean(busy), 4)
-        row: dict[str, Any] = {"round": plan.round + 1, "lr": plan.lr, "clients": len(reports),
+        row: dict[str, Any] = {"round": plan.number, "lr": plan.lr, "clients": len(reports),
                                "train_loss": sum(r.train_loss * r.samples for r in reports) / max(samples, 1)}
         if plan.evaluate:
             row.update(self.result)
@@ -211,15 +211,15 @@ class RoundServer:
             self.tensorboard.add_row(row)
         if self.mlflow is not None:
             self.mlflow.add_row(row)
-        self.run_dir.append_row("clients.jsonl", {"round": plan.round + 1, "clients": [asdict(r) for r in reports]})
+        self.run_dir.append_row("clients.jsonl", {"round": plan.number, "clients": [asdict(r) for r in reports]})
         acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
         if "val_acc" in row:
             acc += f"  val_acc {row['val_acc']:.4f}"
         self.run_dir.log(
-            f"round {plan.round + 1}/{self.cfg.train.rounds}{acc}  train_loss {row['train_loss']:.4f}  "
+            f"round {plan.number}/{self.cfg.train.rounds}{acc}  train_loss {row['train_loss']:.4f}  "
             f"{t['round']:.2f} s (down {t['downlink']:.3f}, train {t['local_training']:.2f}, "
-            f"up {t['uplink']:.3f}, eval {t.get('evaluation', 0.0):.2f}); {self.progress.timing(plan.round + 1)}")
-        self.progress.advance(plan.round + 1)
+            f"up {t['uplink']:.3f}, eval {t.get('evaluation', 0.0):.2f}); {self.progress.timing(plan.number)}")
+        self.progress.advance(plan.number)
 
     def _oldest_resume_round(self, rnd: int) -> int:
         """The earliest round a resume could start at: the oldest checkpoint on disk, or (with none)
@@ -249,17 +249,17 @@ class RoundServer:
         self.global_floats = state["global_floats"].to(self.device)
         self.global_ints = state["global_ints"].to(self.device)
         self.metrics = state["metrics"]
-        self.rnd = state["rounds_done"]
+        self.rounds_done = state["rounds_done"]
         self.last_checkpoint_round = state["rounds_done"]
         self.last_checkpoint = checkpoint.path_for(self.run_dir.checkpoints, state["rounds_done"])
         self.elapsed_before = state["elapsed_s"]
         if self.layouts.client_state.entries:   # the clients each round sampled: sampling depends on (seed, round) only
-            for rnd in range(self.rnd):
+            for rnd in range(self.rounds_done):
                 self.last_trained.update({int(c): rnd for c in sample_clients(self.cfg.run.seed, rnd,
                                                                              self.manifest.num_clients,
                                                                              self.cfg.train.participation)})
         self.run_dir.write_rows("metrics.jsonl", self.metrics)
-        self.run_dir.keep_rounds("clients.jsonl", self.rnd)
+        self.run_dir.keep_rounds("clients.jsonl", self.rounds_done)
 
     def abandon(self) -> None:
         """The run failed: end what it tracks (its MLflow run is marked failed)."""

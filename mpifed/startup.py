@@ -123,11 +123,11 @@ class Startup:
 
     def start(self, resolved: Resolved, resume_command: str) -> Started:
         """The phases after resolve: this rank, ready for round 1 (``resume_command`` continues the run)."""
-        w, rank, size = self.world, self.rank, self.size
+        world, rank, size = self.world, self.rank, self.size
         cfg = self._everyone("plugins", lambda: load_code(resolved, rank))
         run = RunDir(resolved.run_path)
-        w.on_abort = lambda reason: run.mark_failed(reason, checkpoint.latest(run.checkpoints))
-        w.timeout_s, w.poll_s = cfg.comm.timeout_s, cfg.comm.poll_ms / 1000.0
+        world.on_abort = lambda reason: run.mark_failed(reason, checkpoint.latest(run.checkpoints))
+        world.timeout_s, world.poll_s = cfg.comm.timeout_s, cfg.comm.poll_ms / 1000.0
         is_server, has_worker = rank == 0, rank > 0 or size == 1
         workers, index = max(size - 1, 1), rank - 1 if size > 1 else 0
 
@@ -143,7 +143,7 @@ class Startup:
         role = ("server" if is_server else "worker") if size > 1 else "server and worker"
         ranks = self._gathered("ranks", {"rank": rank, "host": host, "pid": os.getpid(), "device": str(device),
                                          "threads": threads, "role": role, **provenance.rank_details(device)})
-        peers = w.workers()
+        peers = world.workers()
 
         worker, server = None, None
         if has_worker:
@@ -151,11 +151,11 @@ class Startup:
         if is_server:
             server = make_server(cfg, resolved, algo, setup, layouts, manifest, transform, run, workers, resume_command)
             code = plugins.keep_copies(run.path, config.chosen_entries(cfg))
-            provenance.record(run.path, ranks, server.rnd, code)
+            provenance.record(run.path, ranks, server.rounds_done, code)
             log_start(run, cfg, manifest, size, ranks, server.mlflow.describe() if server.mlflow else None, code)
-            w.context = server.describe_checkpoint
+            world.context = server.describe_checkpoint
             signals.on_signal(lambda name: announce_stop(server, name))
-        return Started(RoundProtocol(layouts, w, peers, server, worker, setup.clients_per_round), server, run, rank)
+        return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round), server, run, rank)
 
     # ------------------------------------------------------------ agreements
     def _decided(self, phase: str, work: Callable[[], T]) -> T:

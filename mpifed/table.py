@@ -54,7 +54,7 @@ from pathlib import Path
 
 from mpifed import __version__, config, results
 from mpifed.pipes import quiet_when_pipe_closes
-from mpifed.runner import Job, run_jobs
+from mpifed.run_queue import Job, run_jobs
 from mpifed.summary import Summary, tabulate
 from mpifed.table_file import Table, TableRun, finished_runs, load_table, resolve, settled, status
 from mpifed.table_store import archive_table, prune, reuse_runs, settled_runs_under
@@ -88,7 +88,7 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
     if diverged_as == LEAVE_OUT and table.diverged_value is not None:
         left_out.append(f"diverged runs left out by --diverged {LEAVE_OUT} (a sensitivity check: the table counts them "
                         f"as {table.diverged_value:g})")
-    title = table.title + (f" (with --set {' '.join(table.extra)})" if table.extra else "")
+    title = table.title + (f" (with --set {' '.join(table.added)})" if table.added else "")
     return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
                     reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
                     claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)),
@@ -151,7 +151,7 @@ def summary_table(table: Table, reference: str | None = None, by_seed: bool = Fa
 
 
 # ------------------------------------------------------------------ listing
-def listing(table: Table, extra: list[str]) -> str:
+def listing(table: Table, added: list[str]) -> str:
     """Each run's status (``diverged``: failed with a NaN loss, not run again), directory and mpifed
     arguments (the search runs first); runs whose raw data is missing are marked with the folder
     they expect; the estimated time left."""
@@ -173,7 +173,7 @@ def listing(table: Table, extra: list[str]) -> str:
                 (tokenizers if tokenizer else folders).add(str(missing))
                 mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
             state = status(r)
-            lines.append(f"{state:>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(extra))}{mark}")
+            lines.append(f"{state:>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(added))}{mark}")
     waiting = [r for r in table.runs if (r.setting, r.method) in table.pending]
     if waiting:
         pairs = sorted({(r.setting, r.method) for r in waiting})
@@ -255,12 +255,12 @@ def _duration(seconds: float) -> str:
 
 
 # ------------------------------------------------------------------ running
-def run_all(runs: list[TableRun], ranks: int, extra: list[str], again: str, parallel: int = 1) -> tuple[int, int]:
+def run_all(runs: list[TableRun], ranks: int, added: list[str], again: str, parallel: int = 1) -> tuple[int, int]:
     """Run the unfinished ``runs`` (``parallel`` at a time); returns (exit code, runs skipped because
     another process is running them). A stop signal ends the table after the runs in progress
     have stopped cleanly; a failure, after they have finished."""
     todo = [r for r in runs if not settled(r.path)]
-    jobs = [Job(r.path, r.args(extra), r.root / "logs" / f"{r.name}.txt" if r.candidate is None
+    jobs = [Job(r.path, r.args(added), r.root / "logs" / f"{r.name}.txt" if r.candidate is None
                 else r.root.parent / "logs" / "tuning" / f"{r.name}.txt") for r in todo]
     out = run_jobs(jobs, ranks, parallel, say=lambda text: print(f"[mpifed.table] {text}", flush=True))
     if out.received:
@@ -272,19 +272,46 @@ def run_all(runs: list[TableRun], ranks: int, extra: list[str], again: str, para
     return out.code, out.skipped
 
 
-def _write_runs(table: Table, extra: list[str], path: str) -> str:
+def _write_runs(table: Table, added: list[str], path: str) -> str:
     if table.pending:
         runs = [r for r in table.search if not settled(r.path)]
-        Path(path).write_text("".join(shlex.join(r.args(extra)) + "\n" for r in runs))
+        Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in runs))
         return (f"{len(runs)} search runs written to {path}; submit them with:\n"
                 f"  sbatch --array=0-{len(runs) - 1} slurm/array.sbatch {path}\n"
                 f"when they have finished, run --write-runs again: it makes the choice and writes the table's runs")
-    Path(path).write_text("".join(shlex.join(r.args(extra)) + "\n" for r in table.runs))
+    Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in table.runs))
     return (f"{len(table.runs)} runs written to {path}; submit with:\n"
             f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
 
 
-def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> None:
+def _loaded(a: argparse.Namespace, added: list[str], record: bool) -> Table:
+    """The table file of the command line, its runs resolved with the --set overrides ``added``
+    (``record``: its search's choice written down) and selected by --settings, --methods and --seeds;
+    a :class:`~mpifed.config.ConfigError` for a bad table, --reference or --tune."""
+    table = load_table(a.table, a.runs_root, a.plugin)
+    if a.reference is not None and a.reference not in {r.method for r in table.runs}:
+        raise config.ConfigError(f"--reference {a.reference}: not a method of this table "
+                                 f"({', '.join(dict.fromkeys(r.method for r in table.runs))})")
+    if a.tune is not None and table.tuning is None:
+        raise config.ConfigError(f"--tune: {a.table} declares no search (a tuning section)")
+    resolve(table, added, record=record)
+    table.select(a.settings, a.methods, a.seeds)
+    return table
+
+
+def _archive(table: Table, a: argparse.Namespace, added: list[str]) -> int:
+    """--archive: copy the settled runs to the folder, and print the command that summarises the copy."""
+    filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods), ("--seeds", a.seeds)) if v
+               for w in (flag, *map(str, v))]
+    set_again = ["--set", *added] if added else []
+    code = [w for spec in a.plugin for w in ("--plugin", spec)]
+    summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *code, *filters,
+                          *set_again, "--summary"])
+    print(archive_table(table, Path(a.archive), summary))
+    return 0
+
+
+def _reuse(table: Table, a: argparse.Namespace, added: list[str]) -> int:
     """--reuse: copy identical runs in, again after each search they complete, until none is left."""
     found: dict[str, list[Path]] = {}
     for folder in map(Path, a.reuse):
@@ -297,13 +324,45 @@ def _reuse(table: Table, a: argparse.Namespace, extra: list[str]) -> None:
         for source, r in copied:
             print(f"[mpifed.table] reused {source} as {r.path}", flush=True)
         reused += len(copied)
-        table = load_table(a.table, a.runs_root, a.plugin)
-        resolve(table, extra, record=True)
-        table.select(a.settings, a.methods, a.seeds)
+        table = _loaded(a, added, record=True)
     left = sum(not settled(r.path) for r in table.search + table.runs)
     waiting = sum((r.setting, r.method) in table.pending for r in table.runs)
     print(f"[mpifed.table] {reused} runs reused from {', '.join(a.reuse)}; {left} of the table's runs still to make"
           + (f", {waiting} of them after their search" if waiting else "") + " (--list shows them)")
+    return 0
+
+
+def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> int:
+    """--tune and --run: the search first (where the table has one still to choose, or with --tune),
+    then (--run) the table's runs and its summary."""
+    ranks = a.tune if a.tune is not None else a.run
+    skipped = 0
+    if table.tuning is not None and (table.pending or a.tune is not None):
+        code, skipped = run_all(table.search, ranks, added, again, a.parallel)
+        if code != 0:
+            return code
+        table = _loaded(a, added, record=True)
+        for line in _search_notes(table):
+            print(f"[mpifed.table] {line}", flush=True)
+        if a.tune is not None or table.pending:
+            if skipped:
+                print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they "
+                      f"finish", flush=True)
+            return 0
+    code, more = run_all(table.runs, ranks, added, again, a.parallel)
+    skipped += more
+    if code != 0:
+        return code
+    if skipped:
+        print(f"[mpifed.table] {skipped} runs were skipped because other processes are running them; --summary "
+              f"counts them once they finish", flush=True)
+    print(summary_table(table, a.reference))
+    return 0
+
+
+def _print(text: str) -> int:
+    print(text)
+    return 0
 
 
 def _diverged_arg(text: str) -> float | str:
@@ -319,9 +378,7 @@ def _diverged_arg(text: str) -> float | str:
     return value
 
 
-@quiet_when_pipe_closes
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with "
@@ -368,91 +425,42 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"--summary: count each diverged final run as VALUE in the primary metric (e.g. 10 for chance "
                         f"on ten classes), or '{LEAVE_OUT}' to leave them out: a check beside what the table declares "
                         f"(its 'diverged' key; without one they are left out)")
+    return p
+
+
+@quiet_when_pipe_closes
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = _parser()
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")
     for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None)):
         if given and not a.summary:
             p.error(f"{flag} goes with --summary")
-    extra = [o for group in a.set for o in group]
+    added = [o for group in a.set for o in group]
     again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:
-        table = load_table(a.table, a.runs_root, a.plugin)
-        if a.reference is not None and a.reference not in {r.method for r in table.runs}:
-            raise config.ConfigError(f"--reference {a.reference}: not a method of this table "
-                                     f"({', '.join(dict.fromkeys(r.method for r in table.runs))})")
-        if (a.tune is not None) and table.tuning is None:
-            raise config.ConfigError(f"--tune: {a.table} declares no search (a tuning section)")
         record = a.tune is not None or a.run is not None or a.write_runs is not None or a.reuse is not None
-        resolve(table, extra, record=record)
-        table.select(a.settings, a.methods, a.seeds)
-    except config.ConfigError as exc:
+        table = _loaded(a, added, record)
+        if a.list:
+            return _print(listing(table, added))
+        if a.write_runs:
+            return _print(_write_runs(table, added, a.write_runs))
+        if a.summary:
+            return _print(summary_table(table, a.reference, a.by_seed, a.diverged))
+        if a.archive:
+            return _archive(table, a, added)
+        if a.prune:
+            return _print(prune(table))
+        if a.reuse:
+            return _reuse(table, a, added)
+        return _run(table, a, added, again)
+    except (config.ConfigError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise       # the reader went away: quiet_when_pipe_closes ends the command quietly
         print(f"[mpifed.table] {exc}", file=sys.stderr)
         return 2
-    if a.list:
-        print(listing(table, extra))
-        return 0
-    if a.write_runs:
-        print(_write_runs(table, extra, a.write_runs))
-        return 0
-    if a.summary:
-        print(summary_table(table, a.reference, a.by_seed, a.diverged))
-        return 0
-    if a.archive:
-        try:
-            filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods),
-                                         ("--seeds", a.seeds)) if v
-                       for w in (flag, *map(str, v))]
-            overrides = ["--set", *extra] if extra else []
-            code = [w for spec in a.plugin for w in ("--plugin", spec)]
-            summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *code, *filters,
-                                  *overrides, "--summary"])
-            print(archive_table(table, Path(a.archive), summary))
-        except (config.ConfigError, OSError) as exc:
-            print(f"[mpifed.table] {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if a.prune:
-        print(prune(table))
-        return 0
-    if a.reuse:
-        try:
-            _reuse(table, a, extra)
-        except (config.ConfigError, OSError) as exc:
-            print(f"[mpifed.table] {exc}", file=sys.stderr)
-            return 2
-        return 0
-    ranks = a.tune if a.tune is not None else a.run
-    skipped = 0
-    if table.tuning is not None and (table.pending or a.tune is not None):
-        code, skipped = run_all(table.search, ranks, extra, again, a.parallel)
-        if code != 0:
-            return code
-        try:
-            kept = (a.settings, a.methods, a.seeds)
-            table = load_table(a.table, a.runs_root, a.plugin)
-            resolve(table, extra, record=True)
-            table.select(*kept)
-        except config.ConfigError as exc:
-            print(f"[mpifed.table] {exc}", file=sys.stderr)
-            return 2
-        for line in _search_notes(table):
-            print(f"[mpifed.table] {line}", flush=True)
-        if a.tune is not None or table.pending:
-            if skipped:
-                print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they "
-                      "finish",
-                      flush=True)
-            return 0
-    code, more = run_all(table.runs, ranks, extra, again, a.parallel)
-    skipped += more
-    if code != 0:
-        return code
-    if skipped:
-        print(f"[mpifed.table] {skipped} runs were skipped because other processes are running them; --summary "
-              f"counts them once they finish", flush=True)
-    print(summary_table(table, a.reference))
-    return 0
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ import yaml
 from mpifed import config, plugins as plugin_code, provenance, results, safe_yaml
 from mpifed.packaged import find_config
 from mpifed.rundir import RunDir, check_run_name
-from mpifed.runner import recorded_state
+from mpifed.run_queue import recorded_state
 from mpifed.summary import Claim
-from mpifed.tuning import Candidate, Choice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
+from mpifed.tuning import Candidate, SearchChoice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
 TOP_KEYS = ("title", "plugins", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims",
             "tuning", "diverged")
@@ -49,12 +49,12 @@ class TableRun:
     def path(self) -> Path:
         return self.root / self.name
 
-    def args(self, extra: list[str]) -> list[str]:
+    def args(self, added: list[str]) -> list[str]:
         out: list[str] = [w for p in self.plugins for w in ("--plugin", p)]
         for c in self.configs:
             out += ["--config", str(c)]
         return out + ["--set", f"run.seed={self.seed}", f"run.root={self.root}", f"run.name={self.name}",
-                      *self.overrides, *extra, "--resume"]
+                      *self.overrides, *added, "--resume"]
 
 
 @dataclass
@@ -72,11 +72,11 @@ class Table:
     tuning: Tuning | None = None
     root: Path = Path("runs")
     search: list[TableRun] = field(default_factory=list)     # the search runs (with a tuning section)
-    choices: dict[tuple[str, str], Choice] = field(default_factory=dict)
+    choices: dict[tuple[str, str], SearchChoice] = field(default_factory=dict)
     pending: set[tuple[str, str]] = field(default_factory=set)   # (setting, method) still waiting for its search
     searching: dict[tuple[str, str],
                     list[Candidate]] = field(default_factory=dict)   # a pending pair's candidates so far
-    extra: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
     plugins: list[str] = field(default_factory=list)          # loaded before its configs: its own and --plugin's
     whole: Table | None = None                                 # the table before select() kept a part
     diverged_value: float | None = None   # the primary metric's value a diverged final run counts as (None: left out)
@@ -221,23 +221,23 @@ def _labels(spec: Any, what: str, path: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ resolving runs and their directories
-def resolve(table: Table, extra: list[str], record: bool = False) -> None:
-    """Load every run's config with the overrides ``extra`` (raises ConfigError naming the first
+def resolve(table: Table, added: list[str], record: bool = False) -> None:
+    """Load every run's config with the overrides ``added`` (raises ConfigError naming the first
     bad one) and pick its directory: the plain name when its configuration is the table's own
     (or the plain directory already holds it), else the plain name plus a hash of the
     configuration. With a search declared, a (setting, method) whose search has finished gets its
     choice (recorded in choices.yaml when ``record``); until then its runs are ``pending``."""
-    own_keys = [k for k in _keys(extra) if k in ("run.seed", "run.name", "run.root")]
+    own_keys = [k for k in _keys(added) if k in ("run.seed", "run.name", "run.root")]
     if own_keys:
         raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name and run.root of its "
                                  "runs itself; change the table's seeds, or use --runs-root")
-    if "run.eval_test" in _keys(extra):
+    if "run.eval_test" in _keys(added):
         raise config.ConfigError("--set run.eval_test: a table's runs report the test set, and its search runs "
                                  "leave it out themselves; drop the override")
-    table.extra = list(extra)
-    loader = _Loader(extra)
+    table.added = list(added)
+    loader = _Loader(added)
     if table.tuning is not None:
-        _resolve_search(table, extra, loader, record)
+        _resolve_search(table, added, loader, record)
     for r in table.runs:
         choice = table.choices.get((r.setting, r.method))
         r.overrides = [f"{k}={_text(v)}" for k, v in choice.chosen.items()] if choice else []
@@ -247,8 +247,8 @@ def resolve(table: Table, extra: list[str], record: bool = False) -> None:
 class _Loader:
     """Loads configs once per (files, table overrides), with and without the user's overrides."""
 
-    def __init__(self, extra: list[str]) -> None:
-        self.extra = extra
+    def __init__(self, added: list[str]) -> None:
+        self.added = added
         self.cache: dict[tuple, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def __call__(self, r: TableRun) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -256,12 +256,12 @@ class _Loader:
         if key not in self.cache:
             files = [str(c) for c in r.configs]
             try:
-                with_extra = config.load(files, [*r.overrides, *self.extra], plugins=r.plugins)[1]
-                own = config.load(files, list(r.overrides), plugins=r.plugins)[1] if self.extra else with_extra
+                with_added = config.load(files, [*r.overrides, *self.added], plugins=r.plugins)[1]
+                own = config.load(files, list(r.overrides), plugins=r.plugins)[1] if self.added else with_added
             except config.ConfigError as exc:
                 what = f" with {' '.join(r.overrides)}" if r.overrides else ""
                 raise config.ConfigError(f"{r.setting} x {r.method}{what}: {exc}") from None
-            self.cache[key] = (with_extra, own)
+            self.cache[key] = (with_added, own)
         return self.cache[key]
 
 
@@ -279,10 +279,10 @@ def _place(r: TableRun, loader: _Loader) -> None:
         r.name = next((p.name for p in _siblings(r) if stored_identity(p) == r.identity), r.name)
 
 
-def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: bool) -> None:
+def _resolve_search(table: Table, added: list[str], loader: _Loader, record: bool) -> None:
     tuning = table.tuning
     searched = set(tuning.grid) | {k for g in tuning.per_method.values() for k in g}
-    clash = sorted({k for k in _keys(extra) for s in searched
+    clash = sorted({k for k in _keys(added) for s in searched
                     if k == s or k.startswith(s + ".") or s.startswith(k + ".")})
     if clash:
         raise config.ConfigError(f"--set {', '.join(clash)}: the table searches "
@@ -311,7 +311,7 @@ def _resolve_search(table: Table, extra: list[str], loader: _Loader, record: boo
     table.search, table.choices, table.pending, table.searching = [], {}, set(), {}
     for setting, method, configs in pairs:
         if not tuning.keys_for(method, algorithms[(setting, method)]):
-            table.choices[(setting, method)] = Choice(setting, method, "", {}, {"candidates": []})
+            table.choices[(setting, method)] = SearchChoice(setting, method, "", {}, {"candidates": []})
             continue
         group: list[tuple[dict[str, Any], list[TableRun]]] = []
         for values in tuning.candidates(method, algorithms[(setting, method)]):
@@ -360,17 +360,17 @@ def _score(values: dict[str, Any], runs: list[TableRun], tuning: Tuning) -> Cand
     return c
 
 
-def _keys(extra: list[str]) -> list[str]:
-    return [o.split("=", 1)[0].strip() for o in extra]
+def _keys(added: list[str]) -> list[str]:
+    return [o.split("=", 1)[0].strip() for o in added]
 
 
 def _text(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
 
 
-def validate(table: Table, extra: list[str]) -> None:
+def validate(table: Table, added: list[str]) -> None:
     """Every run's config is valid (raises ConfigError naming the first bad one)."""
-    resolve(table, extra)
+    resolve(table, added)
 
 
 def _with_seed(d: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from mpifed.data.prepared import Manifest, ensure_prepared
 from mpifed.data.raw import class_names
 from mpifed.data.store import load_eval_batches
 from mpifed.data.transforms import BatchTransform, TokenTransform, make_transform
-from mpifed.evaluation import evaluate_share, summarize, validation
+from mpifed.evaluation import evaluate_share, evaluation_figures, validation
 from mpifed.flat import FlatModel
 from mpifed.inference import InferenceCopy
 from mpifed.models import build_model
@@ -112,7 +112,7 @@ def evaluate(trained: Trained, data: str = "test", overrides: list[str] | None =
                                    len(manifest.group_names), manifest.val_size)
         flat = FlatModel(trained.module)
         totals = layout.views(evaluate_share(InferenceCopy(flat), trained.inputs, batches, layout))
-    out = summarize(totals, manifest.test_class_counts, manifest.test_group_counts,
+    out = evaluation_figures(totals, manifest.test_class_counts, manifest.test_group_counts,
                     manifest.group_names) if test else {}
     if manifest.val_size:
         out.update(validation(totals, manifest.val_size))

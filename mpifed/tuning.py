@@ -188,8 +188,9 @@ def choose(candidates: list[Candidate], select: results.Metric) -> dict[str, Any
 
 
 @dataclass
-class Choice:
-    """A recorded choice for one (setting, method)."""
+class SearchChoice:
+    """A search's recorded choice for one (setting, method): the settings it chose (the config's
+    ``Choice`` is something else: a registry entry picked by name)."""
 
     setting: str
     method: str
@@ -281,14 +282,14 @@ class ChoiceBook:
                               f"search again")
         return data
 
-    def find(self, setting: str, method: str, search: str) -> Choice | None:
+    def find(self, setting: str, method: str, search: str) -> SearchChoice | None:
         for e in self.entries:
             if (e["setting"], e["method"], e["search"]) == (setting, method, search):
-                return Choice(setting, method, search, dict(e["chosen"]), e)
+                return SearchChoice(setting, method, search, dict(e["chosen"]), e)
         return None
 
     def add(self, setting: str, method: str, search: str, chosen: dict[str, Any], tuning: Tuning,
-            candidates: list[Candidate], table_root: Path) -> Choice:
+            candidates: list[Candidate], table_root: Path) -> SearchChoice:
         record = {
             "setting": setting, "method": method, "search": search, "chosen": chosen,
             "select": tuning.select.to_spec(), "seeds": list(tuning.seeds), "rounds": tuning.rounds,
@@ -301,7 +302,7 @@ class ChoiceBook:
         self.entries = [e for e in self.entries
                         if (e["setting"], e["method"], e["search"]) != (setting, method, search)]
         self.entries.append(record)
-        return Choice(setting, method, search, dict(chosen), record)
+        return SearchChoice(setting, method, search, dict(chosen), record)
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

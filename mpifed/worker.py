@@ -107,7 +107,7 @@ class Worker:
             if self.states is not None:
                 state = dict(iter(ctx.new_state))
                 self.layouts.client_state.check(state, f"{type(self.client).__name__}.end_client (client {cid}, "
-                                                       f"round {plan.round + 1})")
+                                                       f"round {plan.number})")
                 self.states.put(cid, plan.round, state, plan.keep_states_from)
             reports.append(ClientReport(cid, self.index, ctx.num_samples, ctx.steps, ctx.loss_sum / max(ctx.seen, 1),
                                         time.perf_counter() - start, ctx.extra))

@@ -9,7 +9,7 @@ from mpifed.algorithms.base import ClientContext, Replies
 from mpifed.config import TrainConfig
 from mpifed.data.store import ClientData, EvalBatch, eval_batch_ids
 from mpifed.data.transforms import BatchTransform
-from mpifed.evaluation import evaluate_share, forgetting, summarize, validation
+from mpifed.evaluation import evaluate_share, forgetting, evaluation_figures, validation
 from mpifed.options import NoOptions
 from mpifed.protocol import build_layouts
 from mpifed.registry import ALGORITHMS
@@ -60,7 +60,7 @@ def test_evaluation_sums_do_not_depend_on_the_split():
             total += evaluate_share(model, tf, [batches[b] for _, b in ids], packer).view(np.float64)
         assert np.array_equal(total, single.view(np.float64))
     views = packer.views(single)
-    result = summarize(views, np.bincount(y.numpy(), minlength=4), np.zeros(0), [])
+    result = evaluation_figures(views, np.bincount(y.numpy(), minlength=4), np.zeros(0), [])
     with torch.no_grad():
         logits = model(tf.eval(torch.cat([b.inputs for b in batches])))
     assert abs(result["test_acc"] - (logits.argmax(1) == y).double().mean().item()) < 1e-12
@@ -90,8 +90,8 @@ def test_validation_batches_share_the_pass_and_do_not_depend_on_the_split():
     counts = np.bincount(y.numpy(), minlength=4)
     plain = build_layouts(messages, 1, 0, 230, 50, 4, 0).evaluation   # without a validation set
     assert plain.nbytes < packer.nbytes
-    alone = summarize(plain.views(evaluate_share(model, tf, test, plain)), counts, np.zeros(0), [])
-    assert summarize(views, counts, np.zeros(0), []) == alone
+    alone = evaluation_figures(plain.views(evaluate_share(model, tf, test, plain)), counts, np.zeros(0), [])
+    assert evaluation_figures(views, counts, np.zeros(0), []) == alone
     result = validation(views, 120)
     with torch.no_grad():
         logits = model(tf.eval(torch.cat([b.inputs for b in val])))

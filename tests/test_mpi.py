@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, run_mpi_series, tiny
-from mpifed.runner import recorded_state
+from mpifed.run_queue import recorded_state
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,7 @@ from mpifed import config, results, stats
 from mpifed.rundir import RunDir
 from mpifed.table import main as table_main, search_table, summarize
 from mpifed.table_file import load_table, resolve
-from mpifed.tuning import Choice
+from mpifed.tuning import SearchChoice
 
 
 # ------------------------------------------------------------------ paired statistics, by hand
@@ -394,15 +394,16 @@ def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identit
 
 
 def test_a_choice_inside_its_grid_is_not_at_an_edge():
-    def choice(chosen: dict) -> Choice:
+    def choice(chosen: dict) -> SearchChoice:
         values = [{"train.lr": lr, "algorithm.loss": name} for lr in (0.01, 0.03, 0.1) for name in ("ce", "kl")]
-        return Choice("s", "m", "digest", chosen, {"candidates": [{"values": v, "score": 0.5} for v in values]})
+        return SearchChoice("s", "m", "digest", chosen, {"candidates": [{"values": v, "score": 0.5} for v in values]})
     assert choice({"train.lr": 0.03, "algorithm.loss": "kl"}).edges() == []
     assert choice({"train.lr": 0.1, "algorithm.loss": "ce"}).edges() == ["lr=0.1, the largest of 3"]
-    assert Choice("s", "m", "digest", {"train.lr": 0.1}, {"candidates": [{"values": {"train.lr": 0.1}}]}).edges() == []
-    assert Choice("s", "m", "digest", {"train.lr": 0.1}, {"candidates": []}).edges() == []
+    alone = {"candidates": [{"values": {"train.lr": 0.1}}]}
+    assert SearchChoice("s", "m", "digest", {"train.lr": 0.1}, alone).edges() == []
+    assert SearchChoice("s", "m", "digest", {"train.lr": 0.1}, {"candidates": []}).edges() == []
     pairs = [{"algorithm": {"beta": b, "gamma": g}} for b, g in ((0.1, 1.0), (0.5, 2.0))]   # a grid of pairs
-    assert Choice("s", "m", "digest", pairs[0], {"candidates": [{"values": v} for v in pairs]}).edges() == []
+    assert SearchChoice("s", "m", "digest", pairs[0], {"candidates": [{"values": v} for v in pairs]}).edges() == []
 
 
 def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monkeypatch):
