@@ -252,89 +252,48 @@ def prepare(cfg: Config, log: Callable[[str], None] = print) -> Manifest:
     return Manifest.load(root)
 
 
+@dataclass
+class _Split:
+    """The training rows as prepared: the server's held-out rows, each client's, and their class counts."""
+
+    labels: np.ndarray
+    pool: np.ndarray             # the rows the clients share (all but the server's)
+    server: np.ndarray
+    parts: list[np.ndarray]
+    counts: np.ndarray
+
+
 def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -> None:
+    """Prepare ``root``: read the data set, hold out the validation set, take the subsets, hold out the
+    server's rows, split the rest over the clients, then write the shards and the manifest into a
+    temporary folder that becomes ``root`` in one rename."""
     spec = prepare_spec(cfg)
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PreparedDataError(f"cannot create the folder {root.parent} for the prepared data ({exc.strerror}): "
-                                f"data.prepared_root (or data.prepared_dir) must be a folder you can write to "
-                                f"(not a file, not under /proc); set it to one") from None
+    _make_parent(root)
     remove_stale_temporary(root.parent, log)
     dataset = DATASETS.get(cfg.data.dataset.name)
-    log(f"[prepare] reading {cfg.data.dataset.name} ...")
-    raw = dataset.load(cfg.data.dataset.options)
-    vocab_size = 0
-    if isinstance(raw, RawText):
-        from mpifed.data.tokenize import tokenize
-        raw, vocab_size = tokenize(raw, cfg.data.tokenizer, cfg.data.max_length, log)
+    raw, vocab_size = _read(cfg, dataset, log)
     test_source = len(raw.test_y)
-    val = None    # inputs, labels, groups of the validation set
-    if cfg.data.val_size:
-        val_idx, rest = hold_out_stratified(raw.train_y, cfg.data.val_size,
-                                            np.random.default_rng([spec["seed"], 0x7A1]))
-        val = (select(raw.train_x, val_idx), raw.train_y[val_idx],
-               raw.train_groups[val_idx] if raw.train_groups is not None else None)
-        raw = _rows(raw, rest, slice(None))
+    raw, val = _hold_out_validation(raw, cfg.data.val_size, spec["seed"])
     raw = _subset(raw, cfg.data.train_subset, cfg.data.test_subset)
-    rng = np.random.default_rng([spec["seed"], 0x5EED])
-
-    labels = raw.train_y
-    server_idx = np.zeros(0, dtype=np.int64)
-    pool = np.arange(len(labels))
-    if cfg.data.server_holdout_per_class:
-        server_idx, pool = hold_out_per_class(labels, cfg.data.server_holdout_per_class, rng)
-    partition = PARTITIONS.get(cfg.data.partition.name)
-    groups = raw.train_groups[pool] if raw.train_groups is not None else None
-    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options,
-                                              groups, indices=pool)]
-    empty = [k for k, p in enumerate(parts) if len(p) == 0]
-    if empty:
-        raise PartitionError(f"clients {empty[:10]} received no samples; use fewer clients or a less skewed partition")
-
-    counts = split_summary(parts, labels, raw.num_classes)
-    mean, std = ([], []) if isinstance(raw.train_x, dict) else _channel_stats(raw.train_x[pool])
+    split = _split(raw, cfg, spec["seed"])
     common = {"dataset": cfg.data.dataset.name, "partition": spec["partition"], "seed": spec["seed"]}
-
     tmp = root.with_name(f"{root.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "clients").mkdir(parents=True)
-        clients = []
-        for k, idx in enumerate(parts):
-            write_shard(tmp / "clients" / f"client_{k:05d}.h5", select(raw.train_x, idx), labels[idx],
-                        {**common, "client_id": k, "class_counts": counts[k].tolist()},
-                        raw.train_groups[idx] if raw.train_groups is not None else None)
-            clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts[k].tolist()})
-        test_counts = np.bincount(raw.test_y, minlength=raw.num_classes)
-        write_shard(tmp / "test.h5", raw.test_x, raw.test_y,
-                    {**common, "client_id": -1, "class_counts": test_counts.tolist()}, raw.test_groups)
-        val_section = None
-        if val is not None:
-            vc = np.bincount(val[1], minlength=raw.num_classes)
-            write_shard(tmp / "val.h5", val[0], val[1],
-                        {**common, "client_id": -3, "class_counts": vc.tolist()}, val[2])
-            val_section = {"num_samples": int(len(val[1])), "class_counts": vc.tolist()}
-        server = None
-        if len(server_idx):
-            sc = np.bincount(labels[server_idx], minlength=raw.num_classes)
-            write_shard(tmp / "server.h5", select(raw.train_x, server_idx), labels[server_idx],
-                        {**common, "client_id": -2, "class_counts": sc.tolist()})
-            server = {"num_samples": int(len(server_idx)), "class_counts": sc.tolist()}
+        shards = _write_shards(tmp, raw, val, split, common)
+        mean, std = ([], []) if isinstance(raw.train_x, dict) else _channel_stats(raw.train_x[split.pool])
+        test_groups = (np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
+                       if raw.test_groups is not None else [])
         manifest = {
             "format": FORMAT, "spec": spec, "source": raw.source, "num_classes": raw.num_classes,
             "modality": modality(dataset), "input_shape": list(raw.input_shape),
             "vocab_size": vocab_size, "mean": mean, "std": std,
             "crop_padding": dataset.crop_padding, "flip": dataset.flip,
-            "clients": clients,
-            "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts.tolist(),
-                     "group_names": raw.group_names,
-                     "group_counts": np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
-                     if raw.test_groups is not None else [],
+            "clients": shards["clients"],
+            "test": {**shards["test"], "group_names": raw.group_names, "group_counts": test_groups,
                      **({"source_samples": test_source} if cfg.data.test_subset else {})},
-            **({"val": val_section} if val_section else {}),
-            "server": server,
-            "stats": partition_stats(counts),
+            **({"val": shards["val"]} if shards["val"] else {}),
+            "server": shards["server"],
+            "stats": partition_stats(split.counts),
             "raw_inputs": fingerprint(raw.files),
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -344,17 +303,102 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
             raise
         raise PreparedDataError(f"cannot write the prepared data to {tmp} ({exc}): data.prepared_root (or "
                                 f"data.prepared_dir) must be a folder you can write to, with space") from None
+    if _publish(tmp, root, replace, log):
+        sets = "test set, validation set" if val is not None else "test set"
+        log(f"[prepare] wrote {len(split.parts)} client shards, {sets} and manifest to {root}")
+
+
+def _make_parent(root: Path) -> None:
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PreparedDataError(f"cannot create the folder {root.parent} for the prepared data ({exc.strerror}): "
+                                f"data.prepared_root (or data.prepared_dir) must be a folder you can write to "
+                                f"(not a file, not under /proc); set it to one") from None
+
+
+def _read(cfg: Config, dataset: Any, log: Callable[[str], None]) -> tuple[RawData, int]:
+    """The data set's training and test rows, a text set tokenised; and the vocabulary size (0: not text)."""
+    log(f"[prepare] reading {cfg.data.dataset.name} ...")
+    raw = dataset.load(cfg.data.dataset.options)
+    if isinstance(raw, RawText):
+        from mpifed.data.tokenize import tokenize
+        return tokenize(raw, cfg.data.tokenizer, cfg.data.max_length, log)
+    return raw, 0
+
+
+def _hold_out_validation(raw: RawData, size: int, seed: int) -> tuple[RawData, tuple | None]:
+    """The training rows less a stratified validation set of ``size``, and that set (inputs, labels,
+    groups; None when ``size`` is 0)."""
+    if not size:
+        return raw, None
+    val_idx, rest = hold_out_stratified(raw.train_y, size, np.random.default_rng([seed, 0x7A1]))
+    val = (select(raw.train_x, val_idx), raw.train_y[val_idx],
+           raw.train_groups[val_idx] if raw.train_groups is not None else None)
+    return _rows(raw, rest, slice(None)), val
+
+
+def _split(raw: RawData, cfg: Config, seed: int) -> _Split:
+    """The server's held-out rows (``data.server_holdout_per_class``), then the partition of the rest."""
+    rng = np.random.default_rng([seed, 0x5EED])
+    labels = raw.train_y
+    server, pool = np.zeros(0, dtype=np.int64), np.arange(len(labels))
+    if cfg.data.server_holdout_per_class:
+        server, pool = hold_out_per_class(labels, cfg.data.server_holdout_per_class, rng)
+    partition = PARTITIONS.get(cfg.data.partition.name)
+    groups = raw.train_groups[pool] if raw.train_groups is not None else None
+    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options,
+                                              groups, indices=pool)]
+    empty = [k for k, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise PartitionError(f"clients {empty[:10]} received no samples; use fewer clients or a less skewed partition")
+    return _Split(labels, pool, server, parts, split_summary(parts, labels, raw.num_classes))
+
+
+def _write_shards(tmp: Path, raw: RawData, val: tuple | None, split: _Split, common: dict[str, Any]) -> dict[str, Any]:
+    """Every shard, written into ``tmp``: the clients', the test set's, the validation set's and the
+    server's; their manifest sections (``clients``, ``test``, ``val``, ``server``; None where absent)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "clients").mkdir(parents=True)
+    labels, classes = split.labels, raw.num_classes
+    clients = []
+    for k, idx in enumerate(split.parts):
+        counts = split.counts[k].tolist()
+        write_shard(tmp / "clients" / f"client_{k:05d}.h5", select(raw.train_x, idx), labels[idx],
+                    {**common, "client_id": k, "class_counts": counts},
+                    raw.train_groups[idx] if raw.train_groups is not None else None)
+        clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts})
+    test_counts = np.bincount(raw.test_y, minlength=classes).tolist()
+    write_shard(tmp / "test.h5", raw.test_x, raw.test_y, {**common, "client_id": -1, "class_counts": test_counts},
+                raw.test_groups)
+    val_section = None
+    if val is not None:
+        vc = np.bincount(val[1], minlength=classes).tolist()
+        write_shard(tmp / "val.h5", val[0], val[1], {**common, "client_id": -3, "class_counts": vc}, val[2])
+        val_section = {"num_samples": int(len(val[1])), "class_counts": vc}
+    server = None
+    if len(split.server):
+        sc = np.bincount(labels[split.server], minlength=classes).tolist()
+        write_shard(tmp / "server.h5", select(raw.train_x, split.server), labels[split.server],
+                    {**common, "client_id": -2, "class_counts": sc})
+        server = {"num_samples": int(len(split.server)), "class_counts": sc}
+    return {"clients": clients, "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts},
+            "val": val_section, "server": server}
+
+
+def _publish(tmp: Path, root: Path, replace: bool, log: Callable[[str], None]) -> bool:
+    """Rename ``tmp`` to ``root`` (replacing it with ``replace``); False where another process prepared
+    the same folder meanwhile (theirs is kept)."""
     if replace and root.exists():
         shutil.rmtree(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(tmp, root)
-    except OSError:  # another process prepared the same folder meanwhile: keep theirs
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         log(f"[prepare] {root} was prepared by another process meanwhile; using it")
-        return
-    log(f"[prepare] wrote {len(parts)} client shards, test set{', validation set' if val is not None else ''} and "
-        f"manifest to {root}")
+        return False
+    return True
 
 
 def remove_stale_temporary(folder: Path, log: Callable[[str], None]) -> list[Path]:
