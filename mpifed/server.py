@@ -3,29 +3,30 @@
 :class:`RoundServer` is the server side of :class:`~mpifed.protocol.RoundProtocol`: the
 protocol calls its methods, in the order below, between the collectives of each round
 (on rank 0, which in the debug mode also runs the only worker). It owns the global model,
-the method's server role, the run's records and its checkpoints.
+the method's server role and the checkpoints; it hands each round's row to the run's records
+(:class:`~mpifed.run_records.RunRecords`: metrics.jsonl and its trackers, status, summary).
 """
 from __future__ import annotations
 
 import io
 import statistics
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mpifed import checkpoint, results
+from mpifed import checkpoint
 from mpifed.algorithms.base import Fields, ProtocolError, Replies, Server
 from mpifed.config import Config, math_fingerprint
 from mpifed.data.prepared import Manifest
-from mpifed.evaluation import TEST_COLUMNS, evaluation_figures, validation
+from mpifed.evaluation import evaluation_figures, validation
 from mpifed.handoff import EXIT_STOPPED, describe_signal, note_resume_point
 from mpifed.optim import round_lr
 from mpifed.plan import RoundPlan, assign_clients, sample_clients, state_moves
-from mpifed.progress import Progress, count
+from mpifed.progress import Progress
 from mpifed.protocol import Layouts
+from mpifed.run_records import RunRecords
 from mpifed.rundir import RunDir, atomic_write
 from mpifed.signals import received, stop_requested
 
@@ -43,7 +44,6 @@ class RoundServer:
         self.run_dir = run
         flat = method.tools.flat
         self.device = flat.floats.device
-        self.metrics: list[dict[str, Any]] = []
         self.rounds_done = 0               # rounds trained so far: the next round's 0-based index
         self.model_sent = False            # the last evaluation broadcast the global model as it is now
         self.holders: dict[int, int] = {}  # client -> the worker holding its state in memory
@@ -59,26 +59,19 @@ class RoundServer:
         self.exit_code = 0
         self.progress = Progress(cfg.train.rounds, resume["rounds_done"] if resume else 0)
         run.console = self.progress.write
-        self.tensorboard = None
-        if cfg.run.tensorboard:
-            from mpifed.tensorboard_log import TensorBoardLog
-            self.tensorboard = TensorBoardLog(run.path / "tensorboard", resume["rounds_done"] if resume else 0)
-        self.mlflow = None
-        if cfg.run.mlflow:
-            from mpifed.mlflow_log import MlflowLog
-            self.mlflow = MlflowLog(run.path, cfg_dict)
+        self.records = RunRecords(cfg, cfg_dict, manifest, run, resume["metrics"] if resume else None,
+                                  resume["rounds_done"] if resume else 0)
         if resume is None:
             self.global_floats = flat.floats.detach().clone()
             self.global_ints = flat.ints.detach().clone()
-            for log in ("metrics.jsonl", "clients.jsonl"):
-                run.write_rows(log, [])
             method.start(self.global_floats)
         else:
             self._restore(resume)
             method.start(self.global_floats)
             method.load_state_dict(resume["algorithm"])
         self.first_down = self._method_downlink(self.rounds_done)   # made now: a name not declared fails before round 1
-        self._write_status("running", self.rounds_done)   # a finished run trained further is running again, from now
+        # a finished run trained further is running again, from now
+        self.records.status("running", self.rounds_done, self.last_checkpoint)
         note_resume_point(self.describe_checkpoint())
 
     # ------------------------------------------------------------ the round, in order
@@ -157,10 +150,7 @@ class RoundServer:
 
     def stopped(self, usage: list[Any]) -> None:
         """After the stop plan: the final checkpoint, model, summary and status."""
-        self.usage = usage
         self.progress.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
         rounds_done = self.rounds_done
         finished = rounds_done >= self.cfg.train.rounds
         self._check_lock()
@@ -168,10 +158,8 @@ class RoundServer:
             self.checkpoint(rounds_done)
         if finished and self.cfg.run.save_model:
             self._save_model()
-        self._write_summary(rounds_done, "finished" if finished else "stopped")
-        if self.mlflow is not None:
-            self.mlflow.finish("finished" if finished else "stopped", self.run_dir.path / "summary.json")
-            self.mlflow = None
+        self.records.finish("finished" if finished else "stopped", rounds_done, self.last_checkpoint, self.elapsed(),
+                            self.first_round_at, usage)
         if not finished:
             if rounds_done == 0:
                 self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
@@ -205,13 +193,7 @@ class RoundServer:
             row.update(self.result)
         row.update(self.method.log())
         row["time"] = timing
-        self.metrics.append(row)
-        self.run_dir.append_row("metrics.jsonl", row)
-        if self.tensorboard is not None:
-            self.tensorboard.add_row(row)
-        if self.mlflow is not None:
-            self.mlflow.add_row(row)
-        self.run_dir.append_row("clients.jsonl", {"round": plan.number, "clients": [asdict(r) for r in reports]})
+        self.records.add_round(row, reports)
         acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
         if "val_acc" in row:
             acc += f"  val_acc {row['val_acc']:.4f}"
@@ -233,7 +215,7 @@ class RoundServer:
             "global_floats": self.global_floats.cpu(),
             "global_ints": self.global_ints.cpu(),
             "algorithm": self.method.state_dict(),
-            "metrics": self.metrics,
+            "metrics": self.records.metrics,
             "config": self.cfg_dict,
             "config_math": math_fingerprint(self.cfg_dict),
             "data_spec": self.manifest.spec,    # the prepared data's identity: another partition is refused on resume
@@ -242,13 +224,12 @@ class RoundServer:
         self.last_checkpoint = checkpoint.save(self.run_dir.checkpoints, rounds_done, payload,
                                                self.cfg.run.keep_checkpoints)
         self.last_checkpoint_round = rounds_done
-        self._write_status("running", rounds_done)
+        self.records.status("running", rounds_done, self.last_checkpoint)
         note_resume_point(self.describe_checkpoint())
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.global_floats = state["global_floats"].to(self.device)
         self.global_ints = state["global_ints"].to(self.device)
-        self.metrics = state["metrics"]
         self.rounds_done = state["rounds_done"]
         self.last_checkpoint_round = state["rounds_done"]
         self.last_checkpoint = checkpoint.path_for(self.run_dir.checkpoints, state["rounds_done"])
@@ -258,15 +239,10 @@ class RoundServer:
                 self.last_trained.update({int(c): rnd for c in sample_clients(self.cfg.run.seed, rnd,
                                                                              self.manifest.num_clients,
                                                                              self.cfg.train.participation)})
-        self.run_dir.write_rows("metrics.jsonl", self.metrics)
-        self.run_dir.keep_rounds("clients.jsonl", self.rounds_done)
 
     def abandon(self) -> None:
         """The run failed: end what it tracks (its MLflow run is marked failed)."""
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self.mlflow is not None:
-            self.mlflow.finish("failed")
+        self.records.abandon()
 
     def elapsed(self) -> float:
         """Wall time of the run so far, across resumes."""
@@ -279,63 +255,9 @@ class RoundServer:
         return (f" Last checkpoint: {self.last_checkpoint} (after round {self.last_checkpoint_round}); "
                 f"continue with: {self.resume_command}")
 
-    def _write_status(self, state: str, rounds_done: int) -> None:
-        last = str(self.last_checkpoint) if self.last_checkpoint else None
-        self.run_dir.write_json("status.json", {"state": state, "rounds_done": rounds_done, "checkpoint": last})
-
     def _save_model(self) -> None:
         flat = self.method.tools.flat
         flat.load(self.method.reported(self.global_floats), self.global_ints)
         buf = io.BytesIO()
         torch.save(flat.model.state_dict(), buf)
         atomic_write(self.run_dir.path / "model.pt", buf.getvalue())
-
-    def _write_summary(self, rounds_done: int, status: str) -> None:
-        # a run resumed with run.eval_test false reports no test figure, not the earlier segment's
-        rows = (self.metrics if self.cfg.run.eval_test
-                else [{k: v for k, v in r.items() if k not in TEST_COLUMNS} for r in self.metrics])
-        best_acc, best_round = results.best(rows)
-        summary = {
-            "status": status,
-            "rounds_done": rounds_done,
-            "rounds": self.cfg.train.rounds,
-            "algorithm": self.cfg.algorithm.name,
-            "dataset": self.cfg.data.dataset.name,
-            "final_test_acc": results.final(rows),
-            "final_test_loss": results.final(rows, "test_loss"),
-            "best_test_acc": best_acc,
-            "best_round": best_round,
-            "forgetting": results.forgetting(rows),
-            "wall_time_s": round(self.elapsed(), 2),
-            "round_time_median_s": (round(statistics.median(r["time"]["round"] for r in self.metrics), 4)
-                                    if self.metrics else None),
-            "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
-            "first_round_started_at": self.first_round_at,
-            "peak_rss_mb_per_rank": [round(rss, 1) for rss, _ in self.usage],
-            "cpu_s_per_rank": [round(cpu, 2) for _, cpu in self.usage],
-        }
-        if self.cfg.run.rounds_to:
-            summary["rounds_to"] = {results.target_key(t): results.rounds_to(rows, t) for t in self.cfg.run.rounds_to}
-        if self.manifest.val_size:
-            best_val, best_val_round = results.best(rows, "val_acc")
-            summary["best_val_acc"] = best_val
-            summary["best_val_round"] = best_val_round
-            summary["test_acc_at_best_val"] = next((r.get("test_acc") for r in rows if r["round"] == best_val_round),
-                                                   None)
-        if self.cfg.data.test_subset:
-            summary["test_subset"] = self.manifest.test_size
-        self.run_dir.write_json("summary.json", summary)
-        self._write_status(status, rounds_done)
-        if summary["final_test_acc"] is not None:
-            chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
-                      f"test accuracy there {summary['test_acc_at_best_val']:.4f}"
-                      if summary.get("test_acc_at_best_val") is not None else "")
-            self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy "
-                             f"{summary['final_test_acc']:.4f} "
-                             f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, "
-                             f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")
-        elif summary.get("best_val_acc") is not None:
-            self.run_dir.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final validation accuracy "
-                             f"{results.final(rows, 'val_acc'):.4f} (best {summary['best_val_acc']:.4f} at round "
-                             f"{summary['best_val_round']}; the test set not evaluated: run.eval_test is false), "
-                             f"wall time {summary['wall_time_s']:.1f} s; results in {self.run_dir.path}")

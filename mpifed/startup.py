@@ -152,7 +152,8 @@ class Startup:
             server = make_server(cfg, resolved, algo, setup, layouts, manifest, transform, run, workers, resume_command)
             code = plugins.keep_copies(run.path, config.chosen_entries(cfg))
             provenance.record(run.path, ranks, server.rounds_done, code)
-            log_start(run, cfg, manifest, size, ranks, server.mlflow.describe() if server.mlflow else None, code)
+            tracked = server.records.mlflow.describe() if server.records.mlflow else None
+            log_start(run, cfg, manifest, size, ranks, tracked, code)
             world.context = server.describe_checkpoint
             signals.on_signal(lambda name: announce_stop(server, name))
         return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round), server, run, rank)
