@@ -62,10 +62,10 @@ class Run:
 
     @property
     def status(self) -> str | None:
-        """running, stopped, finished, failed (a run whose processes died reads as failed) or damaged (finished, its
-        metrics.jsonl cut short: resume it to write it again); None before it starts."""
-        found = RunDir(self.path).status()
-        return found["state"] if found else None
+        """running, stopped, finished, failed (a run whose processes died reads as failed), diverged (failed: its
+        loss became NaN or infinite) or damaged (finished, its metrics.jsonl cut short: resume it to write it
+        again); None before it starts."""
+        return RunDir(self.path).state()
 
     @property
     def summary(self) -> dict[str, Any]:

@@ -190,7 +190,7 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
         if isinstance(held, str) or held is None:
             out.left_out.append(f"{run}: {held or 'no config.yaml'}")
             continue
-        state = (RunDir(run).status() or {}).get("state")  # a dead "running" run reads as failed
+        state = RunDir(run).state()  # a dead "running" run reads as failed
         if state != "finished":
             out.left_out.append(f"{run}: {RunDir(run).why_left_out(state)}")
             continue

@@ -43,30 +43,6 @@ class Outcome:
     failed: list[tuple[Path, int]] = field(default_factory=list)
 
 
-def recorded_state(path: Path) -> str | None:
-    """The state the run in ``path`` recorded (None: none yet), ``diverged`` for a run that failed
-    because its loss became NaN or infinite (a learning rate too high): as its status.json says
-    (``diverged``), or, in one written before mpifed recorded that, as its error names the
-    exception (archived runs)."""
-    found = RunDir(path).status()
-    if not found:
-        return None
-    if found.get("state") == "failed" and found.get("diverged", _named_divergence(found)) is True:
-        return "diverged"
-    return str(found.get("state"))
-
-
-def _named_divergence(status: dict[str, Any]) -> bool:
-    """Whether a status.json written without ``diverged`` names the divergence error: its error reads
-    "NonFiniteLoss: ..." (or "rank N: NonFiniteLoss: ..."), mpifed.algorithms.base.NonFiniteLoss."""
-    return "NonFiniteLoss: " in str(status.get("error", ""))
-
-
-def diverged(path: Path) -> bool:
-    """Whether the run failed because its loss became NaN or infinite."""
-    return recorded_state(path) == "diverged"
-
-
 def launcher(ranks: int) -> list[str]:
     """The command that starts one run: the debug mode (``ranks`` 0) or the launcher with N ranks."""
     if ranks == 0:
@@ -125,7 +101,7 @@ def _ended(job: Job, code: int, out: Outcome, say: Callable[[str], None]) -> Non
         out.code = out.code or code or EXIT_STOPPED
     elif code == 0:
         return
-    elif diverged(job.path):
+    elif RunDir(job.path).state() == "diverged":
         say(f"{job.path.name}: its loss became NaN or infinite; the others go on without it")
     elif RunDir(job.path).in_progress():
         say(f"{job.path.name}: another process started it meanwhile; skipped")

@@ -144,6 +144,12 @@ def write_then_rename(path: Path, tmp: Path, data: bytes) -> None:
         raise
 
 
+def _named_divergence(status: dict[str, Any]) -> bool:
+    """Whether a status.json written without ``diverged`` (archived runs) names the divergence error: its
+    error reads "NonFiniteLoss: ..." (or "rank N: NonFiniteLoss: ..."), mpifed.algorithms.base.NonFiniteLoss."""
+    return "NonFiniteLoss: " in str(status.get("error", ""))
+
+
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -348,6 +354,17 @@ class RunDir:
                 status = {**status, "state": "damaged",
                           "error": f"{problem}; --resume {self.path} writes it again from the run's last checkpoint"}
         return status
+
+    def state(self) -> str | None:
+        """The run's state, as every reader of runs takes it: :meth:`status`'s (a dead ``running`` run is
+        ``failed``, a ``finished`` one with broken metrics ``damaged``), ``diverged`` for a run that failed
+        because its loss became NaN or infinite; None without a status.json."""
+        found = self.status()
+        if found is None:
+            return None
+        if found["state"] == "failed" and found.get("diverged", _named_divergence(found)) is True:
+            return "diverged"
+        return found["state"]
 
     def why_left_out(self, state: str | None) -> str:
         """Why a reader leaves out this run, in ``state`` (not finished): what is damaged, or the state."""

@@ -15,7 +15,6 @@ import yaml
 from mpifed import config, plugins as plugin_code, provenance, results, safe_yaml
 from mpifed.packaged import find_config
 from mpifed.rundir import RunDir, check_run_name
-from mpifed.run_queue import recorded_state
 from mpifed.summary import Claim
 from mpifed.tuning import Candidate, SearchChoice, ChoiceBook, Tuning, choose, label as candidate_label, search_digest
 
@@ -401,10 +400,10 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
 
 
 def status(run: TableRun) -> str:
-    """The run's state as :meth:`RunDir.status` reads it (a dead ``running`` run is ``failed``;
-    ``diverged``: failed with a NaN or infinite loss, see :func:`recorded_state`); ``running`` or
+    """The run's state as :meth:`RunDir.state` reads it (a dead ``running`` run is ``failed``;
+    ``diverged``: failed with a NaN or infinite loss); ``running`` or
     ``failed`` for a run killed or still starting before it wrote a status; ``new`` without a run."""
-    found = recorded_state(run.path)
+    found = RunDir(run.path).state()
     if found:
         return found
     rd = RunDir(run.path)
@@ -416,7 +415,7 @@ def status(run: TableRun) -> str:
 def settled(path: Path) -> bool:
     """Whether the run in ``path`` finished, or diverged (a search scores that, and running it
     again diverges again)."""
-    return recorded_state(path) in ("finished", "diverged")
+    return RunDir(path).state() in ("finished", "diverged")
 
 
 def _siblings(run: TableRun) -> list[Path]:

@@ -64,7 +64,7 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> Trained:
     if not run.holds_run():
         raise TrainedError(f"{path}: no run there (no config.yaml); give a run directory, e.g. runs/<name>")
     if not (path / "model.pt").is_file():
-        state = (run.status() or {}).get("state", "no status")
+        state = run.state() or "no status"
         raise TrainedError(f"{path} has no model.pt: the run is not finished ({state}), or it ran with "
                            f"run.save_model=false. Finish it with --resume {path}")
     plugins.restore(provenance.recorded_plugins(path), path, f"the run in {path}", changed="copy")

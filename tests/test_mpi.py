@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, run_mpi_series, tiny
-from mpifed.run_queue import recorded_state
+from mpifed.rundir import RunDir
 
 pytestmark = pytest.mark.e2e
 
@@ -141,7 +141,7 @@ def test_nan_loss_is_a_clear_error(tmp_path):
     assert p.returncode == 2
     assert "the local loss is nan" in p.stderr.lower() and "Lower train.lr" in p.stderr
     status = json.loads((tmp_path / "runs" / "run" / "status.json").read_text())
-    assert status["diverged"] is True and recorded_state(tmp_path / "runs" / "run") == "diverged"
+    assert status["diverged"] is True and RunDir(tmp_path / "runs" / "run").state() == "diverged"
 
 
 
@@ -151,7 +151,7 @@ def test_nan_loss_on_a_worker_marks_the_run_failed(has_mpirun, tmp_path):
     assert p.returncode != 0 and "Lower train.lr" in p.stderr
     status = json.loads((tmp_path / "runs" / "run" / "status.json").read_text())
     assert status["state"] == "failed" and "rank" in status["error"] and "nan" in status["error"].lower()
-    assert status["diverged"] is True and recorded_state(tmp_path / "runs" / "run") == "diverged"
+    assert status["diverged"] is True and RunDir(tmp_path / "runs" / "run").state() == "diverged"
 
 
 def test_existing_run_directory_is_not_overwritten(debug_run, tmp_path):

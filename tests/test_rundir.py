@@ -446,7 +446,6 @@ def test_a_run_that_fails_before_it_begins_leaves_no_directory(tmp_path):
 
 
 def test_a_diverged_run_is_told_by_its_recorded_flag_and_an_archived_one_by_its_error(tmp_path):
-    from mpifed.run_queue import recorded_state
     cases = [({"diverged": True, "error": "rank 2: the loss is nan"}, "diverged"),
              ({"diverged": False, "error": "RuntimeError: NonFiniteLoss: in a user's message"}, "failed"),
              ({"error": "rank 2: NonFiniteLoss: client 1, round 2: the local loss is nan"}, "diverged"),   # archived
@@ -455,4 +454,4 @@ def test_a_diverged_run_is_told_by_its_recorded_flag_and_an_archived_one_by_its_
         run = tmp_path / f"run{i}"
         run.mkdir()
         (run / "status.json").write_text(json.dumps({"state": "failed", **status}))
-        assert recorded_state(run) == expected, status
+        assert RunDir(run).state() == expected, status
