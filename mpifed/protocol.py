@@ -82,8 +82,8 @@ class Layout:
         missing = set(self.entries) - set(tensors)
         unknown = set(tensors) - set(self.entries)
         if missing or unknown:
-            parts = (["missing "
-                      f"{sorted(missing)}"] if missing else []) + ([f"undeclared {sorted(unknown)}"] if unknown else [])
+            parts = ([f"missing {sorted(missing)}"] if missing else []) + (
+                [f"undeclared {sorted(unknown)}"] if unknown else [])
             raise ProtocolError(f"{self.what}{by}: {'; '.join(parts)} (declared: {sorted(self.entries)}). "
                                 f"Return exactly the entries the method's messages() declare")
         for name, t in tensors.items():
@@ -143,8 +143,8 @@ def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size:
     return Layouts(
         model=Layout("the global model", {"weights": ((num_floats,), np.float32), "ints": ((num_ints,), np.int64)}),
         down=Layout(f"{method}'s downlink", {k: (s, np.float32) for k, s in messages.down.items()}),
-        statistics=Layout(f"{method}'s client "
-                          "statistics", {k: (s, np.float64) for k, s in messages.statistics.items()}),
+        statistics=Layout(f"{method}'s client statistics",
+                          {k: (s, np.float64) for k, s in messages.statistics.items()}),
         sums=Layout(f"{method}'s uplink sums", sums),
         model_sums=Layout("the integer buffers' "
                           "sums", {"ints": ((num_ints,), np.float64), "samples": ((1,), np.float64)}),

@@ -137,8 +137,8 @@ def search_table(table: Table) -> str:
     columns = list(dict.fromkeys(k for cells in rows.values() for k in cells))
     lines = [f"The search ({table.tuning.describe()}{', in %' if percent else ''}); the choice in bold", "",
              "| setting | method | " + " | ".join(columns) + " |", "| --- | --- |" + " --- |" * len(columns)]
-    lines += [f"| {s} | {m} "
-              "| " + " | ".join(cells.get(c, "-") for c in columns) + " |" for (s, m), cells in rows.items()]
+    lines += [f"| {s} | {m} | " + " | ".join(cells.get(c, "-") for c in columns) + " |"
+              for (s, m), cells in rows.items()]
     return "\n".join(lines)
 
 

@@ -88,8 +88,8 @@ def moon_previous(first_negative, rnd, trained=False, cid=2):
                         None, torch.Generator(), setup.train)
     ctx.state = zeros("the client state", cls(cls.Options(), setup).messages().client_state)
     if trained:
-        ctx.state = Fields("the client "
-                           "state", {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)})
+        ctx.state = Fields("the client state",
+                           {"previous": torch.full((setup.num_floats,), 3.0), "trained": torch.ones(1)})
     client.begin_client(ctx)
     return client.previous.flat.floats.clone() if client.inputs.has_previous else None
 

@@ -39,9 +39,8 @@ def test_unknown_algorithm_lists_known_ones():
     assert "algorithm.name" in msg and "Did you mean 'fedavg'" in msg and "fedavg" in msg
 
 
-@pytest.mark.parametrize("given, "
-                         "meant", [("FedNTD", "fedntd"), ("FedGKD+", "fedgkd_plus"), ("FedGKD-VOTE", "fedgkd_vote"),
-                                         ("MOON", "moon")])
+@pytest.mark.parametrize("given, meant", [("FedNTD", "fedntd"), ("FedGKD+", "fedgkd_plus"),
+                                         ("FedGKD-VOTE", "fedgkd_vote"), ("MOON", "moon")])
 def test_a_method_written_as_the_papers_write_it_gets_its_name_suggested(given, meant):
     with pytest.raises(ConfigError) as e:
         config.load(overrides=[f"algorithm.name={given}"])

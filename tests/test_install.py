@@ -43,8 +43,8 @@ def see_these_tests_packages(venv):
     virtualenv or a conda env lacks them.)"""
     folders = [d for d in dict.fromkeys([*site.getsitepackages(), *(
         [site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]) if os.path.isdir(d)]
-    own = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; "
-                                                              "print(sysconfig.get_paths()['purelib'])"],
+    own = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          check=True, capture_output=True, text=True).stdout.strip()
     with open(os.path.join(own, "zz-tests-packages.pth"), "w") as f:
         f.write("".join(f"import site; site.addsitedir({d!r})\n" for d in folders))

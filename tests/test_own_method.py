@@ -283,8 +283,8 @@ def test_a_partition_of_your_own_prepares_under_the_hash_of_its_code(tmp_path):
     (tmp_path / "s.yaml").write_text(SETTING.replace("partition: {name: dirichlet, beta: 0.5, min_size: 5}",
                                                      "partition: {name: strided, offset: 1}"))
     shown = command(tmp_path, "mpifed.prepare", "--plugin", "strided.py", "--config", "s.yaml", "--show").stdout
-    first = next(line for line in shown.splitlines() if line.startswith("prepared "
-                                                                        "data: ")).removeprefix("prepared data: ")
+    first = next(line for line in shown.splitlines() if line.startswith("prepared data: "))
+    first = first.removeprefix("prepared data: ")
     manifest = json.loads((tmp_path / first / "manifest.json").read_text())
     sha = hashlib.sha256((tmp_path / "strided.py").read_bytes()).hexdigest()
     assert manifest["spec"]["code"] == {"partition": sha} and manifest["spec"]["partition"]["name"] == "strided"

@@ -48,8 +48,8 @@ def test_an_edited_file_replaces_its_earlier_version(tmp_path):
 @pytest.mark.parametrize("source,message", [
     ("import no_such_module_here\n", r"failed to import: ModuleNotFoundError: No module named 'no_such_module_here' "
                                      r"\(.*broken\.py, line 1\)"),
-    ("x = 1\ny = "
-     "undefined_name\n", r"failed to import: NameError: name 'undefined_name' is not defined \(.*, line 2\)"),
+    ("x = 1\ny = undefined_name\n",
+     r"failed to import: NameError: name 'undefined_name' is not defined \(.*, line 2\)"),
     ("def f(:\n", r"failed to import: SyntaxError: .*\(.*broken\.py, line 1\)"),
     ("x = 1\n", r"registers nothing: a plugin defines a method, model, data set or partition and registers it"),
     (plugin_method("fedavg"), r"algorithm 'fedavg' is registered twice: by mpifed\.algorithms\.fedavg\.FedAvg"),

@@ -197,8 +197,8 @@ def test_a_diverged_run_counts_at_the_declared_value_or_is_left_out(tmp_path, ca
     got = counted.claims[0].result
     assert got.n == 5 and got.mean == pytest.approx(want.mean) and got.p == pytest.approx(want.p)
     assert counted.paired[("s", "b")].mean == pytest.approx(want.mean)
-    assert sorted(counted.cells[("s", "b", "final "
-                                           "test_acc")].values) == sorted([10.0] + [METHOD[k] for k in (0, 2, 3, 4)])
+    cell = counted.cells[("s", "b", "final test_acc")]
+    assert sorted(cell.values) == sorted([10.0] + [METHOD[k] for k in (0, 2, 3, 4)])
     assert counted.cell_text("s", "b", "paper: mean of last 2 test_acc").endswith("(n=4; no result in 1)")
     assert not any("s-b-s1" in line for line in counted.left_out)
     assert "Diverged runs counted as 10 in final test_acc (the table's declared value" in counted.markdown()

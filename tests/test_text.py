@@ -120,8 +120,8 @@ def test_text_manifest_fingerprints_the_raw_files(tmp_path):
     assert "politics" in first_change(m.raw_inputs)
 
 
-@pytest.mark.parametrize("name, "
-                         "present", [("ag_news", ["train.csv", "test.csv"]), ("sst5", ["train.jsonl", "test.jsonl"]),
+@pytest.mark.parametrize("name, present", [("ag_news", ["train.csv", "test.csv"]),
+                                           ("sst5", ["train.jsonl", "test.jsonl"]),
                                            ("fortunes", ["computers", "men-women", "politics", "science"])])
 def test_text_data_sets_say_when_their_files_are_missing(tmp_path, name, present):
     entry = DATASETS.get(name)

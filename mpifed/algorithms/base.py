@@ -53,9 +53,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, L
 import torch
 import torch.nn.functional as F
 
-from mpifed.data.store import ClientData, rows, take
 from mpifed.algorithms.inputs import (  # noqa: F401 (Buffer and UndeclaredInput: for method files to import here)
     Buffer, InputBuffers, Inputs, ReadOnlyOptions, StepView, UndeclaredInput, UndeclaredState, kept_state, merged_parts)
+from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.flat import FlatModel
 from mpifed.models.base import Classifier
@@ -268,8 +268,8 @@ class ClientContext:
     transform: BatchTransform
     generator: torch.Generator      # seeded by (seed, round, client), on the device: batches and augmentation
     train_cfg: TrainConfig
-    state: Fields = field(default_factory=lambda: Fields("the client "
-                                                         "state", {}))   # Messages.client_state it starts with
+    # the Messages.client_state it starts with
+    state: Fields = field(default_factory=lambda: Fields("the client state", {}))
     new_state: Fields = field(default_factory=lambda: Fields("the client state", {}))   # what it keeps: end_client's
     epoch: int = 0                  # the local epoch being trained (0-based)
     steps: int = 0

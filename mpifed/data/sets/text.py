@@ -69,8 +69,8 @@ class AgNews(Dataset):
         train, ytr = read_ag_news_csv(root / "train.csv")
         test, yte = read_ag_news_csv(root / "test.csv")
         train, ytr = _keep_fraction(train, ytr, options.train_fraction, options.fraction_seed)
-        return RawText(train, ytr, test, yte, 4, "AG News CSV in "
-                                                 f"{root}", files=[root / "train.csv", root / "test.csv"])
+        return RawText(train, ytr, test, yte, 4, f"AG News CSV in {root}",
+                       files=[root / "train.csv", root / "test.csv"])
 
 
 # ------------------------------------------------------------------------------ SST-5
