@@ -403,10 +403,10 @@ def status(run: TableRun) -> str:
     """The run's state as :meth:`RunDir.state` reads it (a dead ``running`` run is ``failed``;
     ``diverged``: failed with a NaN or infinite loss); ``running`` or
     ``failed`` for a run killed or still starting before it wrote a status; ``new`` without a run."""
-    found = RunDir(run.path).state()
+    rd = RunDir(run.path)
+    found = rd.state()
     if found:
         return found
-    rd = RunDir(run.path)
     if rd.in_progress():
         return "running"
     return "failed" if rd.holds_run() else "new"
