@@ -26,13 +26,13 @@ import time
 import torch
 
 from mpifed.algorithms.base import Client, ClientContext, Setup
-from mpifed.config import TrainConfig
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import TokenTransform
-from mpifed.flat import FlatModel
-from mpifed.inference import InferenceCopy
-from mpifed.registry import MODELS
-from mpifed.steps import LocalSteps, make_steps
+from mpifed.local.flat import FlatModel
+from mpifed.local.inference import InferenceCopy
+from mpifed.plugin.registry import MODELS
+from mpifed.local.steps import LocalSteps, make_steps
 
 
 def peak_rss_mb() -> float:

@@ -31,8 +31,8 @@ from common import REPO  # noqa: E402
 
 
 def load(config: str, extra: list[str]):
-    from mpifed import config as cfgmod
-    from mpifed.data.prepared import ensure_prepared
+    from mpifed.settings import config as cfgmod
+    from mpifed.run.prepared import ensure_prepared
     from mpifed.data.shards import read_shard
     cfg, _ = cfgmod.load([config], extra)
     m = ensure_prepared(cfg, log=lambda s: None)
@@ -108,7 +108,7 @@ def one_process(config, extra, rounds, threads, out):
 
 def worker(rank, config, extra, rounds, barrier, out):
     torch.set_num_threads(1)
-    from mpifed.plan import assign_clients
+    from mpifed.round.plan import assign_clients
     cfg, m, clients, (tx, ty) = load(config, extra)
     mine = assign_clients(np.arange(m.num_clients), m.client_sizes, 2)[rank]
     half = len(ty) // 2

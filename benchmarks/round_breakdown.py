@@ -22,7 +22,7 @@ from common import breakdown_table, run_mpifed  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[3], help="rank counts to run (0: debug mode)")
-    p.add_argument("mpifed_args", nargs=argparse.REMAINDER, help="after --: arguments for mpifed.main")
+    p.add_argument("mpifed_args", nargs=argparse.REMAINDER, help="after --: arguments for mpifed.entry.main")
     a = p.parse_args()
     args = a.mpifed_args[1:] if a.mpifed_args[:1] == ["--"] else a.mpifed_args
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from common import run_mpifed  # noqa: E402
 
-from mpifed import config  # noqa: E402
-from mpifed.data.prepared import ensure_prepared, verify_client_shards  # noqa: E402
+from mpifed.settings import config  # noqa: E402
+from mpifed.run.prepared import ensure_prepared, verify_client_shards  # noqa: E402
 
 
 def main() -> None:

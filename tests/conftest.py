@@ -62,7 +62,7 @@ def plugin_method(name: str) -> str:
 def plugins_unloaded_after() -> Iterator[None]:
     """Whatever plugins the block loads in this process are unloaded after it (entries, modules), so
     the registries stay mpifed's own."""
-    from mpifed import plugins
+    from mpifed.settings import plugins
     before = set(map(id, plugins.loaded()))
     try:
         yield
@@ -97,8 +97,8 @@ def write_tiny_table(folder: Path, data_root: Path, seeds: str = "[0, 1]") -> Pa
 def small_setup(classes: int = 3, clients: int = 4, in_features: int = 4):
     """A Setup for unit tests of method roles: a linear classifier on 1 x 2 x 2 inputs."""
     from mpifed.algorithms.base import Setup
-    from mpifed.config import TrainConfig
-    from mpifed.flat import FlatModel
+    from mpifed.settings.config import TrainConfig
+    from mpifed.local.flat import FlatModel
     from mpifed.models.base import SplitNet
 
     def new_model():
@@ -117,8 +117,8 @@ def env() -> dict[str, str]:
 
 
 def run_debug(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    """A debug-mode run inside this process (``mpifed.main.main`` is re-entrant), its output captured."""
-    from mpifed.main import main
+    """A debug-mode run inside this process (``mpifed.entry.main.main`` is re-entrant), its output captured."""
+    from mpifed.entry.main import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(args))
@@ -142,7 +142,7 @@ def run_mpi_series(n: int, runs: list[list[str]], folder: Path,
     with the mpirun flags the launcher would add: each rank starts Python and PyTorch once for all
     the runs, not once per run. Returns one CompletedProcess per run, its exit code that run's and
     its output the whole job's; ``timeout`` is per run."""
-    from mpifed import launch
+    from mpifed.entry import launch
     folder.mkdir(parents=True, exist_ok=True)
     listed = folder / "runs.json"
     listed.write_text(json.dumps(runs))

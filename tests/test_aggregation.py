@@ -6,12 +6,12 @@ import pytest
 
 from conftest import small_setup
 from mpifed.algorithms.base import ClientContext, Replies
-from mpifed.config import TrainConfig
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData, EvalBatch, eval_batch_ids
 from mpifed.data.transforms import BatchTransform
-from mpifed.evaluation import evaluate_share, forgetting, evaluation_figures, validation
+from mpifed.local.evaluation import evaluate_share, forgetting, evaluation_figures, validation
 from mpifed.options import NoOptions
-from mpifed.protocol import build_layouts
+from mpifed.round.protocol import build_layouts
 from mpifed.registry import ALGORITHMS
 
 

@@ -1,4 +1,4 @@
-"""The Python API (mpifed.api): docs/api.md's example runs as it is and prints what the page says;
+"""The Python API (mpifed.entry.api): docs/api.md's example runs as it is and prints what the page says;
 a mapping config, a failing run and a bad configuration behave as documented."""
 import re
 import subprocess
@@ -40,7 +40,7 @@ def test_the_pages_example_runs_and_prints_what_the_page_shows(tmp_path):
 
 
 SCRIPT = """
-from mpifed import api
+from mpifed.entry import api
 run = api.run({{"data": {{"dataset": {{"name": "synthetic", "train_samples": 200, "test_samples": 60}},
                "num_clients": 3, "partition": "iid", "prepared_root": "data"}},
                "train": {{"rounds": 1, "local_epochs": 1}}}}, name="m", quiet=True)

@@ -1,4 +1,4 @@
-"""Archiving a table (mpifed.archive): the settled runs' records without their weights, which
+"""Archiving a table (mpifed.tables.archive): the settled runs' records without their weights, which
 summarise to the same table and can be continued."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from test_table_evidence import GRID, _table, _write
 from test_tables import fake_run
 
-from mpifed.rundir import RunDir
-from mpifed.table import main as table_main
-from mpifed.table_file import load_table, resolve
+from mpifed.run.rundir import RunDir
+from mpifed.entry.table import main as table_main
+from mpifed.tables.table_file import load_table, resolve
 
 pytestmark = pytest.mark.unit
 

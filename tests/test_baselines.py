@@ -7,9 +7,9 @@ from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi
 from mpifed.algorithms.base import Batch, ClientContext, Fields, Outputs, Replies, Setup, zeros
 from mpifed.algorithms.moon import own_initial_model
 from mpifed.algorithms.scaffold import effective_steps
-from mpifed.config import TrainConfig
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData
-from mpifed.flat import FlatModel
+from mpifed.local.flat import FlatModel
 from mpifed.models.base import SplitNet
 from mpifed.registry import ALGORITHMS
 

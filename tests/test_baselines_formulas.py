@@ -10,8 +10,8 @@ from conftest import small_setup
 from mpifed.algorithms.base import Batch, ClientContext, Downlink, Fields, Replies, forward, renewed
 from mpifed.algorithms.fedcurv import empirical_fisher
 from mpifed.algorithms.feddistill import class_logit_distillation, class_mean_logits
-from mpifed import config
-from mpifed.config import TrainConfig
+from mpifed.settings import config
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
 from mpifed.registry import ALGORITHMS

@@ -9,7 +9,7 @@ from conftest import small_setup
 from mpifed.algorithms.base import Batch, ClientContext, Downlink, Replies, ServerTools, forward
 from mpifed.algorithms.fedgen import decayed, diversity_loss, ensemble_loss, label_weights
 from mpifed.algorithms.fedproto import global_prototypes, prototype_loss
-from mpifed.config import TrainConfig
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
 from mpifed.registry import ALGORITHMS

@@ -9,11 +9,13 @@ import pytest
 
 from conftest import REPO
 
-from mpifed import __version__, cli, jobscripts, launch, main, packaged, prepare, table
-from mpifed.config import ConfigError, load
+from mpifed import __version__
+from mpifed.entry import commands, configs, jobscripts, launch, main, prepare, table
+from mpifed.files import packaged
+from mpifed.settings.config import ConfigError, load
 
-TOOLS = {"main": main.main, "prepare": prepare.main, "table": table.main, "launch": launch.main, "cli": cli.main,
-         "config": packaged.main, "slurm": jobscripts.main}
+TOOLS = {"main": main.main, "prepare": prepare.main, "table": table.main, "launch": launch.main,
+         "commands": commands.main, "config": configs.main, "slurm": jobscripts.main}
 
 
 class Parsed(Exception):
@@ -25,7 +27,7 @@ def parser_of(tool, monkeypatch):
         raise Parsed(self)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
     with pytest.raises(Parsed) as got:
-        tool({launch.main: ["-n", "2"], cli.main: ["--help"]}.get(tool, []))
+        tool({launch.main: ["-n", "2"], commands.main: ["--help"]}.get(tool, []))
     return got.value.args[0]
 
 
@@ -55,27 +57,27 @@ def test_version_prints_the_package_version(name, capsys):
 
 def test_mpifed_dispatches_to_each_command(monkeypatch):
     seen = []
-    for name in cli.COMMANDS:
-        monkeypatch.setattr(cli, "command_main", lambda n: (lambda argv: seen.append((n, argv)) or 0))
-        assert cli.main([name, "--config", "x.yaml"]) == 0
-    assert seen == [(n, ["--config", "x.yaml"]) for n in cli.COMMANDS]
+    for name in commands.COMMANDS:
+        monkeypatch.setattr(commands, "command_main", lambda n: (lambda argv: seen.append((n, argv)) or 0))
+        assert commands.main([name, "--config", "x.yaml"]) == 0
+    assert seen == [(n, ["--config", "x.yaml"]) for n in commands.COMMANDS]
     seen.clear()
-    assert cli.main(["--config", "x.yaml"]) == 0
+    assert commands.main(["--config", "x.yaml"]) == 0
     assert seen == [("run", ["--config", "x.yaml"])]
 
 
 def test_bare_mpifed_prints_its_help(capsys):
-    assert cli.main([]) == 0
+    assert commands.main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: mpifed") and "launch   run with N ranks" in out
 
 
 def test_a_missing_command_module_is_said_plainly(monkeypatch, capsys):
-    monkeypatch.setitem(cli.COMMANDS, "report", "mpifed.no_such_module")
-    assert cli.main(["report", "runs"]) == 2
+    monkeypatch.setitem(commands.COMMANDS, "report", "mpifed.no_such_module")
+    assert commands.main(["report", "runs"]) == 2
     assert "not available in this installation" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        cli.main(["frobnicate"])
+        commands.main(["frobnicate"])
     assert e.value.code == 2
 
 
@@ -90,9 +92,9 @@ def test_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch, cap
     assert load(["configs/quickstart.yaml"])[0].train.rounds == 3          # a local file wins
     with pytest.raises(ConfigError, match="mpifed config list"):
         load(["configs/nope.yaml"])
-    assert packaged.main(["copy", "mine"]) == 0
+    assert configs.main(["copy", "mine"]) == 0
     assert (tmp_path / "mine" / "papers" / "fedntd" / "table1.table.yaml").is_file()
-    assert packaged.main(["copy", "mine"]) == 2 and "--force" in capsys.readouterr().err
+    assert configs.main(["copy", "mine"]) == 2 and "--force" in capsys.readouterr().err
 
 
 def test_config_copy_onto_a_file_or_an_unwritable_place_is_one_message(tmp_path, capsys, read_only_view):
@@ -102,7 +104,7 @@ def test_config_copy_onto_a_file_or_an_unwritable_place_is_one_message(tmp_path,
               (lambda: read_only_view(tmp_path / "shut") / "configs", "cannot copy the configs")]
     for dest, message in places:
         dest = dest() if callable(dest) else dest
-        assert packaged.main(["copy", str(dest)]) == 2
+        assert configs.main(["copy", str(dest)]) == 2
         err = capsys.readouterr().err
         assert message in err and str(dest) in err and "Traceback" not in err, err
         assert (tmp_path / "file.yaml").read_text() == "x: 1\n"
@@ -121,7 +123,7 @@ def test_a_listing_into_a_closed_pipe_ends_without_a_traceback(command, tmp_path
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        done = subprocess.run([sys.executable, "-m", "mpifed.cli", *command], stdout=write_end, stderr=subprocess.PIPE,
+        done = subprocess.run([sys.executable, "-m", "mpifed", *command], stdout=write_end, stderr=subprocess.PIPE,
                               text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
     finally:
         os.close(write_end)
@@ -132,12 +134,12 @@ def test_a_listing_into_a_closed_pipe_ends_without_a_traceback(command, tmp_path
 
 def test_mpifed_slurm_writes_the_shipped_scripts_and_keeps_yours(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["slurm"]) == 0
+    assert commands.main(["slurm"]) == 0
     assert sorted(f.name for f in (tmp_path / "slurm").iterdir()) == sorted(
         f.name for f in (REPO / "slurm").iterdir())
     assert (tmp_path / "slurm" / "common.sh").read_text() == (REPO / "slurm" / "common.sh").read_text()
     (tmp_path / "slurm" / "cpu.sbatch").write_text("mine")
-    assert cli.main(["slurm"]) == 2 and "--force" in capsys.readouterr().err
+    assert commands.main(["slurm"]) == 2 and "--force" in capsys.readouterr().err
     assert (tmp_path / "slurm" / "cpu.sbatch").read_text() == "mine"
 
 

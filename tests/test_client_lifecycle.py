@@ -5,7 +5,7 @@ import torch
 
 from conftest import run_plugin, small_setup
 from mpifed.algorithms.base import Client, ClientContext, Fields
-from mpifed.config import TrainConfig
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
 

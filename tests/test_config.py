@@ -5,8 +5,8 @@ import sys
 import pytest
 import yaml
 
-from mpifed import config
-from mpifed.config import ConfigError
+from mpifed.settings import config
+from mpifed.settings.config import ConfigError
 
 
 def test_defaults_are_the_quick_start():
@@ -173,7 +173,7 @@ def test_checkpoint_predating_a_key_compares_it_with_the_runs_saved_config():
 
 
 def test_eval_last_is_part_of_a_results_identity_and_older_runs_compare_equal_at_the_defaults(tmp_path):
-    from mpifed.table_file import stored_identity
+    from mpifed.tables.table_file import stored_identity
     _, d = config.load()
     _, last = config.load(overrides=["run.eval_last=5"])
     assert config.diff_keys(config.result_fingerprint(d), config.result_fingerprint(last)) == ["run.eval_last"]

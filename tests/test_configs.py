@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from conftest import REPO, env, run_debug, write_tiny_table
-from mpifed import config
-from mpifed.table import main as table_main
-from mpifed.table_file import load_table, validate
+from mpifed.settings import config
+from mpifed.entry.table import main as table_main
+from mpifed.tables.table_file import load_table, validate
 
 CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml")
                  if not p.name.endswith(".table.yaml") and p.parent.name != "methods")

@@ -8,7 +8,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from conftest import REPO, env, run_debug, tiny
-from mpifed.progress import Progress, duration
+from mpifed.run.progress import Progress, duration
 
 
 def test_durations_and_eta():
@@ -78,7 +78,7 @@ def test_mlflow_tracks_a_run_across_a_resume_and_gets_the_reports_figures(tmp_pa
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    from mpifed.report import main as report_main
+    from mpifed.entry.report import main as report_main
     out = run_debug(tiny(tmp_path, "train.rounds=2", "run.mlflow=true")).stdout
     run = tmp_path / "runs" / "run"
     record = json.loads((run / "mlflow.json").read_text())
@@ -103,7 +103,7 @@ def test_mlflow_tracks_a_run_across_a_resume_and_gets_the_reports_figures(tmp_pa
 
 @pytest.mark.e2e
 def test_a_run_without_tracking_never_imports_mlflow(tmp_path):
-    code = ("import sys; from mpifed.main import main; "
+    code = ("import sys; from mpifed.entry.main import main; "
             f"code = main({tiny(tmp_path)!r}); sys.exit(code or ('mlflow' in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from mpifed import checkpoint
+from mpifed.run import checkpoint
 from mpifed.data.sets.idx import read_idx, write_idx
-from mpifed.flat import FlatModel
+from mpifed.local.flat import FlatModel
 from mpifed.models import build_model
-from mpifed.optim import FlatSGD
+from mpifed.local.optim import FlatSGD
 from mpifed.options import NoOptions
-from mpifed.placement import PlacementError, choose_device, choose_threads
-from mpifed.plan import assign_clients, client_seed, sample_clients, state_moves
-from mpifed.protocol import Layout, ProtocolError
+from mpifed.round.placement import PlacementError, choose_device, choose_threads
+from mpifed.round.plan import assign_clients, client_seed, sample_clients, state_moves
+from mpifed.round.protocol import Layout, ProtocolError
 
 
 def bn_model():
@@ -155,8 +155,8 @@ def test_setup_counts_the_integer_state():
     nobody builds a model to count it."""
     from types import SimpleNamespace
 
-    from mpifed import config
-    from mpifed.startup import make_algorithm
+    from mpifed.settings import config
+    from mpifed.round.startup import make_algorithm
     cfg = config.load(overrides=["model.name=resnet8"])[0]
     manifest = SimpleNamespace(input_shape=(3, 32, 32), num_classes=10, num_clients=10, vocab_size=0)
     _, setup = make_algorithm(cfg, manifest, torch.device("cpu"))
@@ -170,8 +170,8 @@ def test_default_placement_leaves_the_compiler_stack_unloaded():
     same process (the re-entrant main) must still take effect."""
     code = ("import sys, torch\n"
             "from mpifed import config\n"
-            "from mpifed.startup import place\n"
-            "from mpifed.placement import set_deterministic\n"
+            "from mpifed.round.startup import place\n"
+            "from mpifed.round.placement import set_deterministic\n"
             "place(config.load()[0], None, 0, 1)\n"
             "print('torch._inductor' in sys.modules)\n"
             "set_deterministic(True)\n"

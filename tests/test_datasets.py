@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mpifed import config
+from mpifed.settings import config
 from mpifed.data.raw import DataMissing, Dataset
 from mpifed.data.sets.idx import write_idx
 from mpifed.registry import DATASETS
-from mpifed.data.prepared import prepare
+from mpifed.run.prepared import prepare
 
 RNG = np.random.default_rng(0)
 

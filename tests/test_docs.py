@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from mpifed.docs import pages
+from mpifed.entry.docs import pages
 
 REPO = Path(__file__).resolve().parents[1]
 

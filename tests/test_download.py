@@ -14,7 +14,7 @@ import pytest
 from mpifed.data import download
 from mpifed.data.download import DownloadError, RemoteFile, Source, fetch
 from mpifed.data.sets.idx import write_idx
-from mpifed.prepare import main as prepare_main
+from mpifed.entry.prepare import main as prepare_main
 from mpifed.registry import DATASETS
 
 

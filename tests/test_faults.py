@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
-from mpifed import checkpoint
-from mpifed.config import build
-from mpifed.optim import round_lr
-from mpifed.rundir import RunDir
+from mpifed.run import checkpoint
+from mpifed.settings.config import build
+from mpifed.local.optim import round_lr
+from mpifed.run.rundir import RunDir
 
 pytestmark = pytest.mark.e2e
 
@@ -301,7 +301,7 @@ def test_a_checkpoint_without_a_runs_state_is_one_message(tmp_path, short_refere
 
 
 def test_links_in_a_run_directory_are_never_followed(tmp_path, short_reference):
-    from mpifed.archive import archive_runs
+    from mpifed.tables.archive import archive_runs
     run = _finished(tmp_path, short_reference)
     secret = tmp_path / "secret.txt"
     secret.write_text("password hashes\n")

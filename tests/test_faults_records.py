@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, env, metrics, run_debug, tiny, write_tiny_table
-from mpifed import launch
-from mpifed.rundir import LockLost, RunDir, check_run_name
+from mpifed.entry import launch
+from mpifed.run.rundir import LockLost, RunDir, check_run_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("unload_plugins")]
 
@@ -53,7 +53,7 @@ def in_aggregate(name, action):
     from pathlib import Path
     from mpifed.algorithms.base import Algorithm, Server
     from mpifed.registry import ALGORITHMS
-    from mpifed.rundir import RunDir
+    from mpifed.run.rundir import RunDir
 
     class HookServer(Server):
         def aggregate(self, rnd, weights, replies):
@@ -125,7 +125,7 @@ def test_a_client_state_changed_in_place_is_refused(tmp_path, data):
 HOLD = """
 import sys, time
 from pathlib import Path
-from mpifed.rundir import RunDir, RunLocked
+from mpifed.run.rundir import RunDir, RunLocked
 try:
     RunDir(Path(sys.argv[1])).lock()
 except RunLocked:
@@ -190,7 +190,7 @@ def test_the_server_notices_a_deleted_lock_at_the_end_of_the_round(tmp_path, dat
 
 # ------------------------------------------------------------------ item 10: torn metrics are caught by readers
 def test_a_finished_run_with_a_torn_last_metrics_line_is_left_out_then_repaired(tmp_path, data, capsys):
-    from mpifed.report import main as report_main
+    from mpifed.entry.report import main as report_main
     here(tmp_path, data)
     run = tmp_path / "runs" / "torn"
     run_debug(tiny(tmp_path, name="torn"))
@@ -312,7 +312,7 @@ def test_a_run_name_ending_in_a_newline_is_refused():
 
 
 def test_a_full_disk_at_start_leaves_no_empty_run_directory(tmp_path, data, monkeypatch):
-    import mpifed.rundir as rundir
+    import mpifed.run.rundir as rundir
     here(tmp_path, data)
 
     def full(path):
@@ -335,7 +335,7 @@ def test_a_lock_that_is_a_folder_gets_its_own_hint(tmp_path, data):
 
 
 def test_resuming_a_finished_run_on_a_read_only_mount_has_nothing_to_do(tmp_path, data, monkeypatch):
-    import mpifed.rundir as rundir
+    import mpifed.run.rundir as rundir
     here(tmp_path, data)
     run = tmp_path / "runs" / "ro"
     run_debug(tiny(tmp_path, name="ro"))
@@ -373,7 +373,7 @@ def test_the_launcher_says_a_last_word_when_the_ranks_fail_before_a_checkpoint(t
 
 # ------------------------------------------------------------------ item 9: a table's identity and its path's spelling
 def test_a_tables_run_root_does_not_depend_on_how_its_path_is_spelled(tmp_path, monkeypatch):
-    from mpifed.table_file import load_table
+    from mpifed.tables.table_file import load_table
     table = write_tiny_table(tmp_path / "paper", tmp_path / "data")
     roots = set()
     for cwd, spelling in ((tmp_path, table), (tmp_path, Path("paper") / table.name),

@@ -1,5 +1,5 @@
 """The modules of mpifed depend on each other one way: no import cycle, at import time or at run time,
-and no import up the layers of docs/architecture.md's module table.
+and no import up the folders of docs/architecture.md's tree (a module's layer is the folder it sits in).
 
 The graph is read from the source: every import a module can run (at module level or inside
 a function; ``if TYPE_CHECKING:`` blocks excluded), and every registry it reads (reading a
@@ -10,6 +10,7 @@ its submodules.
 from __future__ import annotations
 
 import ast
+import json
 import pkgutil
 import re
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import mpifed
-from mpifed import registry
+from mpifed.plugin import registry
 
 ROOT = Path(mpifed.__file__).parent
 ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
@@ -69,7 +70,7 @@ def dependencies(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     deps: set[str] = set()
     registry_names: dict[str, str] = {}      # local name -> registry name (ALGORITHMS, ...)
-    registry_module: set[str] = set()        # local names bound to the mpifed.registry module
+    registry_module: set[str] = set()        # local names bound to the mpifed.plugin.registry module
     nodes = list(_walk(tree))
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -85,11 +86,11 @@ def dependencies(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 target = f"{base}.{alias.name}"
                 if target in modules:
                     deps.add(target)
-                    if target == "mpifed.registry":
+                    if target == "mpifed.plugin.registry":
                         registry_module.add(alias.asname or alias.name)
                 elif base in modules:
                     deps.add(base)
-                    if base == "mpifed.registry" and alias.name in REGISTRIES:
+                    if base == "mpifed.plugin.registry" and alias.name in REGISTRIES:
                         registry_names[alias.asname or alias.name] = alias.name
     decorators = {id(d.func.value) for n in nodes if isinstance(n, (ast.ClassDef, ast.FunctionDef))
                   for d in n.decorator_list
@@ -174,59 +175,107 @@ def _cycle_through(graph: dict[str, set[str]], component: set[str]) -> list[str]
     raise AssertionError("not a strongly connected component")
 
 
-def layers(text: str) -> list[tuple[str, list[str]]]:
-    """The module table of docs/architecture.md's "Modules, one way down", top layer first:
-    (layer, its modules as written, e.g. ``data.store`` or ``algorithms/*``)."""
-    section = text.split("## Modules, one way down", 1)[1].split("\n## ", 1)[0]
-    rows = [re.match(r"\| ([^|]+) \| ([^|]+) \|", line) for line in section.splitlines()]
-    return [(m.group(1).strip(), re.findall(r"`([a-z_./*]+)`", m.group(2)))
-            for m in rows if m and m.group(1).strip() not in ("layer", "---")]
+def tree(text: str) -> list[str]:
+    """The folders of docs/architecture.md's tree ("The tree, one way down"), top layer first."""
+    section = text.split("## The tree, one way down", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```text\n", 1)[1].split("```", 1)[0]
+    return re.findall(r"^  ([a-z_]+)/ ", block, flags=re.M)
 
 
-def layer_of(module: str, table: list[tuple[str, list[str]]]) -> int | None:
-    """The index in ``table`` of the layer listing ``module`` (``mpifed.x.y``), or None."""
-    name = module.removeprefix("mpifed.")
-    for index, (_, modules) in enumerate(table):
-        for entry in modules:
-            package = entry.removesuffix("/*").replace("/", ".")
-            if name == package or (entry.endswith("/*") and name.startswith(package + ".")):
-                return index
-    return None
+def alias_home(path: Path) -> str | None:
+    """The home of a public-path module (one that puts another module in its place in ``sys.modules``,
+    see docs/architecture.md), or None for a module of its own."""
+    tree_ = ast.parse(path.read_text(), str(path))
+    replaces = any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "sys.modules[__name__]"
+                   for n in tree_.body)
+    if not replaces:
+        return None
+    (home,) = [f"{n.module}.{n.names[0].name}" for n in tree_.body
+               if isinstance(n, ast.ImportFrom) and n.names[0].asname == "_home"]
+    return home
 
 
-def upward_imports(graph: dict[str, set[str]], table: list[tuple[str, list[str]]]) -> list[str]:
-    """Every dependency of a module on one in a layer above its own, as 'a (layer) -> b (layer)'."""
+def aliases() -> dict[str, str]:
+    """Every public path and its home module."""
+    return {name: home for name, path in module_files().items() if (home := alias_home(path))}
+
+
+def layer_of(module: str, folders: list[str]) -> int | None:
+    """The index in ``folders`` of the folder holding ``module`` (``mpifed.<folder>...``), or None."""
+    parts = module.split(".")
+    return folders.index(parts[1]) if len(parts) > 1 and parts[1] in folders else None
+
+
+def upward_imports(graph: dict[str, set[str]], folders: list[str]) -> list[str]:
+    """Every dependency of a module on one in a layer above its own, as 'a (folder) -> b (folder)'."""
     found = []
     for module, deps in sorted(graph.items()):
-        own = layer_of(module, table)
+        own = layer_of(module, folders)
         for dep in sorted(deps):
-            other = layer_of(dep, table)
+            other = layer_of(dep, folders)
             if own is not None and other is not None and other < own:
-                found.append(f"{module} ({table[own][0]}) -> {dep} ({table[other][0]})")
+                found.append(f"{module} ({folders[own]}/) -> {dep} ({folders[other]}/)")
     return found
 
 
-def test_every_module_sits_in_one_layer_of_the_architecture_table():
-    table = layers(ARCHITECTURE.read_text())
-    listed = [entry for _, modules in table for entry in modules]
-    assert len(listed) == len(set(listed)), "a module is listed in two layers"
-    packages = {"mpifed", "mpifed.data"}            # bare packages: their __init__ imports nothing
-    assert all(not import_graph()[p] for p in packages)
-    unlisted = sorted(m for m in module_files() if m not in packages and layer_of(m, table) is None)
-    assert not unlisted, f"add these to docs/architecture.md's module table: {unlisted}"
+def test_every_module_sits_in_a_folder_of_the_tree():
+    folders = tree(ARCHITECTURE.read_text())
+    assert len(folders) == len(set(folders)), "a folder is listed twice"
+    on_disk = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    assert sorted(folders) == on_disk, f"docs/architecture.md's tree lists {sorted(folders)}; mpifed/ holds {on_disk}"
+    public = aliases()
+    top = {"mpifed", "mpifed.__main__"}
+    loose = sorted(m for m in module_files() if m not in top and m not in public and layer_of(m, folders) is None)
+    assert not loose, f"modules outside the tree's folders (move them into one): {loose}"
+    assert not import_graph()["mpifed"]                # the package's __init__ imports nothing
 
 
 def test_no_module_imports_a_layer_above_its_own():
-    found = upward_imports(import_graph(), layers(ARCHITECTURE.read_text()))
-    assert not found, ("imports up docs/architecture.md's layers (move a module, or the import):\n"
+    public = aliases()
+    graph = {m: deps for m, deps in import_graph().items() if m not in public}
+    found = upward_imports(graph, tree(ARCHITECTURE.read_text()))
+    assert not found, ("imports up docs/architecture.md's tree (move a module, or the import):\n"
                        + "\n".join(found))
 
 
 def test_an_upward_import_is_found():
-    table = [("top", ["main"]), ("middle", ["config"]), ("plug-ins", ["algorithms/*"])]
-    graph = {"mpifed.main": {"mpifed.config"}, "mpifed.config": {"mpifed.algorithms.fedavg"},
-             "mpifed.algorithms.fedavg": {"mpifed.config"}}
-    assert upward_imports(graph, table) == ["mpifed.algorithms.fedavg (plug-ins) -> mpifed.config (middle)"]
+    folders = ["entry", "settings", "algorithms"]
+    graph = {"mpifed.entry.main": {"mpifed.settings.config"}, "mpifed.settings.config": {"mpifed.algorithms.fedavg"},
+             "mpifed.algorithms.fedavg": {"mpifed.settings.config"}}
+    assert upward_imports(graph, folders) == [
+        "mpifed.algorithms.fedavg (algorithms/) -> mpifed.settings.config (settings/)"]
+
+
+def test_mpifeds_own_modules_import_homes_not_public_paths():
+    """A public path is for code outside mpifed; inside, a module imports the home, so that the graph above
+    is the real one."""
+    public = aliases()
+    found = sorted(f"{m} imports {d} (import {public[d]})" for m, deps in import_graph().items()
+                   if m not in public for d in deps if d in public)
+    assert not found, "\n".join(found)
+
+
+def test_every_public_path_is_its_home_module_and_documented():
+    public = aliases()
+    text = ARCHITECTURE.read_text().split("## Public paths", 1)[1].split("\n## ", 1)[0]
+    documented = dict(re.findall(r"^\| `(mpifed[a-z_.]*)` \| `(mpifed[a-z_.]*)` \|", text, flags=re.M))
+    assert documented == public, "docs/architecture.md's public paths differ from the modules that are public paths"
+    code = ("import importlib, json; print(json.dumps({p: importlib.import_module(p).__name__ for p in %r}))"
+            % sorted(public))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == public
+
+
+def test_every_public_command_runs():
+    """``python -m mpifed.X --help`` for every public path that is a command, and ``python -m mpifed``."""
+    commands = [p for p, path in module_files().items()
+                if alias_home(path) and 'if __name__ == "__main__":' in path.read_text()]
+    assert {"mpifed.main", "mpifed.launch", "mpifed.mps", "mpifed.table", "mpifed.report"} <= set(commands)
+    procs = {c: subprocess.Popen([sys.executable, "-m", c, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for c in [*commands, "mpifed"]}
+    for command, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "usage" in out.lower(), f"python -m {command} --help: {err[-2000:]}"
 
 
 def test_no_import_cycle():
@@ -241,19 +290,19 @@ def test_a_cycle_is_found():
 
 def test_registry_reads_and_function_level_imports_count():
     graph = import_graph()
-    assert "mpifed.algorithms.fedprox" in graph["mpifed.config"]       # config reads ALGORITHMS
-    assert "mpifed.registry" in graph["mpifed.algorithms.fedprox"]        # registering is an import, not a read
+    assert "mpifed.algorithms.fedprox" in graph["mpifed.settings.config"]       # config reads ALGORITHMS
+    assert "mpifed.plugin.registry" in graph["mpifed.algorithms.fedprox"]        # registering is an import, not a read
     assert "mpifed.algorithms.fedavg" not in graph["mpifed.algorithms.fedprox"]
-    assert "mpifed.checkpoint" in graph["mpifed.main"]                   # a function-level import
+    assert "mpifed.run.checkpoint" in graph["mpifed.entry.main"]                   # a function-level import
 
 
 def test_plugins_import_nothing_of_the_config():
-    """Algorithms, models, data sets and partitions take their option helpers from mpifed.options;
-    mpifed.options imports nothing of mpifed, and importing a plug-in does not load the config."""
+    """Algorithms, models, data sets and partitions take their option helpers from mpifed.plugin.options;
+    mpifed.plugin.options imports nothing of mpifed, and importing a plug-in does not load the config."""
     graph = import_graph()
-    assert graph["mpifed.options"] == set()
+    assert graph["mpifed.plugin.options"] == set()
     code = ("import sys; import mpifed.algorithms.fedprox, mpifed.models.resnet, mpifed.data.sets.cifar, "
-            "mpifed.data.partitions; print('mpifed.config' in sys.modules)")
+            "mpifed.data.partitions; print('mpifed.settings.config' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False"]
 
@@ -289,8 +338,8 @@ def test_a_registry_whose_module_failed_to_import_loads_again(tmp_path, monkeypa
 
 
 def test_the_entry_point_imports_no_numerical_library():
-    """mpifed.main blocks the stop signals before numpy or torch start their threads, so importing
+    """mpifed.entry.main blocks the stop signals before numpy or torch start their threads, so importing
     it must not load them."""
-    code = "import sys, mpifed.main; print(sorted(m for m in ('numpy', 'torch', 'mpi4py') if m in sys.modules))"
+    code = "import sys, mpifed.entry.main; print(sorted(m for m in ('numpy', 'torch', 'mpi4py') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -7,11 +7,11 @@ from conftest import small_setup
 from mpifed.algorithms.base import Client, ClientContext, Downlink, Inputs, role_problems
 from mpifed.algorithms.fedntd import FedNTD, FedNTDClient
 from mpifed.algorithms.inputs import Buffer, InputBuffers, StepView, UndeclaredInput, UndeclaredState
-from mpifed.config import TrainConfig
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
-from mpifed.losses import ntd_loss
-from mpifed.steps import LocalSteps
+from mpifed.local.losses import ntd_loss
+from mpifed.local.steps import LocalSteps
 
 
 # ------------------------------------------------------------------ the declaration

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
-from mpifed import handoff, launch
+from mpifed.comm import handoff
+from mpifed.entry import launch
 
 
 def test_command_adds_open_mpi_flags_only_where_needed():

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from mpifed.losses import (cad_class_weights, cad_loss, csd_loss, csd_mask, csd_similarity, kd_loss, not_true_logits,
-                           ntd_loss)
+from mpifed.local.losses import (cad_class_weights, cad_loss, csd_loss, csd_mask, csd_similarity, kd_loss,
+                                 not_true_logits, ntd_loss)
 
 LN = math.log
 

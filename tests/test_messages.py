@@ -8,7 +8,7 @@ import torch
 
 from conftest import run_mpi, run_plugin, tiny
 from mpifed.algorithms.base import Downlink, Fields, Messages, UndeclaredName, summed
-from mpifed.protocol import build_layouts
+from mpifed.round.protocol import build_layouts
 
 
 def test_fields_are_read_by_their_declared_names():

@@ -4,7 +4,7 @@ import torch
 
 from conftest import metrics, run_debug, small_setup, tiny
 from mpifed.algorithms.base import Batch, ClientContext, Downlink, Fields, Replies, ServerTools, forward
-from mpifed.config import TrainConfig
+from mpifed.settings.config import TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
 from mpifed.registry import ALGORITHMS
@@ -142,7 +142,7 @@ def test_teacher_logit_cache_equals_per_batch_logits():
 def test_fedcsd_local_prototypes_and_official_weighting():
     """``prototypes: local`` uses the client's own class means and no all-reduce; ``weighting: official``
     is (1 - mu) CE + mu L_CSD."""
-    from mpifed.losses import csd_loss
+    from mpifed.local.losses import csd_loss
     setup = small_setup(classes=3)
     cls = ALGORITHMS.get("fedcsd")
     local = cls(cls.Options(prototypes="local"), setup)

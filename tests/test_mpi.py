@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, run_mpi_series, tiny
-from mpifed.rundir import RunDir
+from mpifed.run.rundir import RunDir
 
 pytestmark = pytest.mark.e2e
 
@@ -182,7 +182,7 @@ def test_default_thread_count_gives_the_same_numbers_in_every_mode(mpi_runs, tmp
     """Issue 25, item 3: FedProx on the quick start's digits gave 0.8552 in the debug mode (two
     threads on a 2-core machine) and 0.8496 under mpirun. By default every mode now uses the same
     thread count, and a thread count that differs makes a run of another identity."""
-    from mpifed import config
+    from mpifed.settings import config
     run_debug(quick_start_fedprox(tmp_path, "debug"))
     _, mpi = mpi_run(mpi_runs, 3, "quick-start")
     a, b = metrics(tmp_path / "runs" / "debug"), metrics(mpi)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, env
-from mpifed import launch, mps
-from mpifed.config import ResourcesConfig
+from mpifed.entry import launch, cuda_mps as mps
+from mpifed.settings.config import ResourcesConfig
 
 # The stand-in: "-d" starts a "daemon" (a file in the pipe folder); a command read from stdin is
 # answered while that file exists (or MPS_STANDIN_RUNNING is set: a daemon someone else started).
@@ -106,7 +106,7 @@ def test_the_resources_section_is_read_without_torch(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("resources: {mps: on, server_device: cuda}\n")
-    code = ("import sys; from mpifed.mps import job_resources; "
+    code = ("import sys; from mpifed.entry.cuda_mps import job_resources; "
             f"r = job_resources(['--config', {str(f)!r}, '--set', 'resources.threads=2', 'train.rounds=5', "
             f"'--overwrite']); s = job_resources(['--resume', {str(run)!r}, '--set', 'resources.cache_mb=7']); "
             "print(r.mps, r.device, r.threads, s.mps, s.server_device, s.cache_mb, 'torch' in sys.modules)")

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from mpifed.config import TrainConfig
-from mpifed.flat import FlatModel
+from mpifed.settings.config import TrainConfig
+from mpifed.local.flat import FlatModel
 from mpifed.models import build_model
-from mpifed.optim import make_optimizer, round_lr
+from mpifed.local.optim import make_optimizer, round_lr
 from mpifed.options import NoOptions
 
 
@@ -45,7 +45,7 @@ def test_schedules():
 
 
 def test_cosine_schedule_makes_rounds_part_of_the_resume_check():
-    from mpifed import config
+    from mpifed.settings import config
     _, d = config.load([], ["train.lr_schedule=cosine", "train.rounds=50"])
     _, e = config.load([], ["train.lr_schedule=cosine", "train.rounds=80"])
     assert config.diff_keys(config.math_fingerprint(d), config.math_fingerprint(e)) == ["train.rounds"]

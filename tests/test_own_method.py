@@ -14,12 +14,12 @@ import sys
 import pytest
 
 from conftest import REPO, env, metrics, plugin_method, plugins_unloaded_after
-from mpifed.cli import main as cli_main
-from mpifed.evaluate import main as evaluate_main
-from mpifed.main import main as run_main
-from mpifed.prepare import main as prepare_main
-from mpifed.report import main as report_main
-from mpifed.table import main as table_main
+from mpifed.entry.commands import main as cli_main
+from mpifed.entry.evaluate import main as evaluate_main
+from mpifed.entry.main import main as run_main
+from mpifed.entry.prepare import main as prepare_main
+from mpifed.entry.report import main as report_main
+from mpifed.entry.table import main as table_main
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,7 @@ def mpifed(cwd, *args, check=True, extra_env=None):
 
 
 COMMANDS = {"mpifed.main": run_main, "mpifed.prepare": prepare_main, "mpifed.table": table_main,
-            "mpifed.report": report_main, "mpifed.evaluate": evaluate_main, "mpifed.cli": cli_main}
+            "mpifed.report": report_main, "mpifed.evaluate": evaluate_main, "mpifed": cli_main}
 
 
 def command(cwd, module, *args, check=True):
@@ -125,7 +125,7 @@ def test_the_mpi_run_of_the_method_equals_its_debug_run(own_table):
 
 def test_evaluate_prints_each_runs_recorded_final_accuracy(own_table):
     runs = sorted((own_table / "runs" / "t-t").glob("s-*-s[0-9]"))
-    out = command(own_table, "mpifed.cli", "evaluate", *map(str, runs)).stdout
+    out = command(own_table, "mpifed", "evaluate", *map(str, runs)).stdout
     for run in runs:
         recorded = json.loads((run / "summary.json").read_text())["final_test_acc"]
         assert (f"{run}: test accuracy {recorded:.4f}" in out
@@ -227,7 +227,7 @@ def test_provenance_counts_untracked_files_inside_the_package(tmp_path):
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "x"]):
         subprocess.run(git + cmd, check=True, capture_output=True)
-    ask = [sys.executable, "-c", "from mpifed.provenance import source_commit; print(source_commit()[1])"]
+    ask = [sys.executable, "-c", "from mpifed.run.provenance import source_commit; print(source_commit()[1])"]
     clean = subprocess.run(ask, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True,
                            text=True, check=True).stdout.strip()
     (repo / "mpifed" / "algorithms" / "mine.py").write_text(plugin_method("mine"))

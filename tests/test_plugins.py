@@ -1,4 +1,4 @@
-"""Plugins (mpifed.plugins): a method, model, data set or partition from a file or module outside mpifed,
+"""Plugins (mpifed.settings.plugins): a method, model, data set or partition from a file or module outside mpifed,
 loaded once, hashed, checked against its registry's interface, named in configs relative to the file
 that names them, and part of a run's identity through the config's ``code`` section.
 
@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from conftest import plugin_method
-from mpifed import config, plugins
+from mpifed.settings import config, plugins
 from mpifed.registry import ALGORITHMS, MODELS
 
 def method(name="plug_penalty"):

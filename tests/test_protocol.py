@@ -7,10 +7,10 @@ import torch
 
 from conftest import run_mpi, run_plugin, tiny
 from mpifed.algorithms.base import Messages, summed
-from mpifed.client_state import ClientStates, discard_from
-from mpifed.comm import Comm
-from mpifed.plan import RoundPlan
-from mpifed.protocol import Layout, RoundProtocol, Trained, build_layouts
+from mpifed.round.client_state import ClientStates, discard_from
+from mpifed.comm.collectives import Comm
+from mpifed.round.plan import RoundPlan
+from mpifed.round.protocol import Layout, RoundProtocol, Trained, build_layouts
 
 BROKEN = '''
 from mpifed.algorithms.base import Algorithm, Client, Server, per_client
@@ -113,7 +113,7 @@ def test_old_versions_are_pruned_and_a_resume_discards_newer_ones(tmp_path):
 
 
 def test_a_short_state_file_is_reported(tmp_path):
-    from mpifed.client_state import ClientStateError
+    from mpifed.round.client_state import ClientStateError
     store = ClientStates(tmp_path, state_layout(), budget_mb=0)
     store.put(0, 1, state(1), keep_from=2)
     (tmp_path / "0" / "r1.bin").write_bytes(b"short")
@@ -122,7 +122,7 @@ def test_a_short_state_file_is_reported(tmp_path):
 
 
 def test_a_state_file_changed_in_place_fails_its_checksum(tmp_path):
-    from mpifed.client_state import ClientStateError
+    from mpifed.round.client_state import ClientStateError
     store = ClientStates(tmp_path, state_layout(), budget_mb=0)
     store.put(0, 1, state(1), keep_from=2)
     path = tmp_path / "0" / "r1.bin"
@@ -134,7 +134,7 @@ def test_a_state_file_changed_in_place_fails_its_checksum(tmp_path):
 
 
 def test_a_missing_state_is_an_error_not_zeros_or_an_older_state(tmp_path):
-    from mpifed.client_state import ClientStateError
+    from mpifed.round.client_state import ClientStateError
     store = ClientStates(tmp_path, state_layout(), budget_mb=0)
     store.put(0, 1, state(1), keep_from=1)
     store.put(0, 4, state(4), keep_from=1)                   # r1 is kept (a resume at round 1 needs it)

@@ -1,4 +1,4 @@
-"""mpifed.report on hand-written run directories: figures exist, the CSV holds the right numbers,
+"""mpifed.entry.report on hand-written run directories: figures exist, the CSV holds the right numbers,
 configurations are never mixed; prepare --plot; the message when matplotlib is missing."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from conftest import REPO, env, tiny
 from test_tables import fake_run, resolved_config, write_table
 
-from mpifed import plots
-from mpifed.config import digest, result_fingerprint
+from mpifed.tables import plots
+from mpifed.settings.config import digest, result_fingerprint
 from mpifed.registry import ALGORITHMS
-from mpifed.report import display_name
-from mpifed.report import main as report_main
+from mpifed.entry.report import display_name
+from mpifed.entry.report import main as report_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FINALS = {"a": [0.60, 0.64, 0.71], "b": [0.70, 0.75, 0.77]}
@@ -88,7 +88,7 @@ def test_report_without_matplotlib_writes_the_tables_and_names_the_extra(tmp_pat
     assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert "no figures: plots need matplotlib: pip install 'mpifed[plots]'" in capsys.readouterr().err
     assert sorted(f.name for f in out.iterdir()) == ["table.csv", "table.md", "table.tex"]
-    from mpifed.prepare import main as prepare_main
+    from mpifed.entry.prepare import main as prepare_main
     assert prepare_main(tiny(tmp_path) + ["--plot"]) == 2
     assert "pip install 'mpifed[plots]'" in capsys.readouterr().err
 
@@ -132,7 +132,7 @@ def test_figures_carry_the_tables_title_the_overrides_percent_and_class_names(tm
 
 
 def test_prepare_plot_writes_the_partition_heatmap_beside_the_shards(tmp_path, capsys):
-    from mpifed.prepare import main as prepare_main
+    from mpifed.entry.prepare import main as prepare_main
     assert prepare_main(tiny(tmp_path) + ["--plot"]) == 0
     written = list((tmp_path / "data").glob("*/partition.png"))
     assert len(written) == 1 and (written[0].parent / "manifest.json").exists()
@@ -140,8 +140,8 @@ def test_prepare_plot_writes_the_partition_heatmap_beside_the_shards(tmp_path, c
 
 
 def test_trainer_and_table_never_import_matplotlib():
-    code = ("import sys, mpifed.main, mpifed.server, mpifed.worker, mpifed.table, mpifed.results, mpifed.prepare; "
-            "sys.exit('matplotlib' in sys.modules)")
+    code = ("import sys, mpifed.entry.main, mpifed.round.server, mpifed.round.worker, mpifed.entry.table, "
+            "mpifed.run.results, mpifed.entry.prepare; sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env()).returncode == 0
 
 
@@ -171,7 +171,7 @@ def test_a_metric_no_run_has_is_refused_with_the_allowed_ones(tmp_path, capsys):
 
 
 def test_partition_plot_title_says_what_the_split_is_not_how_it_was_searched_for(tmp_path, monkeypatch, capsys):
-    from mpifed.prepare import main as prepare_main
+    from mpifed.entry.prepare import main as prepare_main
     drawn = {}
     monkeypatch.setattr(plots, "heatmap", lambda path, *a, **k: drawn.setdefault("heatmap", a) and path)
     assert prepare_main(tiny(tmp_path) + ["--plot"]) == 0

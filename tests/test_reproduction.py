@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mpifed.table import search_table, summarize
-from mpifed.table_file import load_table, resolve, settled
+from mpifed.entry.table import search_table, summarize
+from mpifed.tables.table_file import load_table, resolve, settled
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, small_setup, tiny
-from mpifed import checkpoint
+from mpifed.run import checkpoint
 from mpifed.algorithms.base import Server
 from mpifed.registry import ALGORITHMS
 

@@ -18,16 +18,16 @@ import pytest
 import torch
 
 from conftest import REPO, env, metrics, run_debug, tiny
-from mpifed import rundir
+from mpifed.run import rundir
 from mpifed.data.sets.idx import write_idx
-from mpifed.rundir import RunDir
+from mpifed.run.rundir import RunDir
 
 pytestmark = pytest.mark.e2e
 
 
 def hold_lock(path):
     """A separate process that holds the run lock of ``path`` until its stdin closes."""
-    code = ("import sys; from pathlib import Path; from mpifed.rundir import RunDir; "
+    code = ("import sys; from pathlib import Path; from mpifed.run.rundir import RunDir; "
             f"RunDir(Path({str(path)!r})).lock(); print('locked', flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env(), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
@@ -201,7 +201,7 @@ def test_changed_raw_data_stops_the_run_naming_the_file(tmp_path):
     p = run_debug(tiny_mnist(tmp_path, name="b"), check=False)
     assert p.returncode == 2 and "raw data changed" in p.stderr and "--force" in p.stderr
     assert "train-images-idx3-ubyte changed size" in p.stderr
-    from mpifed.prepare import main as prepare
+    from mpifed.entry.prepare import main as prepare
     assert prepare(["--force", *tiny_mnist(tmp_path, name="b")]) == 0
     run_debug(tiny_mnist(tmp_path, name="b"))
 
@@ -234,7 +234,7 @@ def test_manifests_with_one_hash_over_all_raw_files_are_still_checked(tmp_path):
 
 
 def test_stop_before_round_one_says_nothing_was_trained(tmp_path, monkeypatch):
-    from mpifed import server
+    from mpifed.round import server
     monkeypatch.setattr(server, "stop_requested", lambda: True)
     monkeypatch.setattr(server, "received", lambda: ["SIGUSR1"])
     p = run_debug(tiny(tmp_path), check=False)
@@ -365,7 +365,7 @@ def test_a_run_whose_config_yaml_is_not_a_mapping_is_refused_with_the_fix(tmp_pa
 
 
 def test_a_partition_file_that_is_not_an_index_file_is_one_message(tmp_path):
-    from mpifed.prepare import main as prepare
+    from mpifed.entry.prepare import main as prepare
     bad = {"zero-d.npy": None, "garbage.npy": b"\x93NUMPY\x01\x00garbage" * 4, "text.npy": b"[[1, 2], [3]]\n",
            "folder.json": "dir", "none.json": b"[]"}
     for name, content in bad.items():
@@ -415,7 +415,7 @@ def test_default_run_names_are_valid_and_unique_within_a_second(tmp_path, monkey
 
 
 def test_prepare_removes_temporary_folders_of_dead_prepares_on_this_host(tmp_path):
-    from mpifed.prepare import main as prepare
+    from mpifed.entry.prepare import main as prepare
     gone = subprocess.Popen(["true"])
     gone.wait()
     host = socket.gethostname()

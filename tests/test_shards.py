@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from mpifed import config
-from mpifed.data.prepared import (Manifest, PreparedDataError, ensure_prepared, prepare, prepare_spec, prepared_dir,
-                                  verify_files)
+from mpifed.settings import config
+from mpifed.run.prepared import (Manifest, PreparedDataError, ensure_prepared, prepare, prepare_spec, prepared_dir,
+                                 verify_files)
 from mpifed.registry import DATASETS
 from mpifed.data.shards import ShardError, read_rows, read_shard, write_shard
 
@@ -172,7 +172,7 @@ def test_concurrent_preparation_of_the_same_folder(tmp_path):
     """Processes that prepare the same folder at once (a job array) all end up using one copy."""
     import subprocess
     import sys
-    code = ("import sys; from mpifed import config; from mpifed.data.prepared import ensure_prepared; "
+    code = ("import sys; from mpifed import config; from mpifed.run.prepared import ensure_prepared; "
             "cfg, _ = config.load(overrides=sys.argv[1:]); print(ensure_prepared(cfg, log=lambda s: None).root)")
     sets = ["data.dataset.name=synthetic", "data.dataset.train_samples=3000", "data.num_clients=20",
             f"data.prepared_root={tmp_path}"]

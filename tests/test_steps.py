@@ -7,12 +7,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import run_debug, small_setup, tiny, watch_local_steps
 from mpifed.algorithms.base import Client, ClientContext, role_problems
 from mpifed.algorithms.inputs import UndeclaredState
-from mpifed.config import ConfigError, TrainConfig
+from mpifed.settings.config import ConfigError, TrainConfig
 from mpifed.data.store import ClientData
 from mpifed.data.transforms import BatchTransform
-from mpifed.optim import make_optimizer
+from mpifed.local.optim import make_optimizer
 from mpifed.registry import ALGORITHMS
-from mpifed.steps import LocalSteps, make_steps
+from mpifed.local.steps import LocalSteps, make_steps
 
 AUGMENT = ["data.augment.crop_padding=2", "data.augment.flip=true", "data.augment.rotation=10", "data.augment.cutout=4",
            "data.dataset.channels=3", "data.dataset.size=12", "train.grad_clip=1.0", "train.rounds=2"]
@@ -62,7 +62,7 @@ def test_the_host_read_detector_sees_a_boolean_mask_and_item():
 
 def test_losses_run_on_meta_tensors():
     """No loss has an output shape that depends on the data (a meta tensor has none)."""
-    from mpifed import losses as L
+    from mpifed.local import losses as L
     from mpifed.algorithms.feddistill import class_logit_distillation
     from mpifed.algorithms.fedproto import prototype_loss
 
@@ -198,7 +198,7 @@ def test_a_batch_shorter_than_the_batch_size_is_never_captured():
 
 def _tiny_distilbert_batch():
     pytest.importorskip("transformers")
-    from mpifed.flat import FlatModel
+    from mpifed.local.flat import FlatModel
     from mpifed.models.distilbert import DistilBert
     opts = DistilBert.Options(vocab_size=64, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=16)
     g = torch.Generator().manual_seed(0)

@@ -19,11 +19,13 @@ import yaml
 from conftest import REPO, env
 from test_tables import fake_run, resolved_config, write_table
 
-from mpifed import config, results, stats
-from mpifed.rundir import RunDir
-from mpifed.table import main as table_main, search_table, summarize
-from mpifed.table_file import load_table, resolve
-from mpifed.tuning import SearchChoice
+from mpifed.settings import config
+from mpifed.run import results
+from mpifed.tables import stats
+from mpifed.run.rundir import RunDir
+from mpifed.entry.table import main as table_main, search_table, summarize
+from mpifed.tables.table_file import load_table, resolve
+from mpifed.tables.tuning import SearchChoice
 
 
 # ------------------------------------------------------------------ paired statistics, by hand
@@ -140,7 +142,7 @@ def test_declared_claims_are_labelled_by_interval_and_holm_over_the_family(tmp_p
 
 
 def test_a_label_either_way_needs_holms_adjustment_as_well_as_the_interval():
-    from mpifed.summary import Claim, Tested
+    from mpifed.tables.summary import Claim, Tested
     claim = Claim("b", "a")
     ahead, behind = stats.Paired(5, 2.0, 0.5, 3.5, 5, 0, 0.02), stats.Paired(5, -2.0, -3.5, -0.5, 0, 5, 0.02)
     assert Tested(claim, "s", ahead, 0.04).label == "supported"
@@ -415,7 +417,7 @@ def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monk
             _write(r.path, r.resolved,
                    [{"round": i + 1, "val_acc": 0.5 + (candidate == "lr=0.1") / 10} for i in range(3)])
     started = []
-    monkeypatch.setattr("mpifed.table.run_all", lambda runs, *rest: (started.extend(runs), (0, 0))[1])
+    monkeypatch.setattr("mpifed.entry.table.run_all", lambda runs, *rest: (started.extend(runs), (0, 0))[1])
     root = ["--runs-root", str(tmp_path / "runs")]
     assert table_main([str(table), *root, "--methods", "a", "--run", "0"]) == 0      # b's search is not needed
     assert [(r.method, r.seed, r.candidate) for r in started] == [("a", 0, None), ("a", 1, None)]
@@ -596,7 +598,7 @@ def test_a_run_held_by_another_process_is_skipped_not_the_end_of_the_table(tmp_p
     resolve(t, [])
     held = t.runs[0].path
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from mpifed.rundir import RunDir; RunDir(Path(sys.argv[1])).lock(); print('held', "
+                               "from mpifed.run.rundir import RunDir; RunDir(Path(sys.argv[1])).lock(); print('held', "
                                "flush=True); time.sleep(120)", str(held)], env=env(), stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -10,9 +10,10 @@ import yaml
 
 from conftest import REPO
 
-from mpifed import config, results
-from mpifed.table import main as table_main, summarize
-from mpifed.table_file import load_table, resolve
+from mpifed.settings import config
+from mpifed.run import results
+from mpifed.entry.table import main as table_main, summarize
+from mpifed.tables.table_file import load_table, resolve
 
 
 def write_table(folder: Path, data_root: Path, methods: str = "[a.yaml]", seeds: str = "[0]",

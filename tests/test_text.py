@@ -11,9 +11,9 @@ import yaml
 
 from conftest import REPO, env, run_debug, tiny
 from textdata import text_run, write_fortunes
-from mpifed import config
+from mpifed.settings import config
 from mpifed.data.fingerprint import first_change
-from mpifed.data.prepared import prepare, raw_data_missing
+from mpifed.run.prepared import prepare, raw_data_missing
 from mpifed.data.raw import DataMissing
 from mpifed.data.shards import read_shard
 from mpifed.data.tokenize import TokenizerMissing
@@ -142,7 +142,7 @@ def test_missing_tokenizer_says_how_to_get_one(tmp_path):
 
 
 def test_table_list_names_a_missing_tokenizer_as_such(tmp_path, capsys):
-    from mpifed.table import main as table_main
+    from mpifed.entry.table import main as table_main
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"data": {
         "dataset": {"name": "fortunes", "root": str(write_fortunes(tmp_path / "fortunes")),
                     "categories": ["computers", "politics", "science"]},
@@ -210,7 +210,7 @@ def test_text_run_learns_nothing_special_and_vocab_must_fit(tmp_path):
 
 
 def test_image_runs_never_import_transformers_or_tokenizers(tmp_path):
-    code = ("import sys; from mpifed.main import main; "
+    code = ("import sys; from mpifed.entry.main import main; "
             f"assert main({tiny(tmp_path, 'train.rounds=1')!r}) == 0; "
             "loaded = [m for m in ('transformers', 'tokenizers') if m in sys.modules]; "
             "assert not loaded, loaded")
@@ -219,7 +219,7 @@ def test_image_runs_never_import_transformers_or_tokenizers(tmp_path):
 
 
 def test_vocab_tool_writes_a_vocabulary_that_prepare_uses(tmp_path):
-    from mpifed.data.vocab import main as vocab_main
+    from mpifed.entry.vocab import main as vocab_main
     args = text_run(tmp_path)
     assert vocab_main(["--set", *args[1:], "--out", str(tmp_path / "trained"), "--size", "80"]) == 0
     tokens = (tmp_path / "trained" / "vocab.txt").read_text().split()

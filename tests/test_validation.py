@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi, tiny
-from mpifed import provenance
+from mpifed.run import provenance
 
 pytestmark = pytest.mark.e2e
 

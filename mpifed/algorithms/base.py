@@ -14,7 +14,7 @@ what differs from FedAvg::
 
 The two roles are built separately, on different ranks under MPI and as two objects in
 the debug mode; they share nothing but the options, the :class:`Setup` and what the round
-protocol (:mod:`mpifed.protocol`) carries between them. One round, in order::
+protocol (:mod:`mpifed.round.protocol`) carries between them. One round, in order::
 
     server  downlink(rnd, w)             -> the Messages.down tensors sent with the global model w
     client  round_start(rnd, down)       once per round on each worker: the round inputs, from down.<name>
@@ -57,14 +57,14 @@ from mpifed.algorithms.inputs import (  # noqa: F401 (Buffer and UndeclaredInput
     Buffer, InputBuffers, Inputs, ReadOnlyOptions, StepView, UndeclaredInput, UndeclaredState, kept_state, merged_parts)
 from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
-from mpifed.flat import FlatModel
+from mpifed.local.flat import FlatModel
 from mpifed.models.base import Classifier
-from mpifed.optim import FlatOptimizer
-from mpifed.options import NoOptions
-from mpifed.steps import LocalSteps
+from mpifed.local.optim import FlatOptimizer
+from mpifed.plugin.options import NoOptions
+from mpifed.local.steps import LocalSteps
 
 if TYPE_CHECKING:
-    from mpifed.config import TrainConfig
+    from mpifed.settings.config import TrainConfig
 
 Shape = tuple[int, ...]
 

@@ -1,6 +1,6 @@
 """FedAvg (McMahan et al., 2017): local SGD, then the sample-weighted average of the local models."""
 from mpifed.algorithms.base import Algorithm
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.registry import ALGORITHMS
 
 
 @ALGORITHMS.register("fedavg")

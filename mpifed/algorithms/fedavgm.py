@@ -7,8 +7,8 @@ from typing import Literal
 import torch
 
 from mpifed.algorithms.base import Algorithm, Server, Switches
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class FedAvgMServer(Server):

@@ -8,9 +8,9 @@ import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
 from mpifed.algorithms.teacher import Teacher
-from mpifed.losses import cad_class_weights, cad_loss
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.local.losses import cad_class_weights, cad_loss
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class FedCADServer(Server):
@@ -61,7 +61,7 @@ class FedCAD(Algorithm):
     Before each round (Alg. 1, line 3) the server runs the global model on its auxiliary
     set (``data.server_holdout_per_class``: 32 per class in the paper, drawn from the
     training data and given to no client) and computes alpha_y with
-    :func:`mpifed.losses.cad_class_weights` (Eq. 6), then broadcasts the C weights. Eq. 6
+    :func:`mpifed.local.losses.cad_class_weights` (Eq. 6), then broadcasts the C weights. Eq. 6
     uses the paper's p^g, the global model's softmax at temperature tau (Eq. 2);
     ``weights_at_tau: false`` uses the plain softmax instead (as Lukasik et al., the source
     of Eq. 6, do), which gives larger weights to the classes the global model gets right.

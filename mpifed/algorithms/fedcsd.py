@@ -8,9 +8,9 @@ import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
 from mpifed.algorithms.teacher import Teacher
-from mpifed.losses import class_sums, csd_loss
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.local.losses import class_sums, csd_loss
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class FedCSDServer(Server):
@@ -91,7 +91,7 @@ class FedCSD(Algorithm):
       the client means over the clients holding c (Eq. 7 divides the sum by K instead: each
       row only scales, which the cosine of Eq. 8 ignores). A class no client holds has a
       zero row.
-    * Loss: :func:`mpifed.losses.csd_loss` (similarity score, refined teacher, adaptive mask).
+    * Loss: :func:`mpifed.local.losses.csd_loss` (similarity score, refined teacher, adaptive mask).
       Paper defaults mu = 0.001, tau = 10 (label skew); Office-Caltech uses mu = 0.5, tau = 4.
 
     The defaults follow the paper; each choice of the official code (IAMJackYan/FedCSD,

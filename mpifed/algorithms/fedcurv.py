@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, ClientContext, Inputs, Server, Switches, forward, summed
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 def empirical_fisher(ctx: ClientContext, samples: int) -> torch.Tensor:

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Buffer, Client, Inputs, Server, Switches, per_client
-from mpifed.losses import class_sums
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.local.losses import class_sums
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 def class_logit_distillation(logits: torch.Tensor, targets: torch.Tensor, global_logits: torch.Tensor,

@@ -7,9 +7,9 @@ from typing import Literal
 import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
-from mpifed.optim import FlatSGD
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.local.optim import FlatSGD
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class FedDynClient(Client):

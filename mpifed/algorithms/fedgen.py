@@ -13,10 +13,10 @@ from torch import nn
 from torch.func import functional_call
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Setup, Switches, per_client
-from mpifed.flat import FlatModel
-from mpifed.losses import one_hot
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.local.flat import FlatModel
+from mpifed.local.losses import one_hot
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 WEIGHT_FLOOR = 1e-4          # the decayed client weights never fall below this (official code)
 GENERATOR_WEIGHT_DECAY = 1e-2

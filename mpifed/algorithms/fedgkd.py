@@ -9,10 +9,10 @@ import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches
 from mpifed.algorithms.teacher import Teacher
-from mpifed.losses import kd_loss
+from mpifed.local.losses import kd_loss
 from mpifed.models.base import ProjectionHead
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class BufferServer(Server):

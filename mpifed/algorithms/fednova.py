@@ -7,8 +7,8 @@ import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Messages, Server, Switches, summed
 from mpifed.algorithms.scaffold import effective_steps
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class FedNovaClient(Client):

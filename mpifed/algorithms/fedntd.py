@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 from mpifed.algorithms.base import Algorithm, Client, Switches
 from mpifed.algorithms.teacher import Teacher
-from mpifed.losses import kd_loss, ntd_loss
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.local.losses import kd_loss, ntd_loss
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class FedNTDClient(Client):
@@ -39,7 +39,7 @@ class FedNTD(Algorithm):
     global model (Eqs. 10-11).
 
     Defaults tau = 1, beta = 1 are the official configuration's (``config/fedntd.json``). The KL
-    carries tau^2 as every temperature-scaled KL in :mod:`mpifed.losses` does (the official code
+    carries tau^2 as every temperature-scaled KL in :mod:`mpifed.local.losses` does (the official code
     has had versions with and without it; no effect at the default tau = 1). No extra communication.
 
     ``lam`` is App. H's move from knowledge distillation to not-true distillation (Table 12):

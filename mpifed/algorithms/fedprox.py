@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpifed.algorithms.base import Algorithm, Client, Switches
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 class FedProxClient(Client):

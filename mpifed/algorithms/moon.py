@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Setup, Switches
 from mpifed.algorithms.teacher import Teacher
-from mpifed.losses import moon_loss
+from mpifed.local.losses import moon_loss
 from mpifed.models.base import ProjectionHead
-from mpifed.options import opt
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import ALGORITHMS
 
 
 def own_initial_model(setup: Setup, cid: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from mpifed.algorithms.base import Algorithm, Client, Inputs, Server, Switches, summed
-from mpifed.registry import ALGORITHMS
+from mpifed.plugin.registry import ALGORITHMS
 
 
 def effective_steps(steps: int, momentum: float) -> float:

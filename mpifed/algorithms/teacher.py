@@ -6,7 +6,7 @@ import torch
 from mpifed.algorithms.base import Batch, ClientContext, Setup
 from mpifed.data.store import ClientData, rows
 from mpifed.data.transforms import BatchTransform
-from mpifed.inference import InferenceCopy
+from mpifed.local.inference import InferenceCopy
 
 
 class Teacher:

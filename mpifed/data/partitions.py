@@ -5,7 +5,7 @@ options, groups, indices)`` returning one index array (positions in ``labels``) 
 client; ``groups`` gives each sample's writer or domain where the data set has one, and
 ``indices`` each sample's index in the training set (the server's held-out samples are not
 among ``labels``). Partitions are registered with
-``@PARTITIONS.register("name")`` (:data:`mpifed.registry.PARTITIONS`). All are deterministic in the
+``@PARTITIONS.register("name")`` (:data:`mpifed.plugin.registry.PARTITIONS`). All are deterministic in the
 generator they are given; every sample goes to at most one client (every sample to
 exactly one, except where a partition says otherwise).
 """
@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mpifed.options import NoOptions, opt
-from mpifed.registry import PARTITIONS
+from mpifed.plugin.options import NoOptions, opt
+from mpifed.plugin.registry import PARTITIONS
 
 
 class PartitionError(ValueError):

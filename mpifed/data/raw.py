@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mpifed.options import NoOptions
+from mpifed.plugin.options import NoOptions
 
 
 class DataMissing(FileNotFoundError):

@@ -17,7 +17,7 @@ import torch
 from mpifed.data.shards import Inputs, read_rows, read_shard
 
 if TYPE_CHECKING:
-    from mpifed.data.prepared import Manifest
+    from mpifed.run.prepared import Manifest
 
 
 def take(inputs: Any, idx: torch.Tensor) -> Any:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mpifed.data.raw import RawData, RawText
-from mpifed.packaged import find_folder
+from mpifed.files.packaged import find_folder
 
 HOW_TO_GET = (
     "mpifed never downloads a tokenizer. On a machine with internet, save one into that folder, e.g. "

@@ -1,4 +1,4 @@
-"""The model zoo: ``model.name`` in the config picks an entry of :data:`mpifed.registry.MODELS`.
+"""The model zoo: ``model.name`` in the config picks an entry of :data:`mpifed.plugin.registry.MODELS`.
 
 An entry is a class with ``Options`` (its config keys) and
 ``build(options, input_shape, num_classes) -> Classifier`` (see :mod:`mpifed.models.base`);
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpifed.models.base import Classifier
-from mpifed.registry import MODELS
+from mpifed.plugin.registry import MODELS
 
 
 def build_model(name: str, options: Any, input_shape: tuple[int, ...], num_classes: int) -> Classifier:

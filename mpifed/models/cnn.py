@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from mpifed.models.base import SplitNet
-from mpifed.options import NoOptions
-from mpifed.registry import MODELS
+from mpifed.plugin.options import NoOptions
+from mpifed.plugin.registry import MODELS
 
 
 def _flat_size(features: nn.Module, image_shape: tuple[int, ...]) -> int:

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from mpifed.models.base import Classifier
-from mpifed.options import opt
-from mpifed.registry import MODELS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import MODELS
 
 HOW_TO_GET = (
     "mpifed never downloads weights. On a machine with internet, save them into that folder, e.g. "

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from mpifed.models.base import Classifier
-from mpifed.options import opt
-from mpifed.registry import MODELS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import MODELS
 
 
 @dataclass

@@ -7,8 +7,8 @@ from typing import Literal
 from torch import nn
 
 from mpifed.models.base import SplitNet
-from mpifed.options import NoOptions, opt
-from mpifed.registry import MODELS
+from mpifed.plugin.options import NoOptions, opt
+from mpifed.plugin.registry import MODELS
 
 
 @MODELS.register("alexnet")

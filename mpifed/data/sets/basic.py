@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpifed.data.raw import Dataset, RawData, stratified_split
-from mpifed.options import opt
-from mpifed.registry import DATASETS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import DATASETS
 
 
 @DATASETS.register("digits")

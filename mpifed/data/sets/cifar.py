@@ -9,8 +9,8 @@ from typing import Literal
 import numpy as np
 
 from mpifed.data.raw import DataMissing, Dataset, RawData
-from mpifed.options import opt
-from mpifed.registry import DATASETS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import DATASETS
 
 
 def read_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:

@@ -8,8 +8,8 @@ import numpy as np
 
 from mpifed.data.raw import DataMissing, Dataset, RawData, stratified_split
 from mpifed.data.sets.cifar import CIFAR10_CLASSES
-from mpifed.options import opt
-from mpifed.registry import DATASETS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import DATASETS
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 

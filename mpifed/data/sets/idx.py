@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from mpifed.data.raw import DataMissing, Dataset, RawData
-from mpifed.options import opt
-from mpifed.registry import DATASETS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import DATASETS
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from mpifed.data.raw import DataMissing, Dataset, RawData
-from mpifed.options import opt
-from mpifed.registry import DATASETS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import DATASETS
 
 
 def read_leaf(folder: Path, writer_ids: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

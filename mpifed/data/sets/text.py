@@ -13,8 +13,8 @@ from typing import Literal
 import numpy as np
 
 from mpifed.data.raw import DataMissing, Dataset, RawText, stratified_split
-from mpifed.options import opt
-from mpifed.registry import DATASETS
+from mpifed.plugin.options import opt
+from mpifed.plugin.registry import DATASETS
 
 
 def _labels(values: list[int]) -> np.ndarray:

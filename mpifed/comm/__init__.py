@@ -1,0 +1,1 @@
+"""Between processes: the collectives between ranks, and what the launcher and its ranks tell each other."""

@@ -1,0 +1,418 @@
+"""Figures and tables from finished runs: ``python -m mpifed.report RUNS_OR_TABLE... --out DIR``.
+
+    python -m mpifed.report configs/repro/fedntd/table1.table.yaml --out report/     # a table's runs
+    python -m mpifed.report runs/fedntd-table1 runs/my-run --out report/ --format pdf
+
+Each input is a table file (its runs under ``--runs-root``, with ``--set`` picking the
+configuration as ``python -m mpifed.table`` does), a run directory, or a folder of run
+directories. Runs are grouped into methods: a table's methods, or for directories the run's
+name without ``-s<seed>``; runs of different configurations are never put in one group.
+For every setting (a table's setting, or the folder that holds the runs) it writes:
+
+    <setting>-curves.<fmt>      test accuracy (%) and loss against round, one line per method,
+                                mean ± sample std over the seeds as a band
+    <setting>-per-class.<fmt>   the final model's per-class test accuracy (methods x classes,
+                                named where the data set names them)
+
+and for all inputs ``table.md``, ``table.csv`` and ``table.tex``: the table in its metric
+(``--metric`` where given, else a table file's own, else final test accuracy), mean ± sample
+std (n - 1) with n. Methods are shown as papers write them (fedntd: FedNTD), each in one
+colour in every figure; titles carry the table's title and the ``--set`` overrides the runs
+were made with. Without matplotlib the tables are still written.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+
+from mpifed.settings import config
+from mpifed.run import results
+from mpifed.files import safe_yaml
+from mpifed.data.raw import class_names
+from mpifed.files.pipes import quiet_when_pipe_closes
+from mpifed.plugin.registry import ALGORITHMS, DATASETS
+from mpifed.run.rundir import RunDir
+from mpifed.tables.summary import Summary, tabulate
+from mpifed.tables.table_file import finished_runs, load_table, resolve, stored_identity
+
+if TYPE_CHECKING:
+    from mpifed.tables.plots import Curve
+
+FORMATS = ("png", "pdf", "svg")
+_SEED_SUFFIX = re.compile(r"-s\d+(-[0-9a-f]{10})?$")
+
+
+class ReportError(ValueError):
+    """An input cannot be reported on."""
+
+
+@dataclass
+class Collection:
+    """Finished run directories per (setting, method), the runs left out and why, the metric;
+    ``title`` names the inputs and the overrides, ``figure_title`` the tables and the overrides."""
+
+    title: str
+    metric: results.Metric
+    groups: dict[tuple[str, str], list[Path]] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
+    figure_title: str = ""
+    notes: list[str] = field(default_factory=list)        # settings split because their runs hold different data
+    starts: dict[Path, str] = field(default_factory=dict)  # each run's initial model, in words (pairing needs one)
+    identities: dict[Path, dict[str, Any]] = field(default_factory=dict)   # each run's result fingerprint
+
+
+def collect(inputs: list[str], runs_root: str, added: list[str], metric: results.Metric | None,
+            plugins: list[str] | None = None) -> Collection:
+    """Group the runs of every input (see the module docstring), methods by their display names;
+    a setting whose runs hold different data is split, one setting per data (:func:`split_by_data`)."""
+    titles, tables = [], []
+    out = Collection("", metric or results.Metric())
+    for item in inputs:
+        path = Path(item)
+        if path.name.endswith(".table.yaml"):
+            table = load_table(path, runs_root, plugins)
+            resolve(table, added)
+            groups, left_out, _, _ = finished_runs(table)
+            out.identities.update({r.path: r.identity for r in table.runs})
+            for key, runs in groups.items():
+                out.groups.setdefault(key, []).extend(runs)
+            out.left_out += left_out
+            titles.append(table.title)
+            tables.append(table.title)
+            if metric is None:
+                out.metric = table.metric
+        elif path.is_dir():
+            _collect_dirs(path, out)
+            titles.append(str(path))
+        else:
+            raise ReportError(f"{item} is neither a table file (*.table.yaml) nor a folder of runs")
+    if not any(out.groups.values()):
+        raise ReportError("no finished runs found in " + ", ".join(inputs)
+                          + (f" (left out: {'; '.join(out.left_out)})" if out.left_out else ""))
+    overrides = f" (--set {' '.join(added)})" if added else ""
+    out.title = "; ".join(titles) + overrides
+    out.figure_title = "; ".join(tables) + overrides if tables else ""
+    split_by_data(out)
+    out.groups = with_display_names(out.groups)
+    return out
+
+
+def split_by_data(c: Collection) -> None:
+    """Give each data a setting of its own: a setting whose runs hold different data (another data
+    set, class set, partition, number of clients, subset or hold-out, or another plugin's code for
+    them) becomes one setting per data, named by what differs, with a note; and note each run's
+    initial model (``c.starts``), so that only runs that share it are paired."""
+    found = c.identities
+    c.starts = {run: _start(found[run]) for runs in c.groups.values() for run in runs if run in found}
+    datas: dict[str, dict[str, dict[str, Any]]] = {}
+    for (setting, _), runs in c.groups.items():
+        for run in runs:
+            if run in found:
+                data = _data(found[run])
+                datas.setdefault(setting, {})[config.digest(data)] = data
+    groups: dict[tuple[str, str], list[Path]] = {}
+    for (setting, method), runs in c.groups.items():
+        kinds = datas.get(setting, {})
+        for run in runs:
+            name = setting
+            if len(kinds) > 1 and run in found:
+                name = f"{setting} ({_described(kinds, config.digest(_data(found[run])))})"
+            groups.setdefault((name, method), []).append(run)
+    c.groups = groups
+    for setting, kinds in datas.items():
+        if len(kinds) > 1:
+            differ = ", ".join(k.removeprefix("data.") for k in _differing(kinds))
+            c.notes.append(f"The runs of {setting} hold different data ({differ}): they are "
+                           f"reported as {len(kinds)} settings, and no method is compared across them.")
+
+
+def _data(identity: dict[str, Any]) -> dict[str, Any]:
+    """What a run's clients and evaluation sets hold, from its result fingerprint."""
+    code = identity.get("code") or {}
+    data = {k: v for k, v in (identity.get("data") or {}).items() if k != "augment"}   # training-time only
+    return {"data": data, "code": {k: code.get(k) for k in ("dataset", "partition")}}
+
+
+def _start(identity: dict[str, Any]) -> str:
+    """A run's initial model in words: the model with its options (and its plugin's hash)."""
+    model = dict(identity.get("model") or {})
+    name = model.pop("name", "?")
+    sha = (identity.get("code") or {}).get("model")
+    options = ", ".join(f"{k}={v}" for k, v in sorted(model.items()))
+    return f"{name}" + (f" ({options})" if options else "") + (f" [code {sha[:8]}]" if sha else "")
+
+
+def _differing(kinds: dict[str, dict[str, Any]]) -> list[str]:
+    """The dotted keys on which the data of a setting's runs differ (a choice whose name differs
+    counts once, by its name)."""
+    first, *others = kinds.values()
+    keys = list(dict.fromkeys(k for other in others for k in config.diff_keys(first, other)))
+    renamed = [k.removesuffix(".name") for k in keys if k.endswith(".name")]
+    return [k for k in keys if not any(k.startswith(f"{r}.") and k != f"{r}.name" for r in renamed)]
+
+
+def _described(kinds: dict[str, dict[str, Any]], digest: str) -> str:
+    return ", ".join(f"{k.removeprefix('data.')}={config.lookup(kinds[digest], k)}" for k in _differing(kinds)[:3])
+
+
+def display_name(label: str) -> str:
+    """A method label as papers write it: a registered method's name (or one followed by ``-``,
+    ``_`` or a space, a variant) in its display form, e.g. fedntd: FedNTD, fedprox-mu0.01:
+    FedProx-mu0.01; any other label as it is."""
+    base = max((n for n in ALGORITHMS.names() if label == n or label.startswith((f"{n}-", f"{n}_", f"{n} "))),
+               key=len, default=None)
+    return label if base is None else ALGORITHMS.display_name(base) + label[len(base):]
+
+
+def with_display_names(groups: dict[tuple[str, str], list[Path]]) -> dict[tuple[str, str], list[Path]]:
+    """``groups`` with each method's display name, unless two of its labels would show as one."""
+    labels = list(dict.fromkeys(m for _, m in groups))
+    shown = {m: display_name(m) for m in labels}
+    if len(set(shown.values())) < len(labels):
+        return groups
+    return {(s, shown[m]): runs for (s, m), runs in groups.items()}
+
+
+def _collect_dirs(folder: Path, out: Collection) -> None:
+    """Every run under ``folder`` (itself, or any folder below holding config.yaml), grouped by
+    name without the seed and by configuration without the seed."""
+    found = [folder] if (folder / "config.yaml").exists() else sorted(p.parent for p in folder.rglob("config.yaml"))
+    keyed: dict[tuple[str, str, str], list[Path]] = {}
+    for run in found:
+        held = stored_identity(run)
+        if isinstance(held, str) or held is None:
+            out.left_out.append(f"{run}: {held or 'no config.yaml'}")
+            continue
+        state = RunDir(run).state()  # a dead "running" run reads as failed
+        if state != "finished":
+            out.left_out.append(f"{run}: {RunDir(run).why_left_out(state)}")
+            continue
+        out.identities[run] = held
+        seedless = {**held, "run": {k: v for k, v in held["run"].items() if k != "seed"}}
+        keyed.setdefault((run.parent.name, _SEED_SUFFIX.sub("", run.name), config.digest(seedless)), []).append(run)
+    labels: dict[tuple[str, str], int] = {}
+    for setting, label, _ in keyed:
+        labels[(setting, label)] = labels.get((setting, label), 0) + 1
+    for (setting, label, digest), runs in keyed.items():
+        method = label if labels[(setting, label)] == 1 else f"{label} [{digest[:6]}]"
+        out.groups.setdefault((setting, method), []).extend(runs)
+
+
+def check_metric(c: Collection, given: str) -> None:
+    """Refuse a ``--metric`` that none of the collected runs has a value for, listing those they have."""
+    runs = [r for group in c.groups.values() for r in group]
+    records = [(results.read_rows(r), results.read_json(r / "summary.json")) for r in runs]
+    if any(results.value(c.metric, rows, summary) is not None for rows, summary in records):
+        return
+    held = set().union(*(_numeric(row) for rows, summary in records for row in [summary, *rows]))
+    raise ReportError(f"--metric {given}: none of the runs has a value for it. Allowed: {', '.join(results.KINDS)} "
+                      f"(of test_acc, or of a column: {{kind: best, column: ...}}), or a summary.json key or metrics "
+                      f"column the runs hold: {', '.join(sorted(held))}")
+
+
+def _numeric(d: dict[str, Any]) -> set[str]:
+    """The keys of ``d`` that hold a number."""
+    return {k for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+# ------------------------------------------------------------------ tables
+def csv_text(s: Summary) -> str:
+    """One line per (setting, method, column): mean, sample std, n, and the runs without a value."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["setting", "method", "column", "unit", "mean", "std", "n", "missing"])
+    for setting in s.settings:
+        for method in s.methods:
+            for column in s.columns:
+                stat = s.cells.get((setting, method, column))
+                if stat is None:
+                    continue
+                unit = "rounds" if column.startswith("T(") else ("%" if s.percent else "")
+                w.writerow([setting, method, column, unit, _num(stat.mean), _num(stat.std), stat.n, stat.missing])
+    return buf.getvalue()
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def latex(s: Summary) -> str:
+    """A booktabs tabular: methods as rows, settings (x columns) as columns."""
+    heads = [s_ if len(s.columns) == 1 else f"{s_}: {c}" for s_ in s.settings for c in s.columns]
+    lines = [f"% {s.title}: {s.metric.label}{' (%)' if s.percent else ''}, mean $\\pm$ sample std over seeds (n)",
+             "\\begin{tabular}{l" + "c" * len(heads) + "}", "\\toprule",
+             "method & " + " & ".join(_tex(h) for h in heads) + " \\\\", "\\midrule"]
+    for m in s.methods:
+        cells = [_tex(s.cell_text(s_, m, c)).replace("±", "$\\pm$") for s_ in s.settings for c in s.columns]
+        lines.append(f"{_tex(m)} & " + " & ".join(cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def _tex(text: str) -> str:
+    return re.sub(r"([_%&#$])", r"\\\1", text)
+
+
+# ------------------------------------------------------------------ figures
+def curve(label: str, runs: list[Path], column: str, scale: float = 1.0) -> "Curve | None":
+    """The mean and sample std of ``column`` (times ``scale``) over ``runs`` at the rounds every run evaluated."""
+    from mpifed.tables.plots import Curve
+    series = [dict(results.evaluations(results.read_rows(r), column)) for r in runs]
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    if not rounds:
+        return None
+    values = scale * np.array([[s[r] for r in rounds] for s in series], dtype=np.float64)
+    std = values.std(axis=0, ddof=1) if len(runs) > 1 else None
+    return Curve(label, np.array(rounds), values.mean(axis=0), std)
+
+
+def final_per_class(runs: list[Path]) -> np.ndarray | None:
+    """The mean over ``runs`` of the last evaluation's per-class test accuracy."""
+    last = []
+    for r in runs:
+        rows = [row for row in results.read_rows(r) if row.get("per_class_acc") is not None]
+        if rows:
+            last.append([np.nan if a is None else a for a in rows[-1]["per_class_acc"]])
+    if not last or len({len(x) for x in last}) != 1:
+        return None
+    return np.nanmean(np.array(last, dtype=np.float64), axis=0)
+
+
+def seeds_note(counts: list[int]) -> str:
+    """How many seeds each line averages: said once when all agree, else per method in the legend."""
+    if len(set(counts)) != 1:
+        return "line: mean over the seeds (n per method); band: ± sample std"
+    return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: ± sample std"
+
+
+def figures(c: Collection, out: Path, fmt: str) -> dict[str, list[Path]]:
+    """Each setting's figures, written to ``out``."""
+    from mpifed.tables import plots
+    written: dict[str, list[Path]] = {}
+    palette = plots.colours([m for _, m in c.groups], [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()])
+    for setting in dict.fromkeys(s for s, _ in c.groups):
+        methods = [(m, runs) for (s, m), runs in c.groups.items() if s == setting and runs]
+        counts = [len(runs) for _, runs in methods]
+        mixed = len(set(counts)) > 1
+        title = f"{c.figure_title}: {setting}" if c.figure_title else setting
+        panels = []
+        for ylabel, column, scale in (("test accuracy (%)", "test_acc", 100.0), ("test loss", "test_loss", 1.0)):
+            lines = []
+            for m, runs in methods:
+                line = curve(f"{m} (n={len(runs)})" if mixed else m, runs, column, scale)
+                if line is not None:
+                    line.colour = palette[m]
+                    lines.append(line)
+            panels.append((ylabel, lines))
+        stem = _slug(setting)
+        mine = written.setdefault(setting, [])
+        if panels[0][1]:
+            mine.append(plots.curves(out / f"{stem}-curves.{fmt}", title, seeds_note(counts), panels))
+        per_class = [(m, v) for m, runs in methods if (v := final_per_class(runs)) is not None]
+        if per_class and len({len(v) for _, v in per_class}) == 1:
+            values = 100 * np.stack([v for _, v in per_class])
+            names = _class_names(methods[0][1][0], values.shape[1])
+            mine.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", title,
+                                         "final per-class test accuracy (%), mean over seeds", values,
+                                         [m for m, _ in per_class], names, "class", "method", "test accuracy (%)",
+                                         fmt="{:.0f}", vmin=0.0, vmax=100.0))
+    return written
+
+
+def _class_names(run: Path, num_classes: int) -> list[str] | None:
+    try:
+        dataset = DATASETS.get(safe_yaml.read(run / "config.yaml")["data"]["dataset"]["name"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return class_names(dataset, num_classes)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "runs"
+
+
+@quiet_when_pipe_closes
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpifed.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="+", metavar="RUNS_OR_TABLE", help="table files, run directories or folders of runs")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder the figures and tables are written to")
+    p.add_argument("--format", choices=FORMATS, default="png", help="figure format (default: png)")
+    p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
+                   "module of your own first (as for python -m mpifed.table); runs made with plugins need none, "
+                   "they keep a copy of their code")
+    p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="a table file's overrides: report the runs made with them (as for python -m mpifed.table)")
+    p.add_argument("--mlflow", action="store_true", help="also add the tables and each setting's figures to the MLflow "
+                   "run of every reported run that has one (made with run.mlflow=true), under report/")
+    p.add_argument("--metric", metavar="YAML", help="the metric to report, e.g. best or "
+                   "'{kind: final, rounds_to: [0.8]}' (default: a table file's own metric, for folders final test "
+                   "accuracy; a given --metric replaces a table's)")
+    a = p.parse_args(argv)
+    from mpifed.tables import plots
+    try:
+        metric = None
+        if a.metric:
+            spec = yaml.safe_load(a.metric)
+            metric = results.Metric.parse({"kind": spec} if spec in results.KINDS else spec)
+        c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric, a.plugin)
+        if metric is not None:
+            check_metric(c, a.metric)
+    except (ReportError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
+        print(f"[mpifed.report] {exc}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    summary = tabulate(c.title, c.metric, c.groups, c.left_out, notes=c.notes, starts=c.starts)
+    for note in c.notes:
+        print(f"[mpifed.report] warning: {note}", file=sys.stderr)
+    tables = [out / "table.md", out / "table.csv", out / "table.tex"]
+    drawn: dict[str, list[Path]] = {}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table.md").write_text(summary.markdown() + "\n")
+        (out / "table.csv").write_text(csv_text(summary))
+        (out / "table.tex").write_text(latex(summary))
+        try:
+            plots.require()
+            drawn = figures(c, out, a.format)
+        except plots.PlotsUnavailable as exc:
+            print(f"[mpifed.report] no figures: {exc}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename and str(exc.filename) != str(out) else ""
+        print(f"[mpifed.report] cannot write the report to --out {out} ({where}{exc.strerror}): give a folder you "
+              f"can write to (a new or existing folder, not a file, not under /proc)", file=sys.stderr)
+        return 2
+    print(summary.markdown())
+    print("\nwrote " + ", ".join(str(w) for w in tables + [f for fs in drawn.values() for f in fs]))
+    if a.mlflow:
+        return _to_mlflow(c, tables, drawn)
+    return 0
+
+
+def _to_mlflow(c: Collection, tables: list[Path], drawn: dict[str, list[Path]]) -> int:
+    from mpifed.run.mlflow_log import log_report
+    try:
+        logged = [run_id for (setting, _), runs in c.groups.items()
+                  for run_id in log_report(runs, tables + drawn.get(setting, []))]
+    except RuntimeError as exc:
+        print(f"[mpifed.report] --mlflow: {exc}", file=sys.stderr)
+        return 2
+    if not logged:
+        print("[mpifed.report] --mlflow: none of these runs was tracked with MLflow (run.mlflow=true)", file=sys.stderr)
+        return 2
+    print(f"added the tables and figures to {len(logged)} MLflow runs, under report/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

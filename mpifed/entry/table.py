@@ -1,0 +1,469 @@
+"""Expand a table into its runs (settings x methods x seeds), tune, run them, compare the methods.
+
+    python -m mpifed.table configs/papers/fedntd/table1.table.yaml --list
+    python -m mpifed.table TABLE --tune 3                             # the search only (if the table has one)
+    python -m mpifed.table TABLE --run 3 [--set train.rounds=20 ...]  # search, then the runs; 3 ranks each (0: debug)
+    python -m mpifed.table TABLE --run 0 --parallel 8                 # 8 runs at once (a GPU with MPS, many cores)
+    python -m mpifed.table TABLE --write-runs runs.txt                # for slurm/array.sbatch (one run per task)
+    python -m mpifed.table TABLE --summary [--reference fedprox]      # the metric, each method against the reference
+    python -m mpifed.table TABLE --summary --by-seed                  # ... the search's scores, every seed's values
+    python -m mpifed.table TABLE --summary --diverged 10              # ... a diverged run counted at chance (or 'out')
+    python -m mpifed.table TABLE --archive results                    # settled runs without weights (tables/archive.py)
+    python -m mpifed.table TABLE --reuse results                      # take identical runs from another table's folder
+    python -m mpifed.table TABLE --prune                              # free the disk: settled runs' checkpoints, state
+    ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2  # any command, on part of the table
+
+A table file::
+
+    title: "FedNTD Table 1, scaled"
+    plugins: [../my_method.py]            # optional: code of your own (relative to the table), for every run
+    metric: {kind: last_k, k: 5}          # the primary metric, declared before any run: the comparisons use it
+    paper_metric: {kind: final, forgetting: true}   # optional: the paper's metric, shown beside
+    reference: fedavg                     # optional: the row the others are compared with (default: FedAvg's)
+    claims: ["fedntd > fedavg"]           # optional: the claims the table tests, declared before any run
+    diverged: 10.0                        # optional: a diverged final run counts as this (default: left out)
+    settings: [fmnist-shard2.yaml]        # config files relative to the table
+    methods: [methods/fedavg.yaml, methods/fedntd.yaml]
+    seeds: [0, 1, 2, 3, 4]
+    tuning: {grid: {train.lr: [0.01, 0.03, 0.1]}, seeds: [0], rounds: 20}   # optional, see mpifed.tables.tuning
+
+Each run is ``--config <setting> --config <method>`` (plus the tuned values). A setting's or
+method's label is its file name without ``.yaml`` (with its folder when two share a name).
+Runs go to ``runs/<folder>-<table>/<setting>-<method>-s<seed>`` when they use the table's own
+configuration; a run with ``--set`` overrides that change its results goes beside it, in
+``<setting>-<method>-s<seed>-<hash of its configuration>``; search runs go to ``tuning/``.
+A run counts as done only when its directory holds a finished run of the same configuration;
+stopped ones are resumed, so ``--run`` and array jobs can be repeated safely, and ``--summary``
+reports only runs of the configuration asked for, naming those it left out.
+
+``--summary`` gives each cell as mean ± sample std over seeds, and for each method its paired
+difference from the reference over the seeds both have (runs of one seed share partition,
+initial model and client sampling): the mean difference with its 95% confidence interval,
+the seeds it is ahead in, and the paired t-test's p-value (:mod:`mpifed.tables.stats`). Each declared
+claim is tested the same way in every setting and labelled by its interval, with Holm's adjustment
+over all of them (:mod:`mpifed.tables.summary`).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from mpifed import __version__
+from mpifed.settings import config
+from mpifed.run import results
+from mpifed.files.pipes import quiet_when_pipe_closes
+from mpifed.tables.run_queue import Job, run_jobs
+from mpifed.tables.summary import Summary, tabulate
+from mpifed.tables.table_file import Table, TableRun, finished_runs, load_table, resolve, settled, status
+from mpifed.tables.table_store import archive_table, prune, reuse_runs, settled_runs_under
+from mpifed.tables.tuning import grid_cells
+
+
+# ------------------------------------------------------------------ summarizing
+LEAVE_OUT = "out"      # --diverged out: leave diverged runs out, whatever the table declares
+
+
+def summarize(table: Table, reference: str | None = None, diverged_as: float | str | None = None) -> Summary:
+    """The table in its metric from the finished runs of the resolved configuration (see
+    :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row).
+    A diverged final run counts as the table declares (its ``diverged`` value, else left out), or,
+    as a sensitivity check, as ``diverged_as`` (a value, or :data:`LEAVE_OUT`)."""
+    if diverged_as is None:
+        counted_as = table.diverged_value
+    else:
+        counted_as = None if diverged_as == LEAVE_OUT else float(diverged_as)
+    counting = counted_as is not None
+    groups, left_out, not_run, taken = finished_runs(table, with_diverged=counting)
+    whole = table.whole or table
+    seeds = {r.seed for r in table.runs}
+    if len(table.runs) != len(whole.runs):
+        family, _, _, taken = finished_runs(whole, lambda r: r.seed in seeds, with_diverged=counting)
+    else:
+        family = groups
+    counted = dict.fromkeys(taken, counted_as)
+    why = ("the table's declared value" if diverged_as is None
+           else "--diverged on the command line: a sensitivity check, not the table's declaration")
+    if diverged_as == LEAVE_OUT and table.diverged_value is not None:
+        left_out.append(f"diverged runs left out by --diverged {LEAVE_OUT} (a sensitivity check: the table counts them "
+                        f"as {table.diverged_value:g})")
+    title = table.title + (f" (with --set {' '.join(table.added)})" if table.added else "")
+    return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
+                    reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
+                    claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)),
+                    family=family, counted_at=counted, counted_why=why)
+
+
+def _search_notes(table: Table) -> list[str]:
+    if table.tuning is None:
+        return []
+    percent = "acc" in table.tuning.select.column
+    lines = [f"Tuned on the validation set ({table.tuning.describe()}); each method's choice and every candidate's "
+             "score:"]
+    for (setting, method), choice in table.choices.items():
+        if not choice.search:
+            lines.append(f"  {setting} x {method}: nothing to search (no grid)")
+            continue
+        edges = choice.edges()
+        lines.append(f"  {setting} x {method}: {choice.text(percent)}" + (
+            f"; at the grid's edge ({'; '.join(edges)}): a value beyond it was not tried" if edges else ""))
+    for setting, method in sorted(table.pending):
+        partial = table.searching.get((setting, method), [])
+        lines.append(f"  {setting} x {method}: search not finished, {sum(c.settled for c in partial)} of "
+                     f"{len(partial)} candidates scored (python -m mpifed.table ... --tune N)")
+    return lines
+
+
+def search_table(table: Table) -> str:
+    """The search as a report quotes it: a row per setting and method, a column per value of the
+    table-wide grid, the method's own candidates inside its cells, the choice in bold; a search not
+    finished shows the scores it has so far, marked; empty before any candidate has its score."""
+    if table.tuning is None:
+        return ""
+    grid = list(table.tuning.grid)
+    percent = "acc" in table.tuning.select.column
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for pair in dict.fromkeys((r.setting, r.method) for r in table.runs):
+        choice, partial = table.choices.get(pair), table.searching.get(pair, [])
+        if choice is not None and choice.search:
+            rows[pair] = choice.grid_cells(grid, percent)
+        elif any(c.settled for c in partial):
+            done = sum(c.settled for c in partial)
+            rows[(pair[0], f"{pair[1]} (search not finished: {done} of {len(partial)} candidates)")] = grid_cells(
+                [c.entry() for c in partial], None, grid, percent)
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(k for cells in rows.values() for k in cells))
+    lines = [f"The search ({table.tuning.describe()}{', in %' if percent else ''}); the choice in bold", "",
+             "| setting | method | " + " | ".join(columns) + " |", "| --- | --- |" + " --- |" * len(columns)]
+    lines += [f"| {s} | {m} | " + " | ".join(cells.get(c, "-") for c in columns) + " |"
+              for (s, m), cells in rows.items()]
+    return "\n".join(lines)
+
+
+def summary_table(table: Table, reference: str | None = None, by_seed: bool = False,
+                  diverged_as: float | str | None = None) -> str:
+    s = summarize(table, reference, diverged_as)
+    if not by_seed:
+        return s.markdown()
+    return "\n\n".join(part for part in (s.markdown(), search_table(table), s.seed_tables()) if part)
+
+
+# ------------------------------------------------------------------ listing
+def listing(table: Table, added: list[str]) -> str:
+    """Each run's status (``diverged``: failed with a NaN loss, not run again), directory and mpifed
+    arguments (the search runs first); runs whose raw data is missing are marked with the folder
+    they expect; the estimated time left."""
+    from mpifed.run.prepared import raw_data_missing
+    lines = []
+    folders: set[str] = set()
+    tokenizers: set[str] = set()
+    count = 0
+    for kind, runs in (("search", table.search), ("", table.runs)):
+        for r in runs:
+            if (r.setting, r.method) in table.pending and not kind:
+                continue
+            cfg = config.build(r.resolved)
+            missing = raw_data_missing(cfg)
+            mark = ""
+            if missing is not None:
+                count += 1
+                tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
+                (tokenizers if tokenizer else folders).add(str(missing))
+                mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
+            state = status(r)
+            lines.append(f"{state:>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(added))}{mark}")
+    waiting = [r for r in table.runs if (r.setting, r.method) in table.pending]
+    if waiting:
+        pairs = sorted({(r.setting, r.method) for r in waiting})
+        lines.append(f"{len(waiting)} runs of {len(pairs)} setting x method pairs wait for their search to finish "
+                     f"(--tune N, or --run N which searches first)")
+    if folders:
+        lines.append("runs lack their raw data; put it in (or point data.dataset.root "
+                     "at): " + ", ".join(sorted(folders)))
+    if tokenizers:
+        lines.append("runs lack their tokenizer folder; save the tokenizer there (docs/text.md), or point "
+                     "data.tokenizer at one: " + ", ".join(sorted(tokenizers)))
+    if count:
+        lines.append(f"{count} of {len(table.runs) + len(table.search)} runs cannot start until then")
+    eta = estimate(table)
+    if eta:
+        lines.append(eta)
+    return "\n".join(lines)
+
+
+def estimate(table: Table) -> str:
+    """The time the unfinished runs (those waiting for their search too) will take one after another,
+    from the finished runs' seconds per round and local epoch (their median: a run slowed by other
+    work weighs little) times each run's rounds and local epochs: the nearest finished runs first
+    (same setting, method and kind, search or final; then same setting and method; same setting and
+    kind; the nearest local epochs that have finished runs, same kind; the same, any kind; same kind;
+    any); empty when nothing is left. Across local epochs the price is high, as a round's
+    evaluation does not grow with them."""
+    per_round: dict[tuple[object, ...], list[float]] = {}
+    timed: set[int] = set()                            # the local epochs finished runs have measured
+    whole = table.whole or table
+    for r in whole.search + whole.runs:
+        if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == "finished":
+            wall = results.read_json(r.path / "summary.json").get("wall_time_s")
+            if isinstance(wall, (int, float)):
+                epochs = _epochs(r)
+                timed.add(epochs)
+                for key in _nearness(r, epochs):
+                    per_round.setdefault(key, []).append(float(wall) / _work(r))
+    left = [r for r in table.search + table.runs if not settled(r.path)]
+    if not left:
+        return ""
+    if not per_round:
+        return (f"no estimate of the time left yet: none of the table's runs has finished; --list prices the "
+                f"{len(left)} runs once one has (a search run, the shortest, is enough)")
+    def nearest(epochs: int) -> int:
+        return min(timed, key=lambda e: (abs(math.log(e / epochs)), e))
+
+    seconds = sum(_work(r) * statistics.median(next(per_round[k] for k in _nearness(r, nearest(_epochs(r)))
+                                                    if k in per_round))
+                  for r in left)
+    waiting = sum(1 for r in left if r.candidate is None and (r.setting, r.method) in table.pending)
+    note = f", {waiting} of them after their search" if waiting else ""
+    done = len(per_round[()])
+    return (f"estimated time left, one run at a time: {_duration(seconds)} for {len(left)} runs{note}, from "
+            f"{done} finished runs' seconds per round and local epoch")
+
+
+def _nearness(r: TableRun, epochs: int) -> list[tuple[object, ...]]:
+    kind = "search" if r.candidate is not None else "final"
+    by_epochs = ("local_epochs", epochs)              # a pair: no setting label equals it
+    return [(r.setting, r.method, kind), (r.setting, r.method), (r.setting, kind), (by_epochs, kind), (by_epochs,),
+            (kind,), ()]
+
+
+def _epochs(r: TableRun) -> int:
+    epochs = r.resolved.get("train", {}).get("local_epochs")
+    return epochs if isinstance(epochs, int) and epochs > 0 else 1
+
+
+def _work(r: TableRun) -> int:
+    """Rounds x local epochs: what a run's time scales with, to first order (evaluation aside)."""
+    rounds = r.resolved.get("train", {}).get("rounds")
+    return (rounds if isinstance(rounds, int) and rounds > 0 else 1) * _epochs(r)
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{max(minutes, 1)}m"
+
+
+# ------------------------------------------------------------------ running
+def run_all(runs: list[TableRun], ranks: int, added: list[str], again: str, parallel: int = 1) -> tuple[int, int]:
+    """Run the unfinished ``runs`` (``parallel`` at a time); returns (exit code, runs skipped because
+    another process is running them). A stop signal ends the table after the runs in progress
+    have stopped cleanly; a failure, after they have finished."""
+    todo = [r for r in runs if not settled(r.path)]
+    jobs = [Job(r.path, r.args(added), r.root / "logs" / f"{r.name}.txt" if r.candidate is None
+                else r.root.parent / "logs" / "tuning" / f"{r.name}.txt") for r in todo]
+    out = run_jobs(jobs, ranks, parallel, say=lambda text: print(f"[mpifed.table] {text}", flush=True))
+    if out.received:
+        print(f"[mpifed.table] {', '.join(dict.fromkeys(out.received))} received: the table stopped after the runs in "
+              f"progress (exit code {out.code}). Continue it with:\n  {again}", file=sys.stderr, flush=True)
+    elif out.failed:
+        print(f"[mpifed.table] stopping after {len(out.failed)} failed run(s). Continue the table with:\n  {again}",
+              file=sys.stderr, flush=True)
+    return out.code, out.skipped
+
+
+def _write_runs(table: Table, added: list[str], path: str) -> str:
+    if table.pending:
+        runs = [r for r in table.search if not settled(r.path)]
+        Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in runs))
+        return (f"{len(runs)} search runs written to {path}; submit them with:\n"
+                f"  sbatch --array=0-{len(runs) - 1} slurm/array.sbatch {path}\n"
+                f"when they have finished, run --write-runs again: it makes the choice and writes the table's runs")
+    Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in table.runs))
+    return (f"{len(table.runs)} runs written to {path}; submit with:\n"
+            f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
+
+
+def _loaded(a: argparse.Namespace, added: list[str], record: bool) -> Table:
+    """The table file of the command line, its runs resolved with the --set overrides ``added``
+    (``record``: its search's choice written down) and selected by --settings, --methods and --seeds;
+    a :class:`~mpifed.settings.config.ConfigError` for a bad table, --reference or --tune."""
+    table = load_table(a.table, a.runs_root, a.plugin)
+    if a.reference is not None and a.reference not in {r.method for r in table.runs}:
+        raise config.ConfigError(f"--reference {a.reference}: not a method of this table "
+                                 f"({', '.join(dict.fromkeys(r.method for r in table.runs))})")
+    if a.tune is not None and table.tuning is None:
+        raise config.ConfigError(f"--tune: {a.table} declares no search (a tuning section)")
+    resolve(table, added, record=record)
+    table.select(a.settings, a.methods, a.seeds)
+    return table
+
+
+def _archive(table: Table, a: argparse.Namespace, added: list[str]) -> int:
+    """--archive: copy the settled runs to the folder, and print the command that summarises the copy."""
+    filters = [w for flag, v in (("--settings", a.settings), ("--methods", a.methods), ("--seeds", a.seeds)) if v
+               for w in (flag, *map(str, v))]
+    set_again = ["--set", *added] if added else []
+    code = [w for spec in a.plugin for w in ("--plugin", spec)]
+    summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *code, *filters,
+                          *set_again, "--summary"])
+    print(archive_table(table, Path(a.archive), summary))
+    return 0
+
+
+def _reuse(table: Table, a: argparse.Namespace, added: list[str]) -> int:
+    """--reuse: copy identical runs in, again after each search they complete, until none is left."""
+    found: dict[str, list[Path]] = {}
+    for folder in map(Path, a.reuse):
+        if not folder.is_dir():
+            raise config.ConfigError(f"--reuse {folder}: no such folder")
+        for digest, paths in settled_runs_under(folder).items():
+            found.setdefault(digest, []).extend(paths)
+    reused = 0
+    while copied := reuse_runs(table, found):
+        for source, r in copied:
+            print(f"[mpifed.table] reused {source} as {r.path}", flush=True)
+        reused += len(copied)
+        table = _loaded(a, added, record=True)
+    left = sum(not settled(r.path) for r in table.search + table.runs)
+    waiting = sum((r.setting, r.method) in table.pending for r in table.runs)
+    print(f"[mpifed.table] {reused} runs reused from {', '.join(a.reuse)}; {left} of the table's runs still to make"
+          + (f", {waiting} of them after their search" if waiting else "") + " (--list shows them)")
+    return 0
+
+
+def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> int:
+    """--tune and --run: the search first (where the table has one still to choose, or with --tune),
+    then (--run) the table's runs and its summary."""
+    ranks = a.tune if a.tune is not None else a.run
+    skipped = 0
+    if table.tuning is not None and (table.pending or a.tune is not None):
+        code, skipped = run_all(table.search, ranks, added, again, a.parallel)
+        if code != 0:
+            return code
+        table = _loaded(a, added, record=True)
+        for line in _search_notes(table):
+            print(f"[mpifed.table] {line}", flush=True)
+        if a.tune is not None or table.pending:
+            if skipped:
+                print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they "
+                      f"finish", flush=True)
+            return 0
+    code, more = run_all(table.runs, ranks, added, again, a.parallel)
+    skipped += more
+    if code != 0:
+        return code
+    if skipped:
+        print(f"[mpifed.table] {skipped} runs were skipped because other processes are running them; --summary "
+              f"counts them once they finish", flush=True)
+    print(summary_table(table, a.reference))
+    return 0
+
+
+def _print(text: str) -> int:
+    print(text)
+    return 0
+
+
+def _diverged_arg(text: str) -> float | str:
+    if text == LEAVE_OUT:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"a finite number (e.g. 10 for chance on ten classes, in points) or "
+                                         f"'{LEAVE_OUT}', got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with "
+                                 "mpifed")
+    p.add_argument("--runs-root", default="runs", help="folder that holds the table's run folder (default: runs)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
+                   "module of your own first (a method, model, data set or partition), for every run of the table "
+                   "too; repeatable. A table file can name its own under plugins:")
+    p.add_argument("--version", action="version", version=f"mpifed {__version__}")
+    p.add_argument("--set", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="added to every run; runs with other results go to their own directories")
+    p.add_argument("--settings", nargs="+", metavar="LABEL", help="only these settings (their labels, as --list shows "
+                                                                  "them)")
+    p.add_argument("--methods", nargs="+", metavar="LABEL", help="only these methods")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds (the search keeps its own)")
+    p.add_argument("--reference", metavar="LABEL", help="--summary: compare every method with this one "
+                   "(default: the table's reference, else the FedAvg row)")
+    p.add_argument("--by-seed", action="store_true", help="--summary: also the search's scores as a table, and each "
+                   "method's metric seed by seed with its difference from the reference on each seed")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--list", action="store_true",
+                   help="print each run's status and mpifed arguments; mark missing raw data")
+    g.add_argument("--write-runs", metavar="FILE",
+                   help="one line of mpifed arguments per run (for slurm/array.sbatch): the search runs while a search "
+                        "is unfinished, then the table's runs")
+    g.add_argument("--tune", type=int, metavar="N",
+                   help="run the search here (N ranks each, 0: debug mode) and record the choice")
+    g.add_argument("--run", type=int, metavar="N",
+                   help="run here, one after another, with N ranks each (0: debug mode); a declared search runs first")
+    g.add_argument("--summary", action="store_true",
+                   help="the table in its metric, and each method against the reference")
+    g.add_argument("--archive", metavar="FOLDER", help="copy the settled runs (finished or diverged, the search's "
+                   "too) without their weights to FOLDER/<table folder>, for a repository; --runs-root FOLDER reads "
+                   "them")
+    g.add_argument("--reuse", metavar="FOLDER", nargs="+", help="copy into the table the records of the settled runs "
+                   "under FOLDER (another table's runs, an archive) whose configuration is one of this table's runs "
+                   "(the search's too), instead of making them again")
+    g.add_argument("--prune", action="store_true", help="delete the checkpoints and per-client state of the settled "
+                   "runs (finished or diverged), keeping their record and final model: gigabytes a run for methods "
+                   "with per-client state over many clients (FedCurv, SCAFFOLD, MOON)")
+    p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
+                   "machine with cores to spare; each run's output goes to <table runs>/logs/)")
+    p.add_argument("--diverged", type=_diverged_arg, metavar="VALUE",
+                   help=f"--summary: count each diverged final run as VALUE in the primary metric (e.g. 10 for chance "
+                        f"on ten classes), or '{LEAVE_OUT}' to leave them out: a check beside what the table declares "
+                        f"(its 'diverged' key; without one they are left out)")
+    return p
+
+
+@quiet_when_pipe_closes
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = _parser()
+    a = p.parse_args(argv)
+    if a.parallel < 1:
+        p.error("--parallel must be at least 1")
+    for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None)):
+        if given and not a.summary:
+            p.error(f"{flag} goes with --summary")
+    added = [o for group in a.set for o in group]
+    again = shlex.join(["python", "-m", "mpifed.table", *argv])
+    try:
+        record = a.tune is not None or a.run is not None or a.write_runs is not None or a.reuse is not None
+        table = _loaded(a, added, record)
+        if a.list:
+            return _print(listing(table, added))
+        if a.write_runs:
+            return _print(_write_runs(table, added, a.write_runs))
+        if a.summary:
+            return _print(summary_table(table, a.reference, a.by_seed, a.diverged))
+        if a.archive:
+            return _archive(table, a, added)
+        if a.prune:
+            return _print(prune(table))
+        if a.reuse:
+            return _reuse(table, a, added)
+        return _run(table, a, added, again)
+    except (config.ConfigError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise       # the reader went away: quiet_when_pipe_closes ends the command quietly
+        print(f"[mpifed.table] {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The server's round, top to bottom: plan, send, aggregate, evaluate, record, checkpoint.
+
+:class:`RoundServer` is the server side of :class:`~mpifed.round.protocol.RoundProtocol`: the
+protocol calls its methods, in the order below, between the collectives of each round
+(on rank 0, which in the debug mode also runs the only worker). It owns the global model,
+the method's server role and the checkpoints; it hands each round's row to the run's records
+(:class:`~mpifed.run.run_records.RunRecords`: metrics.jsonl and its trackers, status, summary).
+"""
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mpifed.run import checkpoint
+from mpifed.algorithms.base import Fields, ProtocolError, Replies, Server
+from mpifed.settings.config import Config, math_fingerprint
+from mpifed.run.prepared import Manifest
+from mpifed.local.evaluation import evaluation_figures, validation
+from mpifed.comm.handoff import EXIT_STOPPED, describe_signal, note_resume_point
+from mpifed.local.optim import round_lr
+from mpifed.round.plan import RoundPlan, assign_clients, sample_clients, state_moves
+from mpifed.run.progress import Progress
+from mpifed.round.protocol import Layouts
+from mpifed.run.run_records import RunRecords
+from mpifed.run.rundir import RunDir, atomic_write
+from mpifed.round.signals import received, stop_requested
+
+
+class RoundServer:
+    def __init__(self, cfg: Config, cfg_dict: dict[str, Any], manifest: Manifest, method: Server, layouts: Layouts,
+                 workers: int, run: RunDir, resume: dict[str, Any] | None, resume_command: str) -> None:
+        self.cfg = cfg
+        self.layouts = layouts
+        self.resume_command = resume_command
+        self.cfg_dict = cfg_dict
+        self.manifest = manifest
+        self.method = method
+        self.workers = workers
+        self.run_dir = run
+        flat = method.tools.flat
+        self.device = flat.floats.device
+        self.rounds_done = 0               # rounds trained so far: the next round's 0-based index
+        self.model_sent = False            # the last evaluation broadcast the global model as it is now
+        self.holders: dict[int, int] = {}  # client -> the worker holding its state in memory
+        self.last_trained: dict[int, int] = {}   # client -> the last round it trained in (methods with client state)
+        self.last_checkpoint: Path | None = None
+        self.last_checkpoint_round = 0
+        self.elapsed_before = 0.0
+        self.started = time.perf_counter()
+        self.first_round_at = time.time()
+        self.worker_stops: list[tuple[int, list[str]]] = []
+        self.replies: Replies | None = None
+        self.result: dict[str, Any] = {}
+        self.exit_code = 0
+        self.progress = Progress(cfg.train.rounds, resume["rounds_done"] if resume else 0)
+        run.console = self.progress.write
+        self.records = RunRecords(cfg, cfg_dict, manifest, run, resume["metrics"] if resume else None,
+                                  resume["rounds_done"] if resume else 0)
+        if resume is None:
+            self.global_floats = flat.floats.detach().clone()
+            self.global_ints = flat.ints.detach().clone()
+            method.start(self.global_floats)
+        else:
+            self._restore(resume)
+            method.start(self.global_floats)
+            method.load_state_dict(resume["algorithm"])
+        self.first_down = self._method_downlink(self.rounds_done)   # made now: a name not declared fails before round 1
+        # a finished run trained further is running again, from now
+        self.records.status("running", self.rounds_done, self.last_checkpoint)
+        note_resume_point(self.describe_checkpoint())
+
+    # ------------------------------------------------------------ the round, in order
+    def plan(self) -> RoundPlan:
+        """The next round's plan, or the stop plan after the last round or on a stop request."""
+        cfg, rnd = self.cfg, self.rounds_done
+        if rnd >= cfg.train.rounds or stop_requested() or self.worker_stops:
+            return RoundPlan(round=rnd, lr=0.0, stop=True)
+        clients = sample_clients(cfg.run.seed, rnd, self.manifest.num_clients, cfg.train.participation)
+        assignment = assign_clients(clients, self.manifest.client_sizes, self.workers)
+        moves = state_moves(assignment, self.holders)
+        self.holders.update({cid: w for w, a in enumerate(assignment) for cid in a})
+        last = {}
+        if self.layouts.client_state.entries:
+            last = {int(c): self.last_trained[int(c)] for c in clients if int(c) in self.last_trained}
+            self.last_trained.update({int(c): rnd for c in clients})
+        every = cfg.run.checkpoint_every
+        near_end = rnd + 1 > cfg.train.rounds - max(cfg.run.eval_last, 1)   # the last round, or one of run.eval_last
+        return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
+                         evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
+                         checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
+                         keep_states_from=self._oldest_resume_round(rnd), moves=moves, model_held=self.model_sent,
+                         last_trained=last)
+
+    def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The global model and the method's down tensors (the first round's made at start-up)."""
+        down = self.first_down if self.first_down is not None else self._method_downlink(plan.round)
+        self.first_down = None
+        return {"weights": self.global_floats, "ints": self.global_ints}, down
+
+    def _method_downlink(self, rnd: int) -> dict[str, torch.Tensor]:
+        down = self.method.downlink(rnd, self.global_floats)
+        self.layouts.down.check(down, f"{type(self.method).__name__}.downlink")
+        return down
+
+    def aggregate(self, plan: RoundPlan, replies: Replies, model_sums: dict[str, torch.Tensor]) -> None:
+        """The new global model: the method's from its replies; the integer buffers (BatchNorm's
+        counters) the clients' sample-weighted mean, rounded."""
+        sums = Fields(self.layouts.sums.what, {k: v.to(self.device) for k, v in replies.sums})
+        rows = Fields(self.layouts.rows.what, {k: v.to(self.device) for k, v in replies.rows})
+        mine = Replies(sums, rows, replies.clients)
+        new = self.method.aggregate(plan.round, self.global_floats, mine).to(torch.float32)
+        bad = int((~torch.isfinite(new)).sum())
+        if bad:
+            scalars = ", ".join(f"{k}={float(v):.6g}" for k, v in sums if v.numel() == 1)
+            summed = f" (summed: {scalars})" if scalars else ""
+            raise ProtocolError(f"{type(self.method).__name__}.aggregate (round {plan.number}) returned a global "
+                                f"model with {bad} NaN or infinite value(s) of {new.numel()}, from finite "
+                                f"uplinks{summed}: a weighted mean whose weights sum to zero, or another division by "
+                                f"zero, in the method's aggregate")
+        self.global_floats = new
+        self.model_sent = False
+        ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
+        self.global_ints = torch.round(ints / samples).to(torch.int64)
+        self.replies = mine
+
+    def evaluation_state(self) -> dict[str, torch.Tensor]:
+        reported = self.method.reported(self.global_floats)
+        self.model_sent = reported is self.global_floats     # so the next downlink need not send it
+        return {"weights": reported, "ints": self.global_ints}
+
+    def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None:
+        m = self.manifest
+        self.result = (evaluation_figures(totals, m.test_class_counts, m.test_group_counts, m.group_names)
+                       if self.cfg.run.eval_test else {})
+        if m.val_size:
+            self.result.update(validation(totals, m.val_size))
+
+    def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None:
+        self._check_lock()
+        self._record(plan, times)
+        self.rounds_done = plan.number
+        self.worker_stops = stops
+        if plan.checkpoint:
+            self.checkpoint(self.rounds_done)
+
+    def stopped(self, usage: list[Any]) -> None:
+        """After the stop plan: the final checkpoint, model, summary and status."""
+        self.progress.close()
+        rounds_done = self.rounds_done
+        finished = rounds_done >= self.cfg.train.rounds
+        self._check_lock()
+        if self.last_checkpoint_round != rounds_done:
+            self.checkpoint(rounds_done)
+        if finished and self.cfg.run.save_model:
+            self._save_model()
+        self.records.finish("finished" if finished else "stopped", rounds_done, self.last_checkpoint, self.elapsed(),
+                            self.first_round_at, usage)
+        if not finished:
+            if rounds_done == 0:
+                self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
+                                 f"this starts the run from round 1: {self.resume_command}")
+            else:
+                self.run_dir.log(f"[mpifed] stopped after round {rounds_done} on {self._stop_reason()} (checkpoint "
+                                 f"{self.last_checkpoint}); continue with: {self.resume_command}")
+            self.exit_code = EXIT_STOPPED
+
+    # ------------------------------------------------------------ bookkeeping
+    def _stop_reason(self) -> str:
+        if received():
+            return ", ".join(describe_signal(name) for name in received())
+        by_workers = [f"{', '.join(names)} received by rank {rank}" for rank, names in self.worker_stops if names]
+        return "; ".join(by_workers) or "a stop request"
+
+    def _check_lock(self) -> None:
+        warning = self.run_dir.check_lock()
+        if warning:
+            self.run_dir.log(warning)
+
+    def _record(self, plan: RoundPlan, t: dict[str, float]) -> None:
+        reports = self.replies.clients
+        samples = sum(r.samples for r in reports)
+        busy = [sum(r.seconds for r in reports if r.worker == w) for w in range(self.workers)]
+        timing = {k: round(v, 4) for k, v in t.items()}
+        timing["worker_idle_mean"] = round(t["local_training"] - statistics.fmean(busy), 4)
+        row: dict[str, Any] = {"round": plan.number, "lr": plan.lr, "clients": len(reports),
+                               "train_loss": sum(r.train_loss * r.samples for r in reports) / max(samples, 1)}
+        if plan.evaluate:
+            row.update(self.result)
+        row.update(self.method.log())
+        row["time"] = timing
+        self.records.add_round(row, reports)
+        acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
+        if "val_acc" in row:
+            acc += f"  val_acc {row['val_acc']:.4f}"
+        self.run_dir.log(
+            f"round {plan.number}/{self.cfg.train.rounds}{acc}  train_loss {row['train_loss']:.4f}  "
+            f"{t['round']:.2f} s (down {t['downlink']:.3f}, train {t['local_training']:.2f}, "
+            f"up {t['uplink']:.3f}, eval {t.get('evaluation', 0.0):.2f}); {self.progress.timing(plan.number)}")
+        self.progress.advance(plan.number)
+
+    def _oldest_resume_round(self, rnd: int) -> int:
+        """The earliest round a resume could start at: the oldest checkpoint on disk, or (with none)
+        a checkpoint written after this round."""
+        kept = checkpoint.all_checkpoints(self.run_dir.checkpoints)
+        return checkpoint.rounds_done(kept[0]) if kept else rnd + 1
+
+    def checkpoint(self, rounds_done: int) -> None:
+        payload = {
+            "rounds_done": rounds_done,
+            "global_floats": self.global_floats.cpu(),
+            "global_ints": self.global_ints.cpu(),
+            "algorithm": self.method.state_dict(),
+            "metrics": self.records.metrics,
+            "config": self.cfg_dict,
+            "config_math": math_fingerprint(self.cfg_dict),
+            "data_spec": self.manifest.spec,    # the prepared data's identity: another partition is refused on resume
+            "elapsed_s": self.elapsed(),
+        }
+        self.last_checkpoint = checkpoint.save(self.run_dir.checkpoints, rounds_done, payload,
+                                               self.cfg.run.keep_checkpoints)
+        self.last_checkpoint_round = rounds_done
+        self.records.status("running", rounds_done, self.last_checkpoint)
+        note_resume_point(self.describe_checkpoint())
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.global_floats = state["global_floats"].to(self.device)
+        self.global_ints = state["global_ints"].to(self.device)
+        self.rounds_done = state["rounds_done"]
+        self.last_checkpoint_round = state["rounds_done"]
+        self.last_checkpoint = checkpoint.path_for(self.run_dir.checkpoints, state["rounds_done"])
+        self.elapsed_before = state["elapsed_s"]
+        if self.layouts.client_state.entries:   # the clients each round sampled: sampling depends on (seed, round) only
+            for rnd in range(self.rounds_done):
+                self.last_trained.update({int(c): rnd for c in sample_clients(self.cfg.run.seed, rnd,
+                                                                             self.manifest.num_clients,
+                                                                             self.cfg.train.participation)})
+
+    def abandon(self) -> None:
+        """The run failed: end what it tracks (its MLflow run is marked failed)."""
+        self.records.abandon()
+
+    def elapsed(self) -> float:
+        """Wall time of the run so far, across resumes."""
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def describe_checkpoint(self) -> str:
+        if self.last_checkpoint is None:
+            return (" No checkpoint was written yet (see run.checkpoint_every); start the run again with: "
+                    f"{self.resume_command}")
+        return (f" Last checkpoint: {self.last_checkpoint} (after round {self.last_checkpoint_round}); "
+                f"continue with: {self.resume_command}")
+
+    def _save_model(self) -> None:
+        flat = self.method.tools.flat
+        flat.load(self.method.reported(self.global_floats), self.global_ints)
+        buf = io.BytesIO()
+        torch.save(flat.model.state_dict(), buf)
+        atomic_write(self.run_dir.path / "model.pt", buf.getvalue())

@@ -1,0 +1,64 @@
+"""Rank 0's console: one line per round with elapsed time and an ETA, and a live progress bar
+(tqdm) only on a terminal (:func:`mpifed.comm.handoff.progress_bar_wanted`), so logs (Slurm's output
+files, a launcher's output redirected to a file) stay one line per round."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from mpifed.comm.handoff import progress_bar_wanted
+
+
+def duration(seconds: float) -> str:
+    """Seconds as 42s, 3m05s or 2h07m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def count(n: int, noun: str) -> str:
+    """``1 round``, ``3 rounds``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+class Progress:
+    """Rounds done out of ``total``, counting from ``start`` (a resumed run's first round)."""
+
+    def __init__(self, total: int, start: int, live: bool | None = None) -> None:
+        self.total = total
+        self.start = start
+        self.begun = time.perf_counter()
+        self.bar: Any = None
+        if live if live is not None else progress_bar_wanted():
+            from tqdm import tqdm
+            # on stdout, with the round lines: under mpirun each stream is passed on by itself, so a
+            # bar on stderr would be drawn out of order with the lines written above it
+            self.bar = tqdm(total=total, initial=start, unit="round", dynamic_ncols=True, leave=False, file=sys.stdout)
+
+    def timing(self, done: int) -> str:
+        """``elapsed 1m02s, ETA 3m10s`` after ``done`` rounds (ETA from this invocation's pace)."""
+        elapsed = time.perf_counter() - self.begun
+        ran = max(done - self.start, 1)
+        eta = elapsed / ran * (self.total - done)
+        return f"elapsed {duration(elapsed)}, ETA {duration(eta)}"
+
+    def advance(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.n = done
+            self.bar.refresh()
+
+    def write(self, line: str, err: bool = False) -> None:
+        """Print a line above the bar (on its stream), or plainly without one (to stderr if ``err``)."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

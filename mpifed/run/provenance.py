@@ -1,0 +1,125 @@
+"""Where a run ran: ``provenance.json`` in its run directory, one segment per start.
+
+Rank 0 writes the file when a run starts and adds a segment each time it is resumed::
+
+    {"segments": [{"started_at": "2026-05-01T12:00:00+0000", "start_round": 0, "mpifed": "0.9.0",
+                   "git_commit": "1a2b...", "git_dirty": false, "python": "3.11.9", "torch": "2.14.1",
+                   "cuda": null, "ranks": [{"rank": 0, "role": "server", "host": "n1",
+                   "cpu": "AMD EPYC 7763 64-Core Processor", "device": "cpu", "gpu": null, "threads": 1}, ...]}]}
+
+``git_commit`` and ``git_dirty`` (tracked files of the checkout changed since that commit, or
+files inside the package that git does not track) are recorded when mpifed runs from a git
+checkout, else null. ``plugins`` lists the code from outside mpifed that was loaded (name,
+origin, SHA-256, what it registered, whether the run uses it, and its copy in the run's
+``plugins/`` folder). :func:`machine` describes the machine(s) of a
+run in one line, so that runs made on different machines can be told apart.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from mpifed import __version__
+from mpifed.run.rundir import atomic_write
+
+FILE = "provenance.json"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def rank_details(device: Any) -> dict[str, Any]:
+    """This rank's CPU model and, on a GPU, the GPU's name."""
+    import torch
+    gpu = torch.cuda.get_device_name(device) if getattr(device, "type", "cpu") == "cuda" else None
+    return {"cpu": cpu_model(), "gpu": gpu}
+
+
+def _git(*args: str) -> str | None:
+    source = Path(__file__).resolve().parents[1]
+    try:
+        done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def source_commit() -> tuple[str | None, bool | None]:
+    """The git commit of mpifed's source and whether the checkout differs from it: a tracked file
+    changed, or a file inside the package that git does not track (a method dropped into
+    mpifed/algorithms/); (None, None) when the source is not the top of a git checkout (an
+    installed package)."""
+    package = Path(__file__).resolve().parents[1]
+    top = _git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != package.parent:
+        return None, None
+    changes = _git("status", "--porcelain", "--untracked-files=no")
+    untracked = _git("status", "--porcelain", "--untracked-files=all", "--", str(package))
+    if changes is None or untracked is None:
+        return _git("rev-parse", "HEAD"), None
+    return _git("rev-parse", "HEAD"), bool(changes) or any(line.startswith("??") for line in untracked.splitlines())
+
+
+def segment(ranks: list[dict[str, Any]], start_round: int,
+            plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One start of a run: when, from which round, which software (with every plugin loaded, see
+    :func:`mpifed.settings.plugins.keep_copies`), and each rank's machine."""
+    import torch
+    commit, dirty = source_commit()
+    keep = ("rank", "role", "host", "cpu", "device", "gpu", "threads")
+    return {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_round": start_round, "mpifed": __version__,
+            "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "plugins": list(plugins or []),
+            "ranks": [{k: r.get(k) for k in keep} for r in ranks]}
+
+
+def read(run_dir: Path) -> dict[str, Any] | None:
+    """A run's provenance (``{"segments": [...]}``); None when it has none or it cannot be read."""
+    try:
+        data = json.loads((Path(run_dir) / FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("segments"), list) else None
+
+
+def record(run_dir: Path, ranks: list[dict[str, Any]], start_round: int,
+           plugins: list[dict[str, Any]] | None = None) -> None:
+    """Add this start's segment to the run's provenance (atomically; the file is made on the first start)."""
+    found = read(run_dir) or {"segments": []}
+    found["segments"].append(segment(ranks, start_round, plugins))
+    atomic_write(Path(run_dir) / FILE, json.dumps(found, indent=1) + "\n")
+
+
+def recorded_plugins(run_dir: Path) -> list[dict[str, Any]]:
+    """The plugins the run's latest start recorded (empty for a run that used none, or from before
+    runs recorded them)."""
+    found = read(run_dir)
+    segments = found["segments"] if found else []
+    last = segments[-1] if segments and isinstance(segments[-1], dict) else {}
+    listed = last.get("plugins")
+    return [p for p in listed if isinstance(p, dict) and {"kind", "origin", "module", "sha256"} <= set(p)] \
+        if isinstance(listed, list) else []
+
+
+def machine(provenance: dict[str, Any]) -> str:
+    """The machine(s) a run ran on, in one stable line: host names, CPU models, GPU names, torch
+    versions (each sorted, several joined by " + "), e.g. ``n1; CPU AMD EPYC 7763; GPU none; torch 2.14.1``."""
+    segments = provenance.get("segments", [])
+    ranks = [r for s in segments for r in s.get("ranks", [])]
+
+    def values(found: Any) -> str:
+        return " + ".join(sorted({str(v) for v in found if v})) or "none"
+    return (f"{values(r.get('host') for r in ranks)}; CPU {values(r.get('cpu') for r in ranks)}; "
+            f"GPU {values(r.get('gpu') for r in ranks)}; torch {values(s.get('torch') for s in segments)}")

@@ -1,0 +1,137 @@
+"""What a run writes about itself as it goes, from rank 0: a row per round in metrics.jsonl (and
+in TensorBoard and MLflow, when the run asks for them), the clients of each round in
+clients.jsonl, status.json, and at the end summary.json and its line in the log."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from mpifed.run import results
+from mpifed.algorithms.base import ClientReport
+from mpifed.settings.config import Config
+from mpifed.run.prepared import Manifest
+from mpifed.local.evaluation import TEST_COLUMNS
+from mpifed.run.progress import count
+from mpifed.run.rundir import RunDir
+
+
+class RunRecords:
+    """One run's records. A new run starts metrics.jsonl and clients.jsonl empty; a resumed one
+    (``metrics``: the rows of its checkpoint) keeps the rows of the rounds done and drops the rest."""
+
+    def __init__(self, cfg: Config, cfg_dict: dict[str, Any], manifest: Manifest, run: RunDir,
+                 metrics: list[dict[str, Any]] | None, rounds_done: int) -> None:
+        self.cfg = cfg
+        self.manifest = manifest
+        self.run = run
+        self.metrics: list[dict[str, Any]] = list(metrics or [])
+        if metrics is None:
+            for log in ("metrics.jsonl", "clients.jsonl"):
+                run.write_rows(log, [])
+        else:
+            run.write_rows("metrics.jsonl", self.metrics)
+            run.keep_rounds("clients.jsonl", rounds_done)
+        self.tensorboard = None
+        if cfg.run.tensorboard:
+            from mpifed.run.tensorboard_log import TensorBoardLog
+            self.tensorboard = TensorBoardLog(run.path / "tensorboard", rounds_done)
+        self.mlflow = None
+        if cfg.run.mlflow:
+            from mpifed.run.mlflow_log import MlflowLog
+            self.mlflow = MlflowLog(run.path, cfg_dict)
+
+    def add_round(self, row: dict[str, Any], clients: list[ClientReport]) -> None:
+        """A round's metrics row, to metrics.jsonl and every tracker, and its clients to clients.jsonl."""
+        self.metrics.append(row)
+        self.run.append_row("metrics.jsonl", row)
+        if self.tensorboard is not None:
+            self.tensorboard.add_row(row)
+        if self.mlflow is not None:
+            self.mlflow.add_row(row)
+        self.run.append_row("clients.jsonl", {"round": row["round"], "clients": [asdict(r) for r in clients]})
+
+    def status(self, state: str, rounds_done: int, last_checkpoint: Path | None) -> None:
+        self.run.write_json("status.json", {"state": state, "rounds_done": rounds_done,
+                                            "checkpoint": str(last_checkpoint) if last_checkpoint else None})
+
+    def finish(self, status: str, rounds_done: int, last_checkpoint: Path | None, wall_time_s: float,
+               first_round_at: float, usage: list[tuple[float, float]]) -> None:
+        """The run ended (``finished`` or ``stopped``): summary.json, status.json and the log's last line;
+        the trackers closed."""
+        summary = self._summary(status, rounds_done, last_checkpoint, wall_time_s, first_round_at, usage)
+        self.run.write_json("summary.json", summary)
+        self.status(status, rounds_done, last_checkpoint)
+        self._tell(status, rounds_done, summary)
+        self._close()
+        if self.mlflow is not None:
+            self.mlflow.finish(status, self.run.path / "summary.json")
+            self.mlflow = None
+
+    def abandon(self) -> None:
+        """The run failed: end what tracks it (its MLflow run is marked failed)."""
+        self._close()
+        if self.mlflow is not None:
+            self.mlflow.finish("failed")
+            self.mlflow = None
+
+    def _close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+    def _rows(self) -> list[dict[str, Any]]:
+        # a run resumed with run.eval_test false reports no test figure, not the earlier segment's
+        if self.cfg.run.eval_test:
+            return self.metrics
+        return [{k: v for k, v in r.items() if k not in TEST_COLUMNS} for r in self.metrics]
+
+    def _summary(self, status: str, rounds_done: int, last_checkpoint: Path | None, wall_time_s: float,
+                 first_round_at: float, usage: list[tuple[float, float]]) -> dict[str, Any]:
+        rows = self._rows()
+        best_acc, best_round = results.best(rows)
+        summary = {
+            "status": status,
+            "rounds_done": rounds_done,
+            "rounds": self.cfg.train.rounds,
+            "algorithm": self.cfg.algorithm.name,
+            "dataset": self.cfg.data.dataset.name,
+            "final_test_acc": results.final(rows),
+            "final_test_loss": results.final(rows, "test_loss"),
+            "best_test_acc": best_acc,
+            "best_round": best_round,
+            "forgetting": results.forgetting(rows),
+            "wall_time_s": round(wall_time_s, 2),
+            "round_time_median_s": (round(statistics.median(r["time"]["round"] for r in self.metrics), 4)
+                                    if self.metrics else None),
+            "checkpoint": str(last_checkpoint) if last_checkpoint else None,
+            "first_round_started_at": first_round_at,
+            "peak_rss_mb_per_rank": [round(rss, 1) for rss, _ in usage],
+            "cpu_s_per_rank": [round(cpu, 2) for _, cpu in usage],
+        }
+        if self.cfg.run.rounds_to:
+            summary["rounds_to"] = {results.target_key(t): results.rounds_to(rows, t) for t in self.cfg.run.rounds_to}
+        if self.manifest.val_size:
+            best_val, best_val_round = results.best(rows, "val_acc")
+            summary["best_val_acc"] = best_val
+            summary["best_val_round"] = best_val_round
+            summary["test_acc_at_best_val"] = next((r.get("test_acc") for r in rows if r["round"] == best_val_round),
+                                                   None)
+        if self.cfg.data.test_subset:
+            summary["test_subset"] = self.manifest.test_size
+        return summary
+
+    def _tell(self, status: str, rounds_done: int, summary: dict[str, Any]) -> None:
+        where = f"wall time {summary['wall_time_s']:.1f} s; results in {self.run.path}"
+        if summary["final_test_acc"] is not None:
+            chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
+                      f"test accuracy there {summary['test_acc_at_best_val']:.4f}"
+                      if summary.get("test_acc_at_best_val") is not None else "")
+            self.run.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy "
+                         f"{summary['final_test_acc']:.4f} "
+                         f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, {where}")
+        elif summary.get("best_val_acc") is not None:
+            self.run.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final validation accuracy "
+                         f"{results.final(self._rows(), 'val_acc'):.4f} (best {summary['best_val_acc']:.4f} at round "
+                         f"{summary['best_val_round']}; the test set not evaluated: run.eval_test is false), {where}")

@@ -1,0 +1,130 @@
+"""Figures: curves against round with a band over seeds, per-class accuracy and partition heatmaps.
+
+Needs matplotlib (``pip install 'mpifed[plots]'``); only :mod:`mpifed.entry.report` and
+``python -m mpifed.prepare --plot`` import this module, so the trainer never needs it.
+Figures are sized and labelled for a paper: integer round ticks, a fixed colour per method
+(:func:`colours`), titles that say what was run.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+except ImportError:  # the message below says what to install
+    plt = None
+
+INSTALL = "plots need matplotlib: pip install 'mpifed[plots]'"
+
+# 20 colours that stay apart in print: tab10's, then Dark2's and four more
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#000000",
+           "#6a3d9a", "#b15928"]
+
+
+class PlotsUnavailable(ImportError):
+    """matplotlib is not installed."""
+
+
+def require() -> None:
+    """Raise :class:`PlotsUnavailable` (naming the extra to install) when matplotlib is missing."""
+    if plt is None:
+        raise PlotsUnavailable(INSTALL)
+
+
+def colours(methods: list[str], fixed: list[str]) -> dict[str, str]:
+    """One colour per method, the same in every figure: a method named in ``fixed`` (every
+    registered method, in a fixed order) always gets that place's colour; the others take
+    the colours no method of ``methods`` holds, in order."""
+    out = {m: PALETTE[fixed.index(m) % len(PALETTE)] for m in methods if m in fixed}
+    free = [c for c in PALETTE if c not in out.values()] or PALETTE
+    for i, m in enumerate(sorted(m for m in dict.fromkeys(methods) if m not in out)):
+        out[m] = free[i % len(free)]
+    return out
+
+
+@dataclass
+class Curve:
+    """One method's values against round: the mean over seeds and its sample std (None: one seed)."""
+
+    label: str
+    rounds: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray | None
+    colour: str | None = None
+
+
+def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Curve]]]) -> Path:
+    """One panel per (y label, curves), side by side, x = round; a shaded band of mean ± std."""
+    require()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.1), squeeze=False)
+    for i, (ax, (ylabel, lines)) in enumerate(zip(axes[0], panels)):
+        for c in lines:
+            (line,) = ax.plot(c.rounds, c.mean, label=c.label, color=c.colour, linewidth=1.6,
+                              marker="o" if len(c.rounds) < 12 else None, markersize=3)
+            if c.std is not None:
+                ax.fill_between(c.rounds, c.mean - c.std, c.mean + c.std, color=line.get_color(),
+                                alpha=0.2, linewidth=0)
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=8, framealpha=0.85)
+    _titles(fig, title, subtitle, 24 * len(panels) + 40)
+    return _save(fig, path)
+
+
+def heatmap(path: Path, title: str, subtitle: str, values: np.ndarray, rows: list[str], columns: list[str] | None,
+            xlabel: str, ylabel: str, colorbar: str, fmt: str = "{:.2f}", vmin: float | None = None,
+            vmax: float | None = None) -> Path:
+    """``values`` (rows x columns) as a heatmap with labelled rows, columns named by ``columns``
+    (numbered without) and, when it fits, the values written in the cells (NaN cells stay blank)."""
+    require()
+    n_rows, n_cols = values.shape
+    named = columns is not None and n_cols <= 30
+    fig, ax = plt.subplots(figsize=(min(2.8 + 0.55 * n_cols, 16), min(2.0 + 0.4 * n_rows, 14) + (0.6 if named else 0)))
+    image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax,
+                      interpolation="nearest")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if named:
+        ax.set_xticks(range(n_cols), columns, rotation=35 if max(len(c) for c in columns) > 3 else 0, ha="right"
+                      if max(len(c) for c in columns) > 3 else "center", fontsize=8)
+    else:
+        ax.set_xticks(range(0, n_cols, max(1, n_cols // 25)))
+    if len(rows) <= 40:
+        ax.set_yticks(range(n_rows), rows)
+    if n_rows * n_cols <= 400:
+        low = vmin if vmin is not None else 0
+        high = vmax if vmax is not None else (np.nanmax(values) if np.isfinite(values).any() else 0)
+        for i in range(n_rows):
+            for j in range(n_cols):
+                if np.isfinite(values[i, j]):
+                    dark = values[i, j] < low + 0.6 * (high - low)
+                    ax.text(j, i, fmt.format(values[i, j]), ha="center", va="center", fontsize=7,
+                            color="white" if dark else "black")
+    fig.colorbar(image, ax=ax, label=colorbar)
+    _titles(fig, title, subtitle, 30 + 5 * min(n_cols, 16))
+    return _save(fig, path)
+
+
+def _titles(fig, title: str, subtitle: str, width: int) -> None:
+    text = textwrap.fill(title, width)
+    if subtitle:
+        text += "\n" + textwrap.fill(subtitle, int(width * 1.2))
+    fig.suptitle(text, fontsize=10)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path

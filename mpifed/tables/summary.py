@@ -1,0 +1,354 @@
+"""A table of results from run directories: each cell's mean ± sample std over seeds, each method
+against a reference seed by seed (:mod:`mpifed.tables.stats`), the claims declared for the table, each
+labelled by its interval and Holm's adjustment over them all, and notes on how far the numbers can
+be trusted (the machines the runs come from, test subsets, metrics that choose on the test set).
+
+:mod:`mpifed.entry.table` builds one from a table file's finished runs; :mod:`mpifed.entry.report` from
+folders of runs.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mpifed.run import provenance, results
+from mpifed.files import safe_yaml
+from mpifed.tables.stats import Paired, holm, paired
+
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The claim that ``above`` ends higher than ``below`` in the table's metric, declared before any run."""
+
+    above: str
+    below: str
+
+    @classmethod
+    def parse(cls, text: object) -> Claim:
+        """``"fedgkd > fedavg"`` or ``"moon < fedavg"``; ValueError says what is wrong."""
+        found = re.fullmatch(r"\s*([^\s<>]+)\s*([<>])\s*([^\s<>]+)\s*", text) if isinstance(text, str) else None
+        if found is None:
+            raise ValueError(f"a claim is 'method > method' (or '<'), e.g. 'fedgkd > fedavg', got {text!r}")
+        a, sign, b = found.groups()
+        return cls(a, b) if sign == ">" else cls(b, a)
+
+    def __str__(self) -> str:
+        return f"{self.above} > {self.below}"
+
+
+@dataclass(frozen=True)
+class Tested:
+    """One claim in one setting: its paired comparison (None: fewer than 2 common seeds) and its
+    Holm-adjusted p over every claim of the table in every setting."""
+
+    claim: Claim
+    setting: str
+    result: Paired | None
+    holm_p: float
+
+    @property
+    def label(self) -> str:
+        if self.result is None:
+            return "no result (fewer than 2 common seeds in the runs summarised)"
+        if self.result.verdict == "higher":
+            return "supported" if self.holm_p < ALPHA else "supported by its interval alone, not after Holm"
+        if self.result.verdict == "lower":
+            if self.holm_p < ALPHA:
+                return "not supported (the other way)"
+            return "the other way by its interval alone, not after Holm"
+        return "inconclusive"
+
+
+def check_claims(claims: list[Claim], settings: list[str],
+                values: dict[tuple[str, str], dict[int, float]]) -> list[Tested]:
+    """Each claim in each setting from the values by seed per (setting, method); the family for
+    Holm's adjustment is all of them, those without results counting with p = 1."""
+    compared = [(c, s, paired(values.get((s, c.above), {}), values.get((s, c.below), {})))
+                for c in claims for s in settings]
+    adjusted = holm([r.p if r is not None else 1.0 for _, _, r in compared])
+    return [Tested(c, s, r, q) for (c, s, r), q in zip(compared, adjusted)]
+
+
+@dataclass
+class Summary:
+    """The cells of a table (setting, method, column) -> Stat, the paired comparisons
+    (setting, method) -> Paired against the reference, and the runs left out, with why."""
+
+    title: str
+    metric: results.Metric
+    settings: list[str]
+    methods: list[str]
+    columns: list[str]
+    cells: dict[tuple[str, str, str], results.Stat]
+    left_out: list[str]
+    not_run: int
+    percent: bool
+    paired: dict[tuple[str, str], Paired | None] = field(default_factory=dict)
+    reference: str | None = None
+    declared_seeds: int | None = None
+    notes: list[str] = field(default_factory=list)
+    claims: list[Tested] = field(default_factory=list)
+    by_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)   # the metric per seed
+    family: int = 0                # the claims Holm's adjustment covers (the table's, whatever ``claims`` shows)
+    counted: set[tuple[str, str, int]] = field(default_factory=set)   # (setting, method, seed) of diverged runs counted
+    unpaired: dict[tuple[str, str], str] = field(default_factory=dict)   # (setting, method) left unpaired: why
+
+    def comparison_text(self, setting: str, method: str) -> str:
+        """The method's paired comparison with the reference in ``setting``, or why there is none."""
+        if (setting, method) in self.unpaired:
+            return f"not paired: {self.unpaired[(setting, method)]}"
+        found = self.paired.get((setting, method))
+        return found.text() if found is not None else "fewer than 2 common seeds"
+
+    def markdown(self) -> str:
+        unit = " (%)" if self.percent else ""
+        seeds = f" of {self.declared_seeds} declared" if self.declared_seeds else ""
+        lines = [f"{self.title}: {self.metric.label}{unit}, mean ± sample std over finished seeds (n{seeds})", ""]
+        heads = [s if len(self.columns) == 1 else f"{s}: {c}" for s in self.settings for c in self.columns]
+        lines += ["| method | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
+        for m in self.methods:
+            row = [self.cell_text(s, m, c) for s in self.settings for c in self.columns]
+            lines.append(f"| {m} | " + " | ".join(row) + " |")
+        if self.reference is not None:
+            points = " points" if self.percent else ""
+            lines += ["", f"Against {self.reference}, seed by seed ({self.metric.label}, difference "
+                          f"in{points or ' its unit'}): "
+                          f"mean [95% CI], seeds ahead / seeds, p of the two-sided paired t-test; 'higher' or 'lower' "
+                          f"only where the interval excludes 0", ""]
+            lines += ["| method | " + " | ".join(self.settings) + " |", "| --- |" + " --- |" * len(self.settings)]
+            for m in self.methods:
+                if m == self.reference:
+                    continue
+                row = [self.comparison_text(s, m) for s in self.settings]
+                lines.append(f"| {m} | " + " | ".join(row) + " |")
+        if self.claims:
+            lines += ["", f"The table's declared claims, each paired seed by seed in {self.metric.label}; "
+                          f"Holm's adjustment over all {self.family} of them"
+                          + (f" ({len(self.claims)} shown: this view's settings and methods)"
+                             if len(self.claims) < self.family else "")
+                          + f", 'supported' where the interval excludes 0 "
+                          f"in the claim's direction and the adjusted p < {ALPHA}", "",
+                      "| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |",
+                      "| --- | --- | --- | --- | --- |"]
+            for t in self.claims:
+                shown = t.result.text(verdict=False) if t.result is not None else "-"
+                lines.append(f"| {t.claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |")
+        if self.notes:
+            lines += [""] + self.notes
+        if self.not_run:
+            lines += ["", f"Not run yet: {self.not_run} of the table's runs."]
+        if self.left_out:
+            lines += ["", f"Left out ({len(self.left_out)}):"] + [f"  {line}" for line in self.left_out]
+        return "\n".join(lines)
+
+    def seed_tables(self) -> str:
+        """Per setting with results, each method's metric seed by seed, and each method minus the
+        reference on the seeds both have, with the paired interval (the rows a report quotes)."""
+        unit = " (%)" if self.percent else ""
+        out: list[str] = []
+        for s in self.settings:
+            seeds = sorted({seed for m in self.methods for seed in self.by_seed.get((s, m), {})})
+            if not seeds:
+                continue
+            lines = [f"{s}, seed by seed: {self.metric.label}{unit}", "",
+                     "| method | " + " | ".join(f"s{seed}" for seed in seeds) + " | mean ± sd |",
+                     "| --- |" + " --- |" * (len(seeds) + 1)]
+            for m in self.methods:
+                got = self.by_seed.get((s, m), {})
+                cells = [f"{got[seed]:.2f}" + (" (diverged)" if (s, m, seed) in self.counted else "")
+                         if seed in got else "-" for seed in seeds]
+                lines.append(f"| {m} | " + " | ".join(cells) + f" | {results.Stat(list(got.values())).text(2)} |")
+            ref = self.by_seed.get((s, self.reference), {}) if self.reference is not None else {}
+            for m in self.methods:
+                if m == self.reference or self.reference is None:
+                    continue
+                got = {} if (s, m) in self.unpaired else self.by_seed.get((s, m), {})
+                cells = [f"{got[seed] - ref[seed]:+.2f}" if seed in got and seed in ref else "-" for seed in seeds]
+                lines.append(f"| {m} − {self.reference} | " + " | ".join(cells) + f" | {self.comparison_text(s, m)} |")
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
+
+    def cell_text(self, setting: str, method: str, column: str) -> str:
+        stat = self.cells.get((setting, method, column), results.Stat([]))
+        if column.startswith("T("):
+            return stat.text(1, "not reached", self.declared_seeds)
+        return stat.text(2, declared=self.declared_seeds)
+
+
+def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
+             left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
+             reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
+             claims: list[Claim] | None = None, claim_settings: list[str] | None = None,
+             family: dict[tuple[str, str], list[Path]] | None = None,
+             counted_at: dict[Path, float] | None = None, counted_why: str = "the table's declared value",
+             starts: dict[Path, str] | None = None) -> Summary:
+    """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
+    ((setting, method) -> runs), with each method's paired comparison against ``reference``
+    (a method label; default: the row whose algorithm is FedAvg, if any), and ``claims`` tested in
+    each of ``claim_settings`` (default: the settings in ``groups``) on the runs of ``family``
+    (default: ``groups``; a filtered view passes the whole table's, so that Holm's adjustment covers
+    every claim), showing those whose setting and methods ``groups`` holds. A run in ``counted_at``
+    (a diverged run, as the table declares or a sensitivity check asks) counts as the value given
+    there in ``metric``, in the unit shown, and as missing in every other column; a note says so,
+    and why (``counted_why``). Where ``starts`` describes each run's initial model, a method whose
+    runs start from another model than the reference's in a setting is not paired with it (its
+    seeds do not share their initialisation)."""
+    counted_at = counted_at or {}
+    percent = _in_points(metric)
+    paper = paper_metric is not None and paper_metric != metric
+    metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper else [])
+    runs = {path: _RunValues(path) for paths in groups.values() for path in paths}
+    group_names = list(dict.fromkeys(name for m, _ in metrics if m.groups for rv in runs.values()
+                                     for name in results.group_values(m, rv.rows)))
+    columns = [f"{prefix}{c}" for m, prefix in metrics for c in _metric_columns(m, group_names)]
+    cells: dict[tuple[str, str, str], results.Stat] = {}
+    for (setting, method), paths in groups.items():
+        stats = {c: cells.setdefault((setting, method, c), results.Stat([])) for c in columns}
+        for path in paths:
+            rv = runs[path]
+            for m, prefix in metrics:
+                for i, (column, v) in enumerate(zip(_metric_columns(m, group_names), rv.values(m, group_names))):
+                    stat = stats[f"{prefix}{column}"]
+                    if path in counted_at:
+                        if i == 0 and not prefix:
+                            stat.values.append(counted_at[path])
+                        else:
+                            stat.missing += 1
+                    elif v is None:
+                        stat.missing += 1
+                    else:
+                        stat.values.append(float(v) if column.startswith("T(") or not percent else 100 * v)
+    primary = _primary_values(metric, groups, runs, counted_at)
+    settings = list(dict.fromkeys(s for s, _ in groups))
+    methods = list(dict.fromkeys(m for _, m in groups))
+    reference = reference if reference is not None else _fedavg_row(groups, runs)
+    compared, unpaired = {}, {}
+    starts = starts or {}
+    if reference is not None:
+        for s in settings:
+            for m in methods:
+                if m == reference:
+                    continue
+                mine, theirs = ({starts[p] for p in groups.get((s, k), []) if p in starts} for k in (m, reference))
+                if starts and mine and theirs and mine != theirs:
+                    unpaired[(s, m)] = (f"its runs start from {' / '.join(sorted(mine))}, {reference}'s from "
+                                        f"{' / '.join(sorted(theirs))}: the seeds do not share their initial model")
+                    continue
+                compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
+    notes = (list(notes or []) + _provenance_notes(metric, paper_metric, runs)
+             + _counted_notes(metric, counted_at, counted_why, runs))
+    values = primary if family is None else _primary_values(metric, family, runs, counted_at)
+    tested = check_claims(claims or [], claim_settings or settings, values)
+    shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
+    return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
+                   compared, reference if reference in methods else None, declared_seeds, notes, shown, primary,
+                   len(tested),
+                   {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at}, unpaired)
+
+
+def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
+                    known: dict[Path, "_RunValues"], counted_at: dict[Path, float]
+                    ) -> dict[tuple[str, str], dict[int, float]]:
+    """The metric per seed of each (setting, method) of ``groups`` (in points where it is a fraction;
+    a run of ``counted_at`` at its value there), reading only the runs ``known`` does not hold yet."""
+    percent = _in_points(metric)
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    for key, paths in groups.items():
+        for path in paths:
+            rv = known.get(path) or _RunValues(path)
+            first = results.value(metric, rv.rows, rv.summary)
+            if first is not None and percent:
+                first *= 100
+            if path in counted_at:
+                first = counted_at[path]
+            if first is not None and rv.seed is not None:
+                out.setdefault(key, {})[rv.seed] = first
+    return out
+
+
+def _counted_notes(metric: results.Metric, counted_at: dict[Path, float], why: str,
+                   shown: dict[Path, "_RunValues"]) -> list[str]:
+    if not counted_at:
+        return []
+    values = " / ".join(f"{v:g}" for v in sorted(set(counted_at.values())))
+    inside = sorted(p.name for p in counted_at if p in shown)
+    outside = len(counted_at) - len(inside)
+    return [f"Diverged runs counted as {values} in {metric.label} ({why}; missing in the other columns): "
+            + (", ".join(inside) if inside else "none in this view")
+            + (f"; {outside} more outside this view, in the claims' family" if outside else "") + "."]
+
+
+def _in_points(metric: results.Metric) -> bool:
+    return metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
+
+
+def _metric_columns(metric: results.Metric, group_names: list[str]) -> list[str]:
+    columns = metric.columns
+    return columns[:1] + (group_names if metric.groups else []) + columns[1:]
+
+
+class _RunValues:
+    """What a run directory says, read once: its rows, summary, seed, algorithm and test set."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows = results.read_rows(path)
+        self.summary = results.read_json(path / "summary.json")
+        try:
+            cfg = safe_yaml.read(path / "config.yaml") or {}
+        except (OSError, yaml.YAMLError):
+            cfg = {}
+        run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
+                                for k in ("run", "data", "algorithm"))
+        self.seed = run.get("seed") if isinstance(run.get("seed"), int) else None
+        self.algorithm = algorithm.get("name")
+        self.test_subset = data.get("test_subset") or 0
+        found = provenance.read(path)
+        self.machine = provenance.machine(found) if found else None
+
+    def values(self, metric: results.Metric, group_names: list[str]) -> list[float | None]:
+        out: list[float | None] = [results.value(metric, self.rows, self.summary)]
+        if metric.groups:
+            found = results.group_values(metric, self.rows)
+            out += [found.get(name) for name in group_names]
+        out += [results.rounds_to(self.rows, t, metric.column) for t in metric.rounds_to]
+        out += [results.at_round(self.rows, r, metric.column) for r in metric.at_rounds]
+        out += [results.forgetting(self.rows)] if metric.forgetting else []
+        return out
+
+
+def _fedavg_row(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, _RunValues]) -> str | None:
+    for (_, method), paths in groups.items():
+        if method == "fedavg" or any(runs[p].algorithm == "fedavg" for p in paths):
+            return method
+    return None
+
+
+def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | None,
+                      runs: dict[Path, "_RunValues"]) -> list[str]:
+    notes = []
+    subsets = sorted({rv.test_subset for rv in runs.values() if rv.test_subset})
+    if subsets:
+        notes.append(f"Test set: a subset ({' / '.join(map(str, subsets))} samples) in "
+                     f"{sum(1 for rv in runs.values() if rv.test_subset)} of {len(runs)} runs: quick runs only, not "
+                     f"numbers to report (data.test_subset=0 evaluates the whole test set).")
+    machines = sorted({rv.machine for rv in runs.values() if rv.machine})
+    unknown = sum(1 for rv in runs.values() if not rv.machine)
+    if len(machines) > 1:
+        notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than "
+                     f"rounding across machines: compare methods on runs of one machine ({'; '.join(machines)}).")
+    elif machines:
+        notes.append(f"Machine: {machines[0]}.")
+    if unknown and runs:
+        notes.append(f"{unknown} of {len(runs)} runs have no provenance.json (made before mpifed recorded it): "
+                     f"their machine is unknown.")
+    for m in (metric, paper_metric):
+        if m is not None and m.chosen_on_test:
+            notes.append(f"'{m.label}' picks each run's best round by the test accuracy itself: optimistic, shown for "
+                         f"comparison with the paper; claims rest on a metric that does not choose on test.")
+    return notes

@@ -1,0 +1,96 @@
+"""A table's settled runs on disk: archived without weights for a repository, reused by another
+table whose runs have the same configuration, and pruned of their checkpoints and client state."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mpifed.tables import archive
+from mpifed.settings import config
+from mpifed.run import results
+from mpifed.run.rundir import RunDir, RunLocked
+from mpifed.tables.table_file import Table, TableRun, settled, status, stored_identity
+from mpifed.tables.tuning import CHOICES
+
+
+def archive_table(table: Table, dest: Path, summary_command: str) -> str:
+    """Copy the record of the table's settled runs, its search runs and its choices to ``dest``
+    (see :mod:`mpifed.tables.archive`); what was copied, and ``summary_command``, which summarises the copy."""
+    target = dest / table.root.name
+    if target.resolve() == table.root.resolve():
+        raise config.ConfigError(f"--archive {dest}: that is where the table's runs are; name another folder")
+    every = table.search + table.runs
+    kept = [r.path for r in every if settled(r.path)]
+    choices = [table.root / CHOICES] if (table.root / CHOICES).is_file() else []
+    done = archive.archive_runs(kept, table.root, target, choices)
+    lines = [f"archived {len(kept)} runs to {target} ({done.copied} written, {done.unchanged} already there as "
+             f"they are; {done.size / 1e6:.1f} MB without their weights)"]
+    if len(kept) < len(every):
+        lines.append(f"{len(every) - len(kept)} runs not settled (not run, running, stopped or failed) were left out")
+    if done.links:
+        lines.append(f"{len(done.links)} symbolic links were left out, not "
+                     "followed: " + ", ".join(map(str, done.links)))
+    lines.append(f"its summary: {summary_command}")
+    return "\n".join(lines)
+
+
+def settled_runs_under(folder: Path) -> dict[str, list[Path]]:
+    """The settled runs anywhere under ``folder`` (a runs root, a table's runs, an archive), by the
+    digest of their result fingerprint, in name order (hidden folders, an interrupted copy's, left out)."""
+    found: dict[str, list[Path]] = {}
+    for here, dirs, files in os.walk(folder):
+        path = Path(here)
+        if "config.yaml" not in files:
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            continue
+        dirs[:] = []
+        held = stored_identity(path) if settled(path) else None
+        if isinstance(held, dict):
+            found.setdefault(config.digest(held), []).append(path)
+    return found
+
+
+def _evaluated_test(path: Path) -> bool:
+    return any("test_acc" in row for row in results.read_rows(path))
+
+
+def reuse_runs(table: Table, found: dict[str, list[Path]]) -> list[tuple[Path, TableRun]]:
+    """Copy into the table, for each of its runs not made yet (search runs, and runs whose choice is
+    made), the record of the first run in ``found`` (settled runs by identity) of its configuration
+    (for a table run, one that evaluated the test set: not a search's); (source, run) copied."""
+    copied = []
+    for r in table.search + table.runs:
+        if ((r.setting, r.method) in table.pending and r.candidate is None) or status(r) != "new":
+            continue
+        sources = found.get(config.digest(r.identity), [])
+        source = next((p for p in sources if r.candidate is not None or _evaluated_test(p)), None)
+        if source is not None:
+            archive.copy_record(source, r.path)
+            copied.append((source, r))
+    return copied
+
+
+def prune(table: Table) -> str:
+    """Delete the checkpoints and per-client state of the table's settled runs (search runs too),
+    skipping any run another process holds; what was freed."""
+    freed = pruned = busy = 0
+    for r in table.search + table.runs:
+        if not settled(r.path):
+            continue
+        rd = RunDir(r.path)
+        if not (rd.checkpoints.exists() or rd.client_state.exists()):
+            continue
+        try:
+            rd.lock()
+        except RunLocked:
+            busy += 1
+            continue
+        try:
+            freed += rd.drop_state()
+            pruned += 1
+        finally:
+            rd.unlock()
+    size = f"{freed / 1e9:.2f} GB" if freed >= 1e9 else f"{freed / 1e6:.1f} MB"
+    return (f"freed {size}: the checkpoints and client state of {pruned} settled runs (they keep their "
+            f"record and final model; they can no longer be trained further)"
+            + (f"; {busy} runs held by another process were left alone" if busy else ""))
