@@ -61,15 +61,25 @@ def source_commit() -> tuple[str | None, bool | None]:
     changed, or a file inside the package that git does not track (a method dropped into
     mpifed/algorithms/); (None, None) when the source is not the top of a git checkout (an
     installed package)."""
+    untracked = untracked_source_files()
+    if untracked is None:
+        return None, None
+    changes = _git("status", "--porcelain", "--untracked-files=no")
+    if changes is None:
+        return _git("rev-parse", "HEAD"), None
+    return _git("rev-parse", "HEAD"), bool(changes) or bool(untracked)
+
+
+def untracked_source_files() -> list[Path] | None:
+    """The files inside the package that its git checkout does not track (a method dropped into
+    mpifed/algorithms/ and not committed), ignored files left out; None when the source is not the
+    top of a git checkout (an installed package)."""
     package = Path(__file__).resolve().parents[1]
     top = _git("rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() != package.parent:
-        return None, None
-    changes = _git("status", "--porcelain", "--untracked-files=no")
-    untracked = _git("status", "--porcelain", "--untracked-files=all", "--", str(package))
-    if changes is None or untracked is None:
-        return _git("rev-parse", "HEAD"), None
-    return _git("rev-parse", "HEAD"), bool(changes) or any(line.startswith("??") for line in untracked.splitlines())
+        return None
+    listed = _git("ls-files", "--others", "--exclude-standard", "--full-name", "-z", "--", str(package))
+    return None if listed is None else [Path(top) / name for name in listed.split("\0") if name]
 
 
 def segment(ranks: list[dict[str, Any]], start_round: int,

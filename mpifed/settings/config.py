@@ -22,7 +22,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable, Collection, Literal, Union
 
 import yaml
 
@@ -872,8 +872,9 @@ def digest(d: Any) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def reference() -> str:
-    """Markdown tables of every key (default and help), then of each choice's own options."""
+def reference(leave_out: Collection[tuple[str, str]] = ()) -> str:
+    """Markdown tables of every key (default and help), then of each choice's own options, except for the
+    (choice, name) pairs in ``leave_out`` (such as ``("algorithm", "fedavg")``)."""
     rows: list[str] = []
     choices: list[tuple[str, dataclasses.Field]] = []
 
@@ -898,6 +899,8 @@ def reference() -> str:
     parts = [head + "\n".join(rows)]
     for key, f in choices:
         for name, options in sorted(f.metadata["registry"]().items()):
+            if (key, name) in leave_out:
+                continue
             sub = table(options, key)
             body = head + "\n".join(sub) if sub else "(no options)"
             parts.append(f"### `{key}: {name}`\n\n{body}")
