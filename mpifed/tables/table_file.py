@@ -19,7 +19,7 @@ from mpifed.files.packaged import find_config
 from mpifed.run.rundir import RunDir, check_run_name
 from mpifed.tables.summary import Claim
 from mpifed.tables.tuning import (Candidate, SearchChoice, ChoiceBook, Tuning, choose, label as candidate_label,
-                                  search_digest)
+                                  score_candidate, search_digest)
 
 TOP_KEYS = ("title", "plugins", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims",
             "tuning", "diverged")
@@ -282,29 +282,19 @@ def _place(r: TableRun, loader: _Loader) -> None:
 
 
 def _resolve_search(table: Table, added: list[str], loader: _Loader, record: bool) -> None:
+    """The table's search: its runs placed, each (setting, method)'s choice found in the book or made
+    once every candidate has settled, else the pair left pending with its candidates so far."""
     tuning = table.tuning
-    searched = set(tuning.grid) | {k for g in tuning.per_method.values() for k in g}
-    clash = sorted({k for k in _keys(added) for s in searched
-                    if k == s or k.startswith(s + ".") or s.startswith(k + ".")})
-    if clash:
-        raise config.ConfigError(f"--set {', '.join(clash)}: the table searches "
-                                 f"{'these keys' if len(clash) > 1 else 'this key'} "
-                                 f"itself (its tuning section); drop the override, or edit the grid")
+    _check_overrides(tuning, added)
     pairs = list(dict.fromkeys((r.setting, r.method, tuple(r.configs)) for r in table.runs))
-    methods = {m for _, m, _ in pairs}
-    algorithms = {}
-    for setting, method, configs in pairs:
-        probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "", plugins=table.plugins)
-        algorithms[(setting, method)] = loader(probe)[0]["algorithm"]["name"]
-    named = set(tuning.per_method)
-    unknown = named - methods - set(algorithms.values())
-    if unknown:
-        raise config.ConfigError(f"tuning.per_method: {', '.join(sorted(unknown))} is neither a method of the table "
-                                 f"({', '.join(sorted(methods))}) nor the algorithm of one")
+    probes = {(setting, method): loader(TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "",
+                                                 plugins=table.plugins))[0]
+              for setting, method, configs in pairs}
+    algorithms = {pair: probe["algorithm"]["name"] for pair, probe in probes.items()}
+    _check_per_method(tuning, {m for _, m, _ in pairs}, set(algorithms.values()))
     if tuning.select.column.startswith("val"):
         for setting, method, configs in pairs:
-            probe = TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "", plugins=table.plugins)
-            if not loader(probe)[0]["data"].get("val_size"):
+            if not probes[(setting, method)]["data"].get("val_size"):
                 raise config.ConfigError(f"{setting} x {method}: the search chooses on the validation set "
                                          f"({tuning.select.column}) but the setting holds none; set data.val_size "
                                          f"(e.g. 2000) in {configs[0]}")
@@ -312,54 +302,74 @@ def _resolve_search(table: Table, added: list[str], loader: _Loader, record: boo
     changed = False
     table.search, table.choices, table.pending, table.searching = [], {}, set(), {}
     for setting, method, configs in pairs:
-        if not tuning.keys_for(method, algorithms[(setting, method)]):
+        algorithm = algorithms[(setting, method)]
+        if not tuning.keys_for(method, algorithm):
             table.choices[(setting, method)] = SearchChoice(setting, method, "", {}, {"candidates": []})
             continue
-        group: list[tuple[dict[str, Any], list[TableRun]]] = []
-        for values in tuning.candidates(method, algorithms[(setting, method)]):
-            runs = [TableRun(setting, method, seed, list(configs), table.root / "tuning", "",
-                             tuning.overrides(values), candidate_label(values), table.plugins) for seed in tuning.seeds]
-            for r in runs:
-                _place(r, loader)
-            group.append((values, runs))
-            table.search += runs
+        group = _candidate_runs(table, setting, method, list(configs), algorithm, loader)
+        table.search += [r for _, runs in group for r in runs]
         digest = search_digest([r.identity for _, runs in group for r in runs], tuning.select)
         choice = book.find(setting, method, digest)
         if choice is None:
-            candidates = [_score(values, runs, tuning) for values, runs in group]
-            if all(c.settled for c in candidates):
-                chosen = choose(candidates, tuning.select)
-                if chosen is None:
-                    raise config.ConfigError(f"{setting} x {method}: every candidate of the search failed ("
-                                             + "; ".join(f"{candidate_label(c.values)}: {', '.join(c.failed)}"
-                                                         for c in candidates)
-                                             + "); widen the grid or look at the runs' log.txt")
-                choice = book.add(setting, method, digest, chosen, tuning, candidates, table.root)
-                changed = True
-        if choice is None:
-            table.pending.add((setting, method))
-            table.searching[(setting, method)] = candidates
-        else:
-            table.choices[(setting, method)] = choice
+            candidates = [score_candidate(values, [(r.path, status(r)) for r in runs], tuning.select)
+                          for values, runs in group]
+            chosen = _chosen(setting, method, candidates, tuning)
+            if chosen is None:
+                table.pending.add((setting, method))
+                table.searching[(setting, method)] = candidates
+                continue
+            choice = book.add(setting, method, digest, chosen, tuning, candidates, table.root)
+            changed = True
+        table.choices[(setting, method)] = choice
     if changed and record:
         book.save()
 
 
-def _score(values: dict[str, Any], runs: list[TableRun], tuning: Tuning) -> Candidate:
-    c = Candidate(values, [r.path for r in runs])
-    for r in runs:
-        state = status(r)
-        if state == "finished":
-            score = results.value(tuning.select, results.read_rows(r.path), {})
-            if score is None:
-                raise config.ConfigError(f"{r.path} has no {tuning.select.column} to choose by: the search selects on "
-                                         f"the validation set, so the setting needs one (data.val_size)")
-            c.scores.append(score)
-        elif state == "diverged":
-            c.failed.append(f"diverged in {r.name}")
-        else:
-            c.scores.append(None)
-    return c
+def _check_overrides(tuning: Tuning, added: list[str]) -> None:
+    """A ``--set`` of a key the search itself varies is refused."""
+    searched = set(tuning.grid) | {k for g in tuning.per_method.values() for k in g}
+    clash = sorted({k for k in _keys(added) for s in searched
+                    if k == s or k.startswith(s + ".") or s.startswith(k + ".")})
+    if clash:
+        raise config.ConfigError(f"--set {', '.join(clash)}: the table searches "
+                                 f"{'these keys' if len(clash) > 1 else 'this key'} "
+                                 f"itself (its tuning section); drop the override, or edit the grid")
+
+
+def _check_per_method(tuning: Tuning, methods: set[str], algorithms: set[str]) -> None:
+    """Each name under ``tuning.per_method`` is a method of the table or the algorithm of one."""
+    unknown = set(tuning.per_method) - methods - algorithms
+    if unknown:
+        raise config.ConfigError(f"tuning.per_method: {', '.join(sorted(unknown))} is neither a method of the table "
+                                 f"({', '.join(sorted(methods))}) nor the algorithm of one")
+
+
+def _candidate_runs(table: Table, setting: str, method: str, configs: list[str], algorithm: str,
+                    loader: _Loader) -> list[tuple[dict[str, Any], list[TableRun]]]:
+    """Each candidate of the (setting, method)'s search with its runs (one per search seed), placed."""
+    tuning = table.tuning
+    group = []
+    for values in tuning.candidates(method, algorithm):
+        runs = [TableRun(setting, method, seed, configs, table.root / "tuning", "", tuning.overrides(values),
+                         candidate_label(values), table.plugins) for seed in tuning.seeds]
+        for r in runs:
+            _place(r, loader)
+        group.append((values, runs))
+    return group
+
+
+def _chosen(setting: str, method: str, candidates: list[Candidate], tuning: Tuning) -> dict[str, Any] | None:
+    """The winning candidate's values once every candidate has settled, None before; an error when every
+    candidate failed."""
+    if not all(c.settled for c in candidates):
+        return None
+    chosen = choose(candidates, tuning.select)
+    if chosen is None:
+        raise config.ConfigError(f"{setting} x {method}: every candidate of the search failed ("
+                                 + "; ".join(f"{candidate_label(c.values)}: {', '.join(c.failed)}"
+                                             for c in candidates)
+                                 + "); widen the grid or look at the runs' log.txt")
+    return chosen
 
 
 def _keys(added: list[str]) -> list[str]:

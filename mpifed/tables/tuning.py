@@ -178,6 +178,24 @@ class Candidate:
         return {"values": self.values, "score": self.score, **({"note": "; ".join(self.failed)} if self.failed else {})}
 
 
+def score_candidate(values: dict[str, Any], runs: list[tuple[Path, str]], select: results.Metric) -> Candidate:
+    """A candidate scored from its runs, each as (directory, state): a finished run counts its value of
+    ``select``, a diverged one fails the candidate, any other is not done yet."""
+    c = Candidate(values, [path for path, _ in runs])
+    for path, state in runs:
+        if state == "finished":
+            score = results.value(select, results.read_rows(path), {})
+            if score is None:
+                raise ConfigError(f"{path} has no {select.column} to choose by: the search selects on "
+                                  f"the validation set, so the setting needs one (data.val_size)")
+            c.scores.append(score)
+        elif state == "diverged":
+            c.failed.append(f"diverged in {path.name}")
+        else:
+            c.scores.append(None)
+    return c
+
+
 def choose(candidates: list[Candidate], select: results.Metric) -> dict[str, Any] | None:
     """The winning candidate's values; None when none can win (all failed)."""
     scored = [(c.score, i) for i, c in enumerate(candidates) if c.score is not None]
