@@ -41,7 +41,7 @@ from mpifed.data.raw import class_names
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.plugin.registry import ALGORITHMS, DATASETS
 from mpifed.run.rundir import RunDir
-from mpifed.tables.summary import Summary, tabulate
+from mpifed.tables.summary import Runs, Summary, tabulate
 from mpifed.tables.table_file import finished_runs, load_table, resolve, stored_identity
 
 if TYPE_CHECKING:
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[mpifed.report] {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
-    summary = tabulate(c.title, c.metric, c.groups, c.left_out, notes=c.notes, starts=c.starts)
+    summary = tabulate(c.title, c.metric, Runs(c.groups, c.left_out, starts=c.starts), notes=c.notes)
     for note in c.notes:
         print(f"[mpifed.report] warning: {note}", file=sys.stderr)
     tables = [out / "table.md", out / "table.csv", out / "table.tex"]

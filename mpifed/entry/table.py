@@ -57,7 +57,7 @@ from mpifed.settings import config
 from mpifed.run import results
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.run_queue import Job, run_jobs
-from mpifed.tables.summary import Summary, tabulate
+from mpifed.tables.summary import ClaimFamily, Runs, Summary, tabulate
 from mpifed.tables.table_file import Table, TableRun, finished_runs, load_table, resolve, settled, status
 from mpifed.tables.table_store import archive_table, prune, reuse_runs, settled_runs_under
 from mpifed.tables.tuning import grid_cells
@@ -91,10 +91,10 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
         left_out.append(f"diverged runs left out by --diverged {LEAVE_OUT} (a sensitivity check: the table counts them "
                         f"as {table.diverged_value:g})")
     title = table.title + (f" (with --set {' '.join(table.added)})" if table.added else "")
-    return tabulate(title, table.metric, groups, left_out, not_run, paper_metric=table.paper_metric,
-                    reference=reference or table.reference, declared_seeds=len(table.seeds), notes=_search_notes(table),
-                    claims=table.claims, claim_settings=list(dict.fromkeys(r.setting for r in whole.runs)),
-                    family=family, counted_at=counted, counted_why=why)
+    claims = ClaimFamily(table.claims, list(dict.fromkeys(r.setting for r in whole.runs)), family)
+    return tabulate(title, table.metric, Runs(groups, left_out, not_run, counted_at=counted, counted_why=why),
+                    paper_metric=table.paper_metric, reference=reference or table.reference,
+                    declared_seeds=len(table.seeds), notes=_search_notes(table), claims=claims)
 
 
 def _search_notes(table: Table) -> list[str]:

@@ -180,25 +180,40 @@ class Summary:
         return stat.text(2, declared=self.declared_seeds)
 
 
-def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
-             left_out: list[str] | None = None, not_run: int = 0, *, paper_metric: results.Metric | None = None,
+@dataclass
+class Runs:
+    """The run directories a table shows, (setting, method) -> runs, and what it says beside them."""
+
+    groups: dict[tuple[str, str], list[Path]]
+    left_out: list[str] = field(default_factory=list)        # the runs left out, each with why
+    not_run: int = 0                                           # the table's runs not run yet
+    starts: dict[Path, str] = field(default_factory=dict)    # each run's initial model, where known
+    counted_at: dict[Path, float] = field(default_factory=dict)   # diverged runs counted at a value of the metric
+    counted_why: str = "the table's declared value"
+
+
+@dataclass
+class ClaimFamily:
+    """A table's declared claims, tested in each of ``settings`` on the runs of ``groups``: a view of
+    part of a table passes the whole table's, so that Holm's adjustment covers every claim."""
+
+    claims: list[Claim]
+    settings: list[str]
+    groups: dict[tuple[str, str], list[Path]]
+
+
+def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: results.Metric | None = None,
              reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
-             claims: list[Claim] | None = None, claim_settings: list[str] | None = None,
-             family: dict[tuple[str, str], list[Path]] | None = None,
-             counted_at: dict[Path, float] | None = None, counted_why: str = "the table's declared value",
-             starts: dict[Path, str] | None = None) -> Summary:
-    """A table in ``metric`` (and ``paper_metric`` beside it) of the run directories in ``groups``
-    ((setting, method) -> runs), with each method's paired comparison against ``reference``
-    (a method label; default: the row whose algorithm is FedAvg, if any), and ``claims`` tested in
-    each of ``claim_settings`` (default: the settings in ``groups``) on the runs of ``family``
-    (default: ``groups``; a filtered view passes the whole table's, so that Holm's adjustment covers
-    every claim), showing those whose setting and methods ``groups`` holds. A run in ``counted_at``
-    (a diverged run, as the table declares or a sensitivity check asks) counts as the value given
-    there in ``metric``, in the unit shown, and as missing in every other column; a note says so,
-    and why (``counted_why``). Where ``starts`` describes each run's initial model, a method whose
-    runs start from another model than the reference's in a setting is not paired with it (its
-    seeds do not share their initialisation)."""
-    counted_at = counted_at or {}
+             claims: ClaimFamily | None = None) -> Summary:
+    """A table in ``metric`` (and ``paper_metric`` beside it) of the runs ``shown``, with each method's
+    paired comparison against ``reference`` (a method label; default: the row whose algorithm is
+    FedAvg, if any), and the ``claims`` whose setting and methods the table shows. A run of
+    ``shown.counted_at`` (a diverged run, as the table declares or a sensitivity check asks) counts
+    as the value given there in ``metric``, in the unit shown, and as missing in every other column;
+    a note says so, and why. Where ``shown.starts`` describes each run's initial model, a method
+    whose runs start from another model than the reference's in a setting is not paired with it
+    (its seeds do not share their initialisation)."""
+    groups, counted_at = shown.groups, shown.counted_at
     percent = _in_points(metric)
     paper = paper_metric is not None and paper_metric != metric
     metrics = [(metric, "")] + ([(paper_metric, "paper: ")] if paper else [])
@@ -206,6 +221,29 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
     group_names = list(dict.fromkeys(name for m, _ in metrics if m.groups for rv in runs.values()
                                      for name in results.group_values(m, rv.rows)))
     columns = [f"{prefix}{c}" for m, prefix in metrics for c in _metric_columns(m, group_names)]
+    cells = _cells(groups, runs, metrics, group_names, columns, counted_at, percent)
+    primary = _primary_values(metric, groups, runs, counted_at)
+    settings = list(dict.fromkeys(s for s, _ in groups))
+    methods = list(dict.fromkeys(m for _, m in groups))
+    reference = reference if reference is not None else _fedavg_row(groups, runs)
+    compared, unpaired = _compared(groups, primary, reference, shown.starts) if reference is not None else ({}, {})
+    notes = (list(notes or []) + _provenance_notes(metric, paper_metric, runs)
+             + _counted_notes(metric, counted_at, shown.counted_why, runs))
+    family = claims or ClaimFamily([], settings, groups)
+    values = primary if family.groups is groups else _primary_values(metric, family.groups, runs, counted_at)
+    tested = check_claims(family.claims, family.settings or settings, values)
+    on_view = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
+    return Summary(title, metric, settings, methods, columns, cells, list(shown.left_out), shown.not_run, percent,
+                   compared, reference if reference in methods else None, declared_seeds, notes, on_view, primary,
+                   len(tested),
+                   {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at}, unpaired)
+
+
+def _cells(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_RunValues"],
+           metrics: list[tuple[results.Metric, str]], group_names: list[str], columns: list[str],
+           counted_at: dict[Path, float], percent: bool) -> dict[tuple[str, str, str], results.Stat]:
+    """Each (setting, method, column)'s values over its runs; a run counted at a value has it in the
+    first column and is missing in the others."""
     cells: dict[tuple[str, str, str], results.Stat] = {}
     for (setting, method), paths in groups.items():
         stats = {c: cells.setdefault((setting, method, c), results.Stat([])) for c in columns}
@@ -223,32 +261,26 @@ def tabulate(title: str, metric: results.Metric, groups: dict[tuple[str, str], l
                         stat.missing += 1
                     else:
                         stat.values.append(float(v) if column.startswith("T(") or not percent else 100 * v)
-    primary = _primary_values(metric, groups, runs, counted_at)
-    settings = list(dict.fromkeys(s for s, _ in groups))
-    methods = list(dict.fromkeys(m for _, m in groups))
-    reference = reference if reference is not None else _fedavg_row(groups, runs)
+    return cells
+
+
+def _compared(groups: dict[tuple[str, str], list[Path]], primary: dict[tuple[str, str], dict[int, float]],
+              reference: str, starts: dict[Path, str]
+              ) -> tuple[dict[tuple[str, str], Paired | None], dict[tuple[str, str], str]]:
+    """Each method's paired comparison with ``reference`` per setting, and the (setting, method)s left
+    unpaired because their runs start from another initial model, with why."""
     compared, unpaired = {}, {}
-    starts = starts or {}
-    if reference is not None:
-        for s in settings:
-            for m in methods:
-                if m == reference:
-                    continue
-                mine, theirs = ({starts[p] for p in groups.get((s, k), []) if p in starts} for k in (m, reference))
-                if starts and mine and theirs and mine != theirs:
-                    unpaired[(s, m)] = (f"its runs start from {' / '.join(sorted(mine))}, {reference}'s from "
-                                        f"{' / '.join(sorted(theirs))}: the seeds do not share their initial model")
-                    continue
-                compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
-    notes = (list(notes or []) + _provenance_notes(metric, paper_metric, runs)
-             + _counted_notes(metric, counted_at, counted_why, runs))
-    values = primary if family is None else _primary_values(metric, family, runs, counted_at)
-    tested = check_claims(claims or [], claim_settings or settings, values)
-    shown = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
-    return Summary(title, metric, settings, methods, columns, cells, list(left_out or []), not_run, percent,
-                   compared, reference if reference in methods else None, declared_seeds, notes, shown, primary,
-                   len(tested),
-                   {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at}, unpaired)
+    for s in dict.fromkeys(s for s, _ in groups):
+        for m in dict.fromkeys(m for _, m in groups):
+            if m == reference:
+                continue
+            mine, theirs = ({starts[p] for p in groups.get((s, k), []) if p in starts} for k in (m, reference))
+            if starts and mine and theirs and mine != theirs:
+                unpaired[(s, m)] = (f"its runs start from {' / '.join(sorted(mine))}, {reference}'s from "
+                                    f"{' / '.join(sorted(theirs))}: the seeds do not share their initial model")
+                continue
+            compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
+    return compared, unpaired
 
 
 def _primary_values(metric: results.Metric, groups: dict[tuple[str, str], list[Path]],
