@@ -33,7 +33,7 @@ from common import REPO  # noqa: E402
 def load(config: str, extra: list[str]):
     from mpifed.settings import config as cfgmod
     from mpifed.run.prepared import ensure_prepared
-    from mpifed.data.shards import read_shard
+    from mpifed.data.shards import read_client, read_shard
     cfg, _ = cfgmod.load([config], extra)
     m = ensure_prepared(cfg, log=lambda s: None)
     mean = torch.tensor(m.mean).view(1, -1, 1, 1)
@@ -44,7 +44,7 @@ def load(config: str, extra: list[str]):
 
     clients = []
     for k in range(m.num_clients):
-        s = read_shard(m.client_path(k))
+        s = read_client(m.client_block(k), k)
         clients.append((decode(s.images), torch.from_numpy(s.labels)))
     t = read_shard(m.test_path)
     return cfg, m, clients, (decode(t.images), torch.from_numpy(t.labels))

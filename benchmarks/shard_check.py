@@ -1,11 +1,12 @@
-"""The start-up check of every client shard's checksum, against a run's whole start-up.
+"""The start-up check of the client blocks, against a run's whole start-up.
 
     python benchmarks/shard_check.py [--dataset fashion_mnist] [--clients 100] [--workers 1 2] [--repeats 3]
 
 Prepares the data set (Fashion-MNIST from /usr/share/datasets/fashion-mnist by default: 60,000
 training images), runs one round in the debug mode and reads its start-up (launch to the start
 of round 1, which includes the check), then times the check alone as worker 0 of W does it
-(1/W of the shards). Prints the seconds and the share of the start-up.
+(1/W of the blocks: each opens and holds the clients the manifest lists; a client's checksum is
+verified when it is read). Prints the seconds and the share of the start-up.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from common import run_mpifed  # noqa: E402
 
 from mpifed.settings import config  # noqa: E402
-from mpifed.run.prepared import ensure_prepared, verify_client_shards  # noqa: E402
+from mpifed.run.prepared import ensure_prepared, verify_blocks  # noqa: E402
 
 
 def main() -> None:
@@ -36,16 +37,17 @@ def main() -> None:
                 f"data.prepared_root={tmp}/data"]
         cfg, _ = config.load([], sets)
         manifest = ensure_prepared(cfg, log=lambda _: None)
-        size = sum(manifest.client_path(k).stat().st_size for k in range(manifest.num_clients))
+        size = sum(p.stat().st_size for p in (manifest.root / "clients").iterdir())
         startups = [run_mpifed(0, ["--set", *sets], Path(tmp), f"s{i}").startup_s for i in range(a.repeats)]
         startup = statistics.median(startups)
-        print(f"{a.dataset}: {manifest.num_clients} client shards, {size / 2**20:.1f} MiB; debug-mode start-up "
+        print(f"{a.dataset}: {manifest.num_clients} clients in {len(manifest.blocks)} block(s), "
+              f"{size / 2**20:.1f} MiB; debug-mode start-up "
               f"(launch to round 1, check included) median {startup:.2f} s of {a.repeats}")
         for workers in a.workers:
             times = []
             for _ in range(a.repeats):
                 start = time.perf_counter()
-                verify_client_shards(manifest, 0, workers)
+                verify_blocks(manifest, 0, workers)
                 times.append(time.perf_counter() - start)
             t = statistics.median(times)
             print(f"  check by worker 0 of {workers}: {t:.3f} s = {100 * t / startup:.1f}% of the start-up")

@@ -204,3 +204,12 @@ def test_office_caltech_fedbn_cut_trains_every_domain_on_the_same_number(tmp_pat
     assert np.array_equal(cut.test_x, full.test_x)                       # the test splits are untouched
     again = load("office_caltech", root=str(tmp_path), size=32, train_cut=0.5)
     assert np.array_equal(again.train_x, cut.train_x)
+
+
+def test_synthetic_images_drawn_in_chunks_are_the_images_of_one_draw(monkeypatch):
+    from mpifed.data.sets import basic
+    whole = load("synthetic", train_samples=500, test_samples=30)
+    monkeypatch.setattr(basic, "CHUNK_VALUES", 7 * 64)          # 7 images of 8x8 a chunk
+    chunked = load("synthetic", train_samples=500, test_samples=30)
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        assert np.array_equal(getattr(whole, name), getattr(chunked, name))

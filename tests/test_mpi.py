@@ -118,14 +118,15 @@ def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
 
 
 @pytest.mark.mpi
-def test_corrupt_shard_stops_the_job_before_training(has_mpirun, tmp_path):
+def test_a_damaged_client_stops_the_job_in_the_round_that_reads_it(has_mpirun, tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=1", name="prep"))
-    shard = next((tmp_path / "data").glob("*/clients/client_00003.h5"))
-    with h5py.File(shard, "r+") as f:
-        f["images"][0] = 255 - f["images"][0]   # damage the content; the checksum attribute stays
+    block = next((tmp_path / "data").glob("*/clients/block_00000.h5"))
+    with h5py.File(block, "r+") as f:
+        start = int(f["offsets"][3])
+        f["images"][start] = 255 - f["images"][start]   # damage client 3's content; its checksum stays
     p = run_mpi(3, tiny(tmp_path), check=False, timeout=120)
     assert p.returncode != 0
-    assert "does not match its checksum" in p.stderr and "client_00003.h5" in p.stderr
+    assert "client 3 in" in p.stderr and "block_00000.h5 does not match its checksum" in p.stderr
     assert "round 1/" not in p.stdout
 
 

@@ -110,6 +110,22 @@ def test_resume_refuses_changes_to_the_math(tmp_path):
     assert "data.partition.beta" in p.stderr and "train.lr" in p.stderr and "change the results" in p.stderr
 
 
+def test_resume_notices_that_the_prepared_population_changed(tmp_path):
+    """The run's pinned prepared folder, re-prepared meanwhile with six clients instead of five: resuming
+    refuses, naming the difference, instead of training another population."""
+    import contextlib
+    import io
+
+    from mpifed.entry.prepare import main as prepare
+    folder = tmp_path / "pinned"
+    run_debug(tiny(tmp_path, f"data.prepared_dir={folder}"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert prepare(tiny(tmp_path, f"data.prepared_dir={folder}", "data.num_clients=6") + ["--force"]) == 0
+    p = run_debug(["--resume", str(tmp_path / "runs" / "run"), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and "made with other settings (differing: num_clients)" in p.stderr, p.stderr
+    assert len(metrics(tmp_path / "runs" / "run")) == 2
+
+
 def test_checkpoint_of_an_older_version_resumes_with_the_new_settings_at_their_defaults(tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=2"))
     folder = tmp_path / "runs" / "run" / "checkpoints"

@@ -169,14 +169,20 @@ def test_malformed_manifest_is_reported(tmp_path):
     assert p.returncode == 2 and f"cannot read {manifest}" in p.stderr and "--force" in p.stderr
 
 
-def test_a_corrupt_shard_stops_the_run_before_training(tmp_path):
+def test_a_damaged_client_stops_the_run_when_it_is_read_and_a_damaged_block_before_training(tmp_path):
     import h5py
-    run_debug(tiny(tmp_path, "train.rounds=1", "train.participation=0.2"))
-    shard = prepared_folder(tmp_path) / "clients" / "client_00004.h5"
-    with h5py.File(shard, "r+") as f:
-        f["labels"][0] = f["labels"][0] + 1
-    p = run_debug(tiny(tmp_path, "train.rounds=1", "train.participation=0.2", name="b"), check=False)
-    assert p.returncode == 2 and "client_00004.h5 does not match its checksum" in p.stderr
+    run_debug(tiny(tmp_path, "train.rounds=1"))
+    block = prepared_folder(tmp_path) / "clients" / "block_00000.h5"
+    with h5py.File(block, "r+") as f:
+        start = int(f["offsets"][4])
+        f["labels"][start] = f["labels"][start] + 1
+    p = run_debug(tiny(tmp_path, "train.rounds=1", name="b"), check=False)
+    assert p.returncode == 2 and "client 4 in" in p.stderr and "block_00000.h5 does not match its checksum" in p.stderr
+    assert "round 1/" not in p.stdout and "--force" in p.stderr
+    data = block.read_bytes()
+    block.write_bytes(data[: len(data) // 2])
+    p = run_debug(tiny(tmp_path, "train.rounds=1", name="c"), check=False)
+    assert p.returncode == 2 and "block_00000.h5 is corrupt or truncated" in p.stderr
     assert "round 1/" not in p.stdout
 
 
@@ -425,7 +431,7 @@ def test_prepare_removes_temporary_folders_of_dead_prepares_on_this_host(tmp_pat
     for force in ([], ["--force"]):
         for folder in stale + kept:
             (folder / "clients").mkdir(parents=True, exist_ok=True)
-            (folder / "clients" / "client_00000.h5").write_bytes(b"partial")
+            (folder / "clients" / "block_00000.h5").write_bytes(b"partial")
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             assert prepare(tiny(tmp_path, "data.partition=iid") + force) == 0

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from mpifed.settings import config
-from mpifed.run.prepared import (Manifest, PreparedDataError, ensure_prepared, prepare, prepare_spec, prepared_dir,
-                                 verify_files)
+from mpifed.run import prepared
+from mpifed.run.prepared import (Manifest, PreparedDataError, block_starts, ensure_prepared, prepare, prepare_spec,
+                                 prepared_dir, verify_blocks, verify_files)
 from mpifed.registry import DATASETS
-from mpifed.data.shards import ShardError, read_rows, read_shard, write_shard
+from mpifed.data.shards import ShardError, read_client, read_rows, read_shard, write_shard
 
 
 def cfg_for(tmp_path, *extra):
@@ -73,7 +74,7 @@ def test_prepare_writes_shards_and_manifest(tmp_path):
     assert m.client_sizes.sum() + m.server_size == 300 and m.server_size == 30
     assert m.test_size == 50 and m.image_shape == (1, 8, 8)
     for k in range(4):
-        s = read_shard(m.client_path(k))
+        s = read_client(m.client_block(k), k)
         assert s.attrs["client_id"] == k and s.attrs["dataset"] == "synthetic" and s.attrs["seed"] == 0
         assert np.bincount(s.labels, minlength=10).tolist() == m.client_class_counts[k].tolist()
     raw = json.loads((m.root / "manifest.json").read_text())
@@ -112,7 +113,7 @@ def test_validation_set_is_stratified_disjoint_and_deterministic(tmp_path):
     assert json.loads((m.root / "manifest.json").read_text())["val"] == {"num_samples": 40,
                                                                          "class_counts": counts.tolist()}
     # data.train_subset takes the first 200 of the samples left; the clients and the server share them out
-    shards = [read_shard(m.client_path(k)) for k in range(m.num_clients)] + [read_shard(m.server_path)]
+    shards = [read_client(m.client_block(k), k) for k in range(m.num_clients)] + [read_shard(m.server_path)]
     used = sorted(index[x.tobytes()] for s in shards for x in s.images)
     assert used == [i for i in range(300) if i not in set(held)][:200]
     test = {x.tobytes() for x in read_shard(m.test_path).images}
@@ -152,11 +153,116 @@ def test_reuse_and_mismatch(tmp_path):
         ensure_prepared(pinned, log=lambda s: None)
 
 
-def test_missing_client_shard_is_caught_before_training(tmp_path):
+def test_a_missing_block_is_caught_before_training(tmp_path):
     m = prepare(cfg_for(tmp_path), log=lambda s: None)
-    m.client_path(2).unlink()
-    with pytest.raises(ShardError, match="missing.*--force"):
+    m.client_block(2).unlink()
+    with pytest.raises(ShardError, match=r"1 block\(s\) .* missing, .*block_00000.h5 \(clients 0 to 3\).*--force"):
         verify_files(Manifest.load(m.root))
+
+
+def few_per_block(monkeypatch, clients: int = 3) -> None:
+    monkeypatch.setattr(prepared, "CLIENTS_PER_BLOCK", clients)
+
+
+def test_clients_are_packed_many_to_a_file_and_read_one_by_one(tmp_path, monkeypatch):
+    few_per_block(monkeypatch)
+    m = prepare(cfg_for(tmp_path, "data.num_clients=8"), log=lambda s: None)
+    assert m.blocks.tolist() == [0, 3, 6] and sorted(p.name for p in (m.root / "clients").iterdir()) == [
+        "block_00000.h5", "block_00001.h5", "block_00002.h5", "index.h5"]
+    assert [m.client_block(k).name for k in (0, 2, 3, 7)] == ["block_00000.h5", "block_00000.h5", "block_00001.h5",
+                                                              "block_00002.h5"]
+    assert list(m.block_clients(2)) == [6, 7]
+    raw = DATASETS.get("synthetic").load(cfg_for(tmp_path).data.dataset.options)
+    index = {x.tobytes(): i for i, x in enumerate(raw.train_x)}
+    seen = []
+    for k in range(8):
+        s = read_client(m.client_block(k), k)
+        assert len(s.labels) == m.client_sizes[k] and s.attrs["client_id"] == k
+        assert np.bincount(s.labels, minlength=10).tolist() == m.client_class_counts[k].tolist()
+        assert np.array_equal(raw.train_y[[index[x.tobytes()] for x in s.images]], s.labels)
+        seen += [index[x.tobytes()] for x in s.images]
+    assert sorted(seen) == list(range(300))
+    with pytest.raises(ShardError, match="holds clients 3 to 5, not 6"):
+        read_client(m.block_path(1), 6)
+    for w in range(2):
+        verify_blocks(m, w, 2)
+
+
+def test_a_block_closes_at_its_client_count_or_its_bytes(monkeypatch):
+    few_per_block(monkeypatch, 4)
+    monkeypatch.setattr(prepared, "BLOCK_BYTES", 1000)
+    assert block_starts(np.array([1] * 10), 10) == [0, 4, 8]               # 4 clients a block
+    assert block_starts(np.array([30, 30, 50, 200, 10]), 10) == [0, 2, 3, 4]   # 600 + 500 > 1000; 2,000 B alone
+    assert block_starts(np.array([5]), 10) == [0]
+
+
+def test_a_damaged_client_is_refused_when_read_and_its_neighbours_are_not(tmp_path, monkeypatch):
+    import h5py
+    few_per_block(monkeypatch)
+    m = prepare(cfg_for(tmp_path, "data.num_clients=8"), log=lambda s: None)
+    with h5py.File(m.client_block(4), "r+") as f:
+        start = int(f["offsets"][1])                      # client 4 is the second of block 1
+        f["images"][start] = 255 - f["images"][start]
+    with pytest.raises(ShardError, match=r"client 4 in .*block_00001.h5 does not match its checksum.*--force"):
+        read_client(m.client_block(4), 4)
+    for k in (3, 5):
+        read_client(m.client_block(k), k)
+    verify_blocks(m, 0, 1)                                # the structure is intact: found when client 4 is read
+    data = m.block_path(2).read_bytes()
+    m.block_path(2).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ShardError, match=r"block .*block_00002.h5 is corrupt or truncated.*--force"):
+        verify_blocks(m, 0, 1)
+
+
+def test_a_block_that_holds_other_clients_than_the_index_is_caught_before_training(tmp_path, monkeypatch):
+    import h5py
+    few_per_block(monkeypatch)
+    m = prepare(cfg_for(tmp_path, "data.num_clients=8"), log=lambda s: None)
+    with h5py.File(m.root / "clients" / "index.h5", "r+") as f:
+        sizes = f["num_samples"][...]
+        f["num_samples"][3:5] = [sizes[3] + 1, sizes[4] - 1]
+    with pytest.raises(ShardError, match=r"block_00001.h5 does not hold the clients 3 to 5 the manifest lists"):
+        verify_blocks(Manifest.load(m.root), 1, 2)
+    verify_blocks(Manifest.load(m.root), 0, 2)            # worker 0 checks blocks 0 and 2: intact
+
+
+def test_preparing_holds_one_block_of_rows_at_a_time(tmp_path, monkeypatch):
+    few_per_block(monkeypatch)
+    written = []
+    monkeypatch.setattr(prepared, "write_block", lambda path, inputs, labels, *rest: written.append(len(labels)))
+    sizes = prepare(cfg_for(tmp_path, "data.num_clients=8"), log=lambda s: None).client_sizes
+    assert written == [sizes[:3].sum(), sizes[3:6].sum(), sizes[6:].sum()]      # each block's rows, one by one
+
+
+def write_format_1(m: Manifest, root) -> None:
+    """The folder ``m`` as an earlier mpifed wrote it: one file per client, the clients listed in the manifest."""
+    import shutil
+    shutil.copytree(m.root, root, ignore=shutil.ignore_patterns("block_*", "index.h5"))
+    manifest = json.loads((m.root / "manifest.json").read_text())
+    for k in range(m.num_clients):
+        s = read_client(m.client_block(k), k)
+        attrs = {key: v for key, v in s.attrs.items() if key not in ("client_id", "num_samples", "checksum", "inputs")}
+        write_shard(root / "clients" / f"client_{k:05d}.h5", s.inputs, s.labels,
+                    {**attrs, "client_id": k, "class_counts": m.client_class_counts[k].tolist()}, s.groups)
+    manifest.update(format=1, clients=[{"id": k, "num_samples": int(m.client_sizes[k]),
+                                        "class_counts": m.client_class_counts[k].tolist()}
+                                       for k in range(m.num_clients)])
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def test_a_folder_of_one_file_per_client_is_refused_by_a_run_and_packed_by_prepare(tmp_path, monkeypatch):
+    few_per_block(monkeypatch)
+    extra = ("data.num_clients=8", "data.server_holdout_per_class=2", "data.val_size=20")
+    fresh = prepare(cfg_for(tmp_path / "a", *extra), log=lambda s: None)
+    cfg = cfg_for(tmp_path / "b", *extra)
+    write_format_1(fresh, prepared_dir(cfg))
+    with pytest.raises(PreparedDataError, match=r"one file per client \(format 1.*python -m mpifed.prepare"):
+        ensure_prepared(cfg, log=lambda s: None)
+    said = []
+    m = ensure_prepared(cfg, log=said.append, convert=True)
+    assert "packing its 8 clients into blocks" in said[0] and "into 3 block(s)" in said[-1]
+    assert m.root == prepared_dir(cfg) and tree_digest(m.root) == tree_digest(fresh.root)   # what prepare writes
+    assert not (m.root / "clients" / "client_00000.h5").exists()
 
 
 def test_incomplete_manifest_says_how_to_re_prepare(tmp_path):

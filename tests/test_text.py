@@ -15,7 +15,7 @@ from mpifed.settings import config
 from mpifed.data.fingerprint import first_change
 from mpifed.run.prepared import prepare, raw_data_missing
 from mpifed.data.raw import DataMissing
-from mpifed.data.shards import read_shard
+from mpifed.data.shards import read_client, read_shard
 from mpifed.data.tokenize import TokenizerMissing
 from mpifed.registry import DATASETS, MODELS
 
@@ -105,7 +105,7 @@ def test_tokenized_shards_hold_the_tokenizers_ids(tmp_path):
     assert test.inputs["input_ids"].dtype == np.uint16 and test.inputs["attention_mask"].dtype == np.uint8
     assert np.array_equal(test.inputs["input_ids"], ids) and np.array_equal(test.inputs["attention_mask"], mask)
     assert np.array_equal(test.labels, raw.test_y)
-    shards = [read_shard(m.client_path(k), verify=True) for k in range(m.num_clients)] + [read_shard(m.server_path)]
+    shards = [read_client(m.client_block(k), k) for k in range(m.num_clients)] + [read_shard(m.server_path)]
     got = sorted(map(tuple, np.concatenate([s.inputs["input_ids"] for s in shards]).tolist()))
     assert got == sorted(map(tuple, reference(raw.train_texts)[0].tolist()))
 

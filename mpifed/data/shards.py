@@ -1,10 +1,16 @@
-"""HDF5 shards: one file per client (and one for the test set, one for server-held data).
+"""HDF5 shards: the clients packed many to a file (blocks), and one file for the test set, one for
+the validation set, one for server-held data.
 
 A shard holds the model inputs as named arrays of N rows (``images``: uint8 N x C x H x W;
 text: ``input_ids`` uint16/int32 and ``attention_mask`` uint8, N x length; the attribute
 ``inputs`` lists the names in order), ``labels`` (int64), optionally ``groups`` (int64: a
 writer or domain per sample), and attributes: the client id, class counts, source data
 set, partition parameters, seed and a SHA-256 content checksum that readers verify.
+
+A block holds consecutive clients the same way, their rows one after another: ``offsets``
+(int64, n + 1) says where each client's rows start, ``checksums`` holds each client's SHA-256
+(the checksum its own shard would have), and the attribute ``first_client`` the first
+client's id. A reader reads only its client's rows and verifies that client's checksum.
 """
 from __future__ import annotations
 
@@ -108,6 +114,67 @@ def read_shard(path: Path, verify: bool = True) -> Shard:
     if verify and content_checksum(inputs, labels, groups) != attrs.get("checksum"):
         raise ShardError(f"shard {path} does not match its checksum (the file was altered or damaged); {_fix(path)}")
     return Shard(inputs, labels, groups, attrs)
+
+
+def write_block(path: Path, inputs: Inputs, labels: np.ndarray, groups: np.ndarray | None, offsets: np.ndarray,
+                first_client: int, attrs: dict[str, Any]) -> None:
+    """Write one block atomically: clients ``first_client``, ... whose rows of ``inputs``, ``labels``
+    and ``groups`` are ``offsets[i]:offsets[i + 1]``; byte-identical for equal input."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets[0] != 0 or offsets[-1] != len(labels) or (np.diff(offsets) <= 0).any():
+        raise ValueError(f"block offsets must rise from 0 to {len(labels)}, one step per client")
+    sums = [content_checksum({k: v[a:b] for k, v in inputs.items()}, labels[a:b],
+                             None if groups is None else groups[a:b]).encode()
+            for a, b in zip(offsets[:-1], offsets[1:])]
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with h5py.File(tmp, "w", libver="earliest", track_order=False) as f:
+        for name, a in inputs.items():
+            f.create_dataset(name, data=np.ascontiguousarray(a), track_times=False)
+        f.create_dataset("labels", data=np.ascontiguousarray(labels, dtype=np.int64), track_times=False)
+        if groups is not None:
+            f.create_dataset("groups", data=np.ascontiguousarray(groups, dtype=np.int64), track_times=False)
+        f.create_dataset("offsets", data=offsets, track_times=False)
+        f.create_dataset("checksums", data=np.array(sums, dtype="S64"), track_times=False)
+        names = {} if list(inputs) == ["images"] else {"inputs": list(inputs)}
+        for key, value in {**attrs, **names, "first_client": first_client, "num_clients": len(sums)}.items():
+            f.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
+    os.replace(tmp, path)
+
+
+def block_offsets(path: Path) -> tuple[int, np.ndarray]:
+    """A block's first client and its ``offsets``, read without its rows."""
+    try:
+        with h5py.File(path, "r") as f:
+            return int(f.attrs["first_client"]), f["offsets"][...]
+    except FileNotFoundError:
+        raise ShardError(f"block {path} is missing; {_fix(path)}") from None
+    except (OSError, KeyError) as exc:
+        raise ShardError(f"block {path} is corrupt or truncated ({exc}); {_fix(path)}") from None
+
+
+def read_client(path: Path, cid: int, verify: bool = True) -> Shard:
+    """Client ``cid``'s rows of the block in ``path``; with ``verify`` they must match its checksum."""
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = _attrs(f)
+            i = cid - attrs["first_client"]
+            if not 0 <= i < attrs["num_clients"]:
+                raise ShardError(f"block {path} holds clients {attrs['first_client']} to "
+                                 f"{attrs['first_client'] + attrs['num_clients'] - 1}, not {cid}; {_fix(path)}")
+            a, b = (int(v) for v in f["offsets"][i:i + 2])
+            inputs = {name: f[name][a:b] for name in attrs.get("inputs", ["images"])}
+            labels = f["labels"][a:b]
+            groups = f["groups"][a:b] if "groups" in f else None
+            checksum = f["checksums"][i].decode()
+    except FileNotFoundError:
+        raise ShardError(f"block {path} (client {cid}) is missing; {_fix(path)}") from None
+    except (OSError, KeyError, ValueError) as exc:
+        raise ShardError(f"block {path} (client {cid}) is corrupt or truncated ({exc}); {_fix(path)}") from None
+    if verify and content_checksum(inputs, labels, groups) != checksum:
+        raise ShardError(f"client {cid} in {path} does not match its checksum (the file was altered or damaged); "
+                         f"{_fix(path)}")
+    keep = {k: v for k, v in attrs.items() if k not in ("first_client", "num_clients")}
+    return Shard(inputs, labels, groups, {**keep, "client_id": cid, "num_samples": b - a, "checksum": checksum})
 
 
 def read_rows(path: Path, start: int, stop: int) -> tuple[Inputs, np.ndarray, np.ndarray | None]:

@@ -1,6 +1,6 @@
 """Decoded data held by a rank: its clients' shards (cached), its share of the test and validation sets.
 
-A worker opens only the shards of the clients it trains, keeps them decoded (as stored:
+A worker reads only the rows of the clients it trains (from the blocks that hold them), keeps them decoded (as stored:
 uint8 images, integer token ids, on its device) within a memory budget, and evicts the
 least recently used. Model inputs are a tensor (images) or a dict of named tensors (text:
 ``input_ids``, ``attention_mask``); everything below handles both alike.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mpifed.data.shards import Inputs, read_rows, read_shard
+from mpifed.data.shards import Inputs, read_client, read_rows
 
 if TYPE_CHECKING:
     from mpifed.run.prepared import Manifest
@@ -75,7 +75,7 @@ class ClientStore:
         if cid in self._cache:
             self._cache.move_to_end(cid)
             return self._cache[cid]
-        shard = read_shard(self.manifest.client_path(cid), verify=True)
+        shard = read_client(self.manifest.client_block(cid), cid, verify=True)
         data = ClientData(cid, *to_device(shard.inputs, shard.labels, self.device))
         self._cache[cid] = data
         while len(self._cache) > 1 and sum(d.nbytes for d in self._cache.values()) > self.budget:

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = config.load(args.config, [o for group in args.set for o in group], plugins=args.plugin)
         if args.download:
             fetch(cfg.data.dataset.name, _dataset_root(cfg), args.mirror)
-        manifest = prepare(cfg) if args.force else ensure_prepared(cfg)
+        manifest = prepare(cfg) if args.force else ensure_prepared(cfg, convert=True)
     except Exception as exc:  # every error here is a user's: say it plainly
         print(f"[mpifed.prepare] {exc}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ from mpifed.comm import handoff
 from mpifed.round import signals
 from mpifed.algorithms.base import NonFiniteLoss
 from mpifed.comm.collectives import Comm
-from mpifed.run.prepared import Manifest, verify_client_shards
+from mpifed.run.prepared import Manifest, verify_blocks
 from mpifed.run.progress import count
 from mpifed.round.protocol import RoundProtocol, build_layouts
 from mpifed.run.rundir import LockLost, RunDir
@@ -135,7 +135,7 @@ class Startup:
         workers, index = max(size - 1, 1), rank - 1 if size > 1 else 0
 
         manifest = Manifest.load(self._decided("prepare", lambda: prepare(cfg)))
-        self._everyone("shards", lambda: verify_client_shards(manifest, index, workers) if has_worker else None)
+        self._everyone("shards", lambda: verify_blocks(manifest, index, workers) if has_worker else None)
         device, threads, host = self._everyone("placement", lambda: place(cfg, self.mpi_world, rank, size))
 
         algo, setup = make_algorithm(cfg, manifest, device)

@@ -2,11 +2,20 @@
 
 Layout of a prepared folder::
 
-    manifest.json          spec, statistics, per-client class counts, normalisation
-    clients/client_00000.h5 ...
+    manifest.json          spec, statistics, normalisation, the blocks' first clients
+    clients/index.h5       each client's number of samples and class counts (K and K x C arrays)
+    clients/block_00000.h5 ...  the clients, packed: up to 4,096 clients or 256 MiB of inputs a file
     test.h5
     val.h5                 the validation set (only with data.val_size)
     server.h5              data held by the server (only with data.server_holdout_per_class)
+
+Clients are packed many to a file, not one file each: a population of a million clients is a
+few hundred files, not a million, without HDF5's overhead per file (8 KB, more than a small
+client's data), and start-up reads two arrays instead of K file headers. A block is written at a
+time, so preparing holds one block's rows beyond the data set; a worker reads only its clients'
+rows, and verifies each client's own checksum when it reads it. A folder of format 1 (one file per
+client) is converted in place from its own shards by ``python -m mpifed.prepare`` (its spec, and
+so its name and its runs' identity, unchanged).
 
 A folder is reused when its manifest's spec equals the config's; any difference is an
 error that says how to re-prepare. Folders are built in a temporary sibling and renamed
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import h5py
 import numpy as np
 
 from mpifed.settings.config import Config, diff_keys, digest, to_dict
@@ -30,14 +40,50 @@ from mpifed.plugin.registry import DATASETS, PARTITIONS
 from mpifed.data.partitions import PartitionError, hold_out_per_class, hold_out_stratified, split_summary
 from mpifed.data.fingerprint import fingerprint, first_change
 from mpifed.data.raw import RawData, RawText, modality, select
-from mpifed.data.shards import ShardError, read_shard, write_shard
+from mpifed.data.shards import ShardError, block_offsets, named, read_shard, write_block, write_shard
 
-FORMAT = 1
+FORMAT = 2
+CLIENTS_PER_BLOCK = 4096
+BLOCK_BYTES = 256 * 2**20      # a block closes at this many bytes of inputs (a larger client gets one of its own)
 _TEMPORARY = re.compile(r"^.+\.tmp-(?P<host>.+)-(?P<pid>\d+)$")  # a folder being built by _build
+
+
+INDEX = Path("clients") / "index.h5"
 
 
 class PreparedDataError(RuntimeError):
     """Prepared data is missing, stale or does not match the config."""
+
+
+def read_index(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Each client's number of samples (K) and class counts (K x C) of the folder ``root``."""
+    with h5py.File(root / INDEX, "r") as f:
+        return f["num_samples"][...].astype(np.int64), f["class_counts"][...].astype(np.int64)
+
+
+def _write_index(root: Path, sizes: np.ndarray, counts: np.ndarray) -> None:
+    with h5py.File(root / INDEX, "w", libver="earliest", track_order=False) as f:
+        f.create_dataset("num_samples", data=np.ascontiguousarray(sizes, dtype=np.int64), track_times=False)
+        f.create_dataset("class_counts", data=np.ascontiguousarray(counts, dtype=np.int64), track_times=False)
+
+
+def block_starts(sizes: np.ndarray, row_bytes: int) -> list[int]:
+    """The first client of each block for clients of ``sizes`` samples: a block closes at
+    :data:`CLIENTS_PER_BLOCK` clients or :data:`BLOCK_BYTES` of inputs (a client larger than that
+    alone in its block)."""
+    starts, count, held = [0], 0, 0
+    for k, n in enumerate(sizes.tolist()):
+        if count and (count == CLIENTS_PER_BLOCK or held + n * row_bytes > BLOCK_BYTES):
+            starts.append(k)
+            count, held = 0, 0
+        count += 1
+        held += n * row_bytes
+    return starts
+
+
+def _row_bytes(x: Any) -> int:
+    """The bytes of one row of model inputs."""
+    return sum(a.itemsize * int(np.prod(a.shape[1:])) for a in named(x).values())
 
 
 @dataclass
@@ -54,6 +100,7 @@ class Manifest:
     flip: bool
     client_sizes: np.ndarray        # K
     client_class_counts: np.ndarray  # K x C
+    blocks: np.ndarray              # the first client of each block, ascending from 0
     test_size: int
     test_class_counts: np.ndarray
     group_names: list[str]
@@ -75,8 +122,17 @@ class Manifest:
     def num_clients(self) -> int:
         return len(self.client_sizes)
 
-    def client_path(self, cid: int) -> Path:
-        return self.root / "clients" / f"client_{cid:05d}.h5"
+    def block_path(self, block: int) -> Path:
+        return self.root / "clients" / f"block_{block:05d}.h5"
+
+    def client_block(self, cid: int) -> Path:
+        """The block that holds client ``cid``."""
+        return self.block_path(int(np.searchsorted(self.blocks, cid, side="right")) - 1)
+
+    def block_clients(self, block: int) -> range:
+        """The clients of block ``block``."""
+        end = int(self.blocks[block + 1]) if block + 1 < len(self.blocks) else self.num_clients
+        return range(int(self.blocks[block]), end)
 
     @property
     def test_path(self) -> Path:
@@ -107,6 +163,10 @@ class Manifest:
         if not isinstance(m, dict):
             raise PreparedDataError(f"{path} is malformed (not a JSON object); re-prepare with python -m "
                                     f"mpifed.prepare --config <config> --force")
+        if m.get("format") == 1:
+            raise PreparedDataError(f"{root} holds one file per client (format 1, an earlier mpifed); convert it "
+                                    "with python -m mpifed.prepare --config <config>, which packs its shards in place "
+                                    "(no raw data needed, its runs stay valid)")
         if m.get("format") != FORMAT:
             raise PreparedDataError(f"{root} was prepared by another mpifed version (format {m.get('format')}); "
                                     "re-prepare with --force")
@@ -117,16 +177,22 @@ class Manifest:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PreparedDataError(f"{path} is incomplete or malformed ({type(exc).__name__}: {exc}); "
                                     "re-prepare with python -m mpifed.prepare --config <config> --force") from None
+        except OSError as exc:
+            raise PreparedDataError(f"{root / INDEX} is missing or corrupt ({exc}); re-prepare with python -m "
+                                    "mpifed.prepare --config <config> --force") from None
 
     @staticmethod
     def _from_json(root: Path, m: dict[str, Any]) -> "Manifest":
+        sizes, counts = read_index(root)
+        if len(sizes) != m["clients"]["count"] or counts.shape != (len(sizes), m["num_classes"]):
+            raise ValueError(f"{INDEX} holds {len(sizes)} clients x {counts.shape[1:]} classes, the manifest "
+                             f"{m['clients']['count']} x {m['num_classes']}")
         return Manifest(
             root=root, spec=m["spec"], num_classes=m["num_classes"],
             input_shape=tuple(m["input_shape"] if "input_shape" in m else m["image_shape"]),
             mean=m["mean"], std=m["std"], crop_padding=m["crop_padding"], flip=m["flip"],
-            client_sizes=np.array([c["num_samples"] for c in m["clients"]], dtype=np.int64),
-            client_class_counts=np.array([c["class_counts"] for c in m["clients"]],
-                                         dtype=np.int64).reshape(len(m["clients"]), m["num_classes"]),
+            client_sizes=sizes, client_class_counts=counts,
+            blocks=np.array(m["clients"]["blocks"], dtype=np.int64),
             test_size=m["test"]["num_samples"], test_class_counts=np.array(m["test"]["class_counts"], dtype=np.int64),
             group_names=m["test"]["group_names"], test_group_counts=np.array(m["test"]["group_counts"], dtype=np.int64),
             server_size=m["server"]["num_samples"] if m["server"] else 0,
@@ -157,6 +223,9 @@ class Manifest:
             raise ValueError(f"'val.num_samples' must be a non-negative integer, got {self.val_size!r}")
         if len(self.client_sizes) == 0 or (self.client_sizes <= 0).any():
             raise ValueError("'clients' must list at least one client, each with a positive 'num_samples'")
+        if len(self.blocks) == 0 or self.blocks[0] != 0 or (np.diff(self.blocks) <= 0).any() \
+                or self.blocks[-1] >= self.num_clients:
+            raise ValueError("'clients.blocks' must rise from 0, each block's first client below the client count")
         if not isinstance(self.spec, dict) or not isinstance(self.stats, dict):
             raise ValueError("'spec' and 'stats' must be JSON objects")
 
@@ -197,8 +266,9 @@ def prepared_dir(cfg: Config) -> Path:
     return Path(cfg.data.prepared_root) / name
 
 
-def ensure_prepared(cfg: Config, log: Callable[[str], None] = print) -> Manifest:
-    """The config's prepared data: reused if its spec matches, prepared if absent, else an error.
+def ensure_prepared(cfg: Config, log: Callable[[str], None] = print, convert: bool = False) -> Manifest:
+    """The config's prepared data: reused if its spec matches, prepared if absent, else an error;
+    with ``convert``, a folder of format 1 (one file per client) is packed first (:func:`convert_format_1`).
 
     Safe when several processes ask at once (a job array): each builds in a folder of its own
     and the first rename wins; the others use the winner's folder.
@@ -206,10 +276,58 @@ def ensure_prepared(cfg: Config, log: Callable[[str], None] = print) -> Manifest
     root = prepared_dir(cfg)
     if not (root / "manifest.json").exists():
         _build(cfg, root, replace=False, log=log)
+    elif convert and _format(root) == 1:
+        convert_format_1(root, log)
     manifest = Manifest.load(root)
     check_matches(manifest, cfg)
     check_raw_inputs(manifest)
     return manifest
+
+
+def _format(root: Path) -> Any:
+    try:
+        return json.loads((root / "manifest.json").read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None     # Manifest.load says what is wrong with it
+
+
+def convert_format_1(root: Path, log: Callable[[str], None] = print) -> None:
+    """Pack the folder ``root`` of format 1 (``clients/client_<k>.h5``, one file per client) into
+    blocks, from its own shards (each verified against its checksum), through a temporary folder
+    that replaces it in one rename: the files a fresh prepare writes, with the same spec."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    listed = manifest["clients"]
+    sizes = np.array([c["num_samples"] for c in listed], dtype=np.int64)
+    counts = np.array([c["class_counts"] for c in listed], dtype=np.int64).reshape(len(listed), manifest["num_classes"])
+    old = [root / "clients" / f"client_{k:05d}.h5" for k in range(len(listed))]
+    first = read_shard(old[0], verify=True)
+    common = {k: v for k, v in first.attrs.items()
+              if k not in ("client_id", "class_counts", "num_samples", "checksum", "inputs")}
+    log(f"[prepare] {root} holds one file per client (format 1): packing its {len(listed)} clients into blocks ...")
+    tmp = root.with_name(f"{root.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "clients").mkdir(parents=True)
+        starts = block_starts(sizes, _row_bytes(first.inputs))
+        for b, (start, end) in enumerate(zip(starts, [*starts[1:], len(sizes)])):
+            shards = [read_shard(old[k], verify=True) for k in range(start, end)]
+            groups = [s.groups for s in shards]
+            write_block(tmp / "clients" / f"block_{b:05d}.h5",
+                        {name: np.concatenate([s.inputs[name] for s in shards]) for name in first.inputs},
+                        np.concatenate([s.labels for s in shards]),
+                        None if groups[0] is None else np.concatenate(groups),
+                        np.concatenate([[0], np.cumsum(sizes[start:end])]), start, common)
+        _write_index(tmp, sizes, counts)
+        for name in ("test.h5", "val.h5", "server.h5"):
+            if (root / name).exists():
+                shutil.copyfile(root / name, tmp / name)
+        manifest.update(format=FORMAT, clients={"count": len(listed), "blocks": starts})
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _publish(tmp, root, replace=True, log=log)
+    log(f"[prepare] packed {len(listed)} client files into {len(starts)} block(s) in {root}")
 
 
 def check_raw_inputs(manifest: Manifest) -> None:
@@ -361,13 +479,15 @@ def _write_shards(tmp: Path, raw: RawData, val: tuple | None, split: _Split, com
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "clients").mkdir(parents=True)
     labels, classes = split.labels, raw.num_classes
-    clients = []
-    for k, idx in enumerate(split.parts):
-        counts = split.counts[k].tolist()
-        write_shard(tmp / "clients" / f"client_{k:05d}.h5", select(raw.train_x, idx), labels[idx],
-                    {**common, "client_id": k, "class_counts": counts},
-                    raw.train_groups[idx] if raw.train_groups is not None else None)
-        clients.append({"id": k, "num_samples": int(len(idx)), "class_counts": counts})
+    sizes = np.array([len(p) for p in split.parts], dtype=np.int64)
+    starts = block_starts(sizes, _row_bytes(raw.train_x))
+    for b, (first, end) in enumerate(zip(starts, [*starts[1:], len(sizes)])):
+        idx = np.concatenate(split.parts[first:end])
+        write_block(tmp / "clients" / f"block_{b:05d}.h5", named(select(raw.train_x, idx)), labels[idx],
+                    raw.train_groups[idx] if raw.train_groups is not None else None,
+                    np.concatenate([[0], np.cumsum(sizes[first:end])]), first, common)
+    _write_index(tmp, sizes, split.counts)
+    clients = {"count": len(sizes), "blocks": starts}
     test_counts = np.bincount(raw.test_y, minlength=classes).tolist()
     write_shard(tmp / "test.h5", raw.test_x, raw.test_y, {**common, "client_id": -1, "class_counts": test_counts},
                 raw.test_groups)
@@ -481,20 +601,30 @@ def partition_stats(counts: np.ndarray) -> dict[str, Any]:
     }
 
 
-def verify_client_shards(manifest: Manifest, index: int, count: int) -> None:
-    """Worker ``index`` of ``count``: every ``count``-th client shard from ``index`` is intact (its
-    checksum matches), so that together the workers check every shard before any training."""
-    for cid in range(index, manifest.num_clients, count):
-        read_shard(manifest.client_path(cid), verify=True)
+def verify_blocks(manifest: Manifest, index: int, count: int) -> None:
+    """Worker ``index`` of ``count``: every ``count``-th block from ``index`` opens and holds the
+    clients the manifest says, with their numbers of samples, so that together the workers check
+    every block before any training; a client's rows are checked against its checksum when read."""
+    for b in range(index, len(manifest.blocks), count):
+        path, clients = manifest.block_path(b), manifest.block_clients(b)
+        first, offsets = block_offsets(path)
+        sizes = np.diff(offsets)
+        want = manifest.client_sizes[clients.start:clients.stop]
+        if first != clients.start or len(sizes) != len(want) or (sizes != want).any():
+            raise ShardError(f"block {path} does not hold the clients {clients.start} to {clients.stop - 1} the "
+                             f"manifest lists (first {first}, {len(sizes)} clients, or other sizes); re-prepare with "
+                             f"python -m mpifed.prepare --config <config> --force")
 
 
 def verify_files(manifest: Manifest) -> None:
-    """Every shard is present and the test and validation sets match their checksums (checked before training)."""
-    missing = [str(manifest.client_path(k)) for k in range(manifest.num_clients)
-               if not manifest.client_path(k).is_file()]
+    """Every block is present and the test and validation sets match their checksums (checked before training)."""
+    missing = [b for b in range(len(manifest.blocks)) if not manifest.block_path(b).is_file()]
     if missing:
-        raise ShardError(f"{len(missing)} client shard(s) are missing, e.g. {missing[0]}; "
-                         f"re-prepare with python -m mpifed.prepare --config <config> --force")
+        clients = manifest.block_clients(missing[0])
+        raise ShardError(f"{len(missing)} block(s) of client shards are missing, e.g. "
+                         f"{manifest.block_path(missing[0])} (clients {clients.start} to {clients.stop - 1}); "
+                         f"re-prepare with python -m mpifed.prepare "
+                         f"--config <config> --force")
     read_shard(manifest.test_path, verify=True)
     if manifest.val_size:
         read_shard(manifest.val_path, verify=True)

@@ -9,6 +9,8 @@ from mpifed.data.raw import Dataset, RawData, stratified_split
 from mpifed.plugin.options import opt
 from mpifed.plugin.registry import DATASETS
 
+CHUNK_VALUES = 2**25      # the synthetic images are drawn this many values at a time (256 MiB of float noise)
+
 
 @DATASETS.register("digits")
 class Digits(Dataset):
@@ -56,8 +58,12 @@ class Synthetic(Dataset):
 
         def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
             y = rng.integers(0, options.num_classes, size=n).astype(np.int64)
-            x = templates[y] + rng.normal(0, options.noise, size=(n, *shape))
-            return np.clip(np.rint(x), 0, 255).astype(np.uint8), y
+            x = np.empty((n, *shape), dtype=np.uint8)
+            step = max(1, CHUNK_VALUES // templates[0].size)
+            for i in range(0, n, step):                     # chunks draw the same numbers as one draw would
+                chunk = templates[y[i:i + step]] + rng.normal(0, options.noise, size=(len(y[i:i + step]), *shape))
+                x[i:i + step] = np.clip(np.rint(chunk), 0, 255)
+            return x, y
 
         trx, try_ = draw(options.train_samples)
         tex, tey = draw(options.test_samples)
