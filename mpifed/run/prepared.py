@@ -23,6 +23,7 @@ into place, so a half-written folder is never seen.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -55,10 +56,10 @@ class PreparedDataError(RuntimeError):
     """Prepared data is missing, stale or does not match the config."""
 
 
-def read_index(root: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Each client's number of samples (K) and class counts (K x C) of the folder ``root``."""
+def read_index(root: Path, name: str) -> np.ndarray:
+    """``num_samples`` (K: each client's number of samples) or ``class_counts`` (K x C) of the folder ``root``."""
     with h5py.File(root / INDEX, "r") as f:
-        return f["num_samples"][...].astype(np.int64), f["class_counts"][...].astype(np.int64)
+        return f[name][...].astype(np.int64)
 
 
 def _write_index(root: Path, sizes: np.ndarray, counts: np.ndarray) -> None:
@@ -99,7 +100,6 @@ class Manifest:
     crop_padding: int
     flip: bool
     client_sizes: np.ndarray        # K
-    client_class_counts: np.ndarray  # K x C
     blocks: np.ndarray              # the first client of each block, ascending from 0
     test_size: int
     test_class_counts: np.ndarray
@@ -121,6 +121,20 @@ class Manifest:
     @property
     def num_clients(self) -> int:
         return len(self.client_sizes)
+
+    @functools.cached_property
+    def client_class_counts(self) -> np.ndarray:
+        """K x C, read from the index when first asked for (a run needs only the sizes)."""
+        try:
+            counts = read_index(self.root, "class_counts")
+        except (OSError, KeyError) as exc:
+            raise PreparedDataError(f"{self.root / INDEX} is missing or corrupt ({exc}); re-prepare with python -m "
+                                    "mpifed.prepare --config <config> --force") from None
+        if counts.shape != (self.num_clients, self.num_classes):
+            raise PreparedDataError(f"{self.root / INDEX} holds class counts of shape {counts.shape}, not "
+                                    f"{self.num_clients} clients x {self.num_classes} classes; re-prepare with "
+                                    "python -m mpifed.prepare --config <config> --force")
+        return counts
 
     def block_path(self, block: int) -> Path:
         return self.root / "clients" / f"block_{block:05d}.h5"
@@ -177,21 +191,20 @@ class Manifest:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PreparedDataError(f"{path} is incomplete or malformed ({type(exc).__name__}: {exc}); "
                                     "re-prepare with python -m mpifed.prepare --config <config> --force") from None
-        except OSError as exc:
+        except OSError as exc:   # the index
             raise PreparedDataError(f"{root / INDEX} is missing or corrupt ({exc}); re-prepare with python -m "
                                     "mpifed.prepare --config <config> --force") from None
 
     @staticmethod
     def _from_json(root: Path, m: dict[str, Any]) -> "Manifest":
-        sizes, counts = read_index(root)
-        if len(sizes) != m["clients"]["count"] or counts.shape != (len(sizes), m["num_classes"]):
-            raise ValueError(f"{INDEX} holds {len(sizes)} clients x {counts.shape[1:]} classes, the manifest "
-                             f"{m['clients']['count']} x {m['num_classes']}")
+        sizes = read_index(root, "num_samples")
+        if len(sizes) != m["clients"]["count"]:
+            raise ValueError(f"{INDEX} holds {len(sizes)} clients, the manifest {m['clients']['count']}")
         return Manifest(
             root=root, spec=m["spec"], num_classes=m["num_classes"],
             input_shape=tuple(m["input_shape"] if "input_shape" in m else m["image_shape"]),
             mean=m["mean"], std=m["std"], crop_padding=m["crop_padding"], flip=m["flip"],
-            client_sizes=sizes, client_class_counts=counts,
+            client_sizes=sizes,
             blocks=np.array(m["clients"]["blocks"], dtype=np.int64),
             test_size=m["test"]["num_samples"], test_class_counts=np.array(m["test"]["class_counts"], dtype=np.int64),
             group_names=m["test"]["group_names"], test_group_counts=np.array(m["test"]["group_counts"], dtype=np.int64),
@@ -398,7 +411,8 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
     tmp = root.with_name(f"{root.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     try:
         shards = _write_shards(tmp, raw, val, split, common)
-        mean, std = ([], []) if isinstance(raw.train_x, dict) else _channel_stats(raw.train_x[split.pool])
+        pooled = raw.train_x if len(split.pool) == len(split.labels) else select(raw.train_x, split.pool)
+        mean, std = ([], []) if isinstance(raw.train_x, dict) else _channel_stats(pooled)
         test_groups = (np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
                        if raw.test_groups is not None else [])
         manifest = {
