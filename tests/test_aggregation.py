@@ -1,4 +1,6 @@
 """FedAvg's weighted aggregation and the split-invariant evaluation sums."""
+import warnings
+
 import numpy as np
 import torch
 
@@ -105,3 +107,8 @@ def test_forgetting_is_fedntd_eq5():
     # class 0 peaked at 0.9 and ends at 0.6; class 1 ends at its best, 0.1 above its earlier peak
     assert abs(forgetting(history) - ((0.9 - 0.6) + (0.4 - 0.5)) / 2) < 1e-12
     assert forgetting(history[:1]) is None
+    with_absent = [[0.9, None, 0.4], [0.6, None, 0.5]]       # class 1 never in the test set: no warning, no term
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert abs(forgetting(with_absent) - ((0.9 - 0.6) + (0.4 - 0.5)) / 2) < 1e-12
+        assert forgetting([[None, None], [None, None]]) is None

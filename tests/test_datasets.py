@@ -213,3 +213,25 @@ def test_synthetic_images_drawn_in_chunks_are_the_images_of_one_draw(monkeypatch
     chunked = load("synthetic", train_samples=500, test_samples=30)
     for name in ("train_x", "train_y", "test_x", "test_y"):
         assert np.array_equal(getattr(whole, name), getattr(chunked, name))
+
+
+@pytest.mark.e2e
+def test_a_cross_device_femnist_run_from_leaf_files_gives_every_writer_its_own_client(tmp_path):
+    """configs/cross-device/femnist-natural.yaml on LEAF-format files of 8 writers: each client is one
+    writer's samples, 4 of them train a round."""
+    from conftest import REPO, run_debug
+    root = tmp_path / "femnist"
+    writers = [f"f{i:04d}_00" for i in range(8)]
+    write_leaf(root / "train", writers, 6)
+    write_leaf(root / "test", writers, 3)
+    run_debug(["--config", str(REPO / "configs" / "cross-device" / "femnist-natural.yaml"), "--set",
+               f"data.dataset.root={root}", "data.num_clients=8", "train.participation=0.5", "train.rounds=2",
+               "run.eval_every=1", f"data.prepared_root={tmp_path / 'data'}", f"run.root={tmp_path / 'runs'}",
+               "run.name=femnist", "resources.threads=1"])
+    rounds = [json.loads(line) for line in (tmp_path / "runs" / "femnist" / "clients.jsonl").read_text().splitlines()]
+    assert [len(r["clients"]) for r in rounds] == [4, 4]
+    assert all(c["samples"] == 6 for r in rounds for c in r["clients"])
+    metrics = [json.loads(line) for line in (tmp_path / "runs" / "femnist" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all(0 <= m["test_acc"] <= 1 for m in metrics)
+    (folder,) = (tmp_path / "data").iterdir()
+    assert sorted(p.name for p in (folder / "clients").iterdir()) == ["block_00000.h5", "index.h5"]

@@ -132,6 +132,20 @@ def test_natural_and_domain_need_groups():
     assert [set(groups[p]) for p in dom] == [{g} for g in range(10)]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_natural_deals_shuffled_writers_to_clients_in_runs(seed):
+    """Client k holds the rows, ascending, of the k-th of K nearly equal runs of the shuffled writers."""
+    rng = np.random.default_rng(100 + seed)
+    groups = rng.integers(0, 60, size=3000) * 5 + 11             # writer ids with gaps
+    k = int(rng.integers(1, 50))
+    parts = split("natural", labels(3000), k, seed=seed, groups=groups)
+    ids = np.unique(groups)
+    runs = np.array_split(np.random.default_rng(seed).permutation(ids), k)
+    assert len(parts) == k
+    for part, run in zip(parts, runs):
+        assert np.array_equal(part, np.flatnonzero(np.isin(groups, run))) and part.dtype == np.int64
+
+
 def test_dirichlet_chunks_gives_equal_clients_from_grouped_dirichlet_lists():
     y = labels(4000)
     parts = split("dirichlet_chunks", y, 20, beta=0.1, group=10)

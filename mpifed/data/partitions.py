@@ -199,10 +199,14 @@ class Natural:
                                  "otherwise")
         ids = np.unique(groups)
         if len(ids) < num_clients:
-            raise PartitionError(f"{len(ids)} writers cannot be split over {num_clients} clients; lower "
-                                 "data.num_clients")
-        return [np.sort(np.flatnonzero(np.isin(groups, run)))
-                for run in np.array_split(rng.permutation(ids), num_clients)]
+            raise PartitionError(f"{len(ids)} writers cannot be split over {num_clients} clients; set "
+                                 f"data.num_clients to {len(ids)} (a client per writer) or fewer")
+        owner = np.empty(len(ids), dtype=np.int64)          # each writer's client, writers in ``ids`` order
+        for client, run in enumerate(np.array_split(rng.permutation(ids), num_clients)):
+            owner[np.searchsorted(ids, run)] = client
+        client_of = owner[np.searchsorted(ids, groups)]
+        order = np.argsort(client_of, kind="stable")       # by client, each client's rows in ascending order
+        return np.split(order, np.cumsum(np.bincount(client_of, minlength=num_clients))[:-1])
 
 
 @PARTITIONS.register("domain")

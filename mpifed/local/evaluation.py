@@ -72,9 +72,13 @@ def validation(totals: dict[str, torch.Tensor], val_size: int) -> dict[str, floa
 
 def forgetting(history: list[list[float | None]]) -> float | None:
     """FedNTD Eq. 5 (backward transfer): mean over classes of (best accuracy before the last
-    evaluation - last accuracy); a class that ends at a new best contributes a negative term."""
+    evaluation - last accuracy); a class that ends at a new best contributes a negative term. A class
+    without an accuracy before the last evaluation or at it (none of its samples in the test set)
+    counts for nothing."""
     if len(history) < 2:
         return None
     acc = np.array([[np.nan if a is None else a for a in row] for row in history], dtype=np.float64)
-    gaps = np.nanmax(acc[:-1], axis=0) - acc[-1]
-    return float(np.nanmean(gaps))
+    known = ~np.isnan(acc[:-1]).all(axis=0) & ~np.isnan(acc[-1])
+    if not known.any():
+        return None
+    return float((np.nanmax(acc[:-1, known], axis=0) - acc[-1, known]).mean())
