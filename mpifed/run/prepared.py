@@ -437,7 +437,8 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
                                 f"data.prepared_dir) must be a folder you can write to, with space") from None
     if _publish(tmp, root, replace, log):
         sets = "test set, validation set" if val is not None else "test set"
-        log(f"[prepare] wrote {len(split.parts)} client shards, {sets} and manifest to {root}")
+        log(f"[prepare] wrote {len(split.parts)} clients in {len(shards['clients']['blocks'])} block(s), {sets} and "
+            f"manifest to {root}")
 
 
 def _make_parent(root: Path) -> None:
