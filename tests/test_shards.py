@@ -9,7 +9,7 @@ from mpifed.run import prepared
 from mpifed.run.prepared import (Manifest, PreparedDataError, block_starts, ensure_prepared, prepare, prepare_spec,
                                  prepared_dir, verify_blocks, verify_files)
 from mpifed.registry import DATASETS
-from mpifed.data.shards import ShardError, read_client, read_rows, read_shard, write_shard
+from mpifed.data.shards import ShardError, read_client, read_rows, read_shard, write_block, write_shard
 
 
 def cfg_for(tmp_path, *extra):
@@ -186,6 +186,23 @@ def test_clients_are_packed_many_to_a_file_and_read_one_by_one(tmp_path, monkeyp
         read_client(m.block_path(1), 6)
     for w in range(2):
         verify_blocks(m, w, 2)
+
+
+def test_a_block_keeps_each_clients_checksum_and_refuses_offsets_that_do_not_cut_its_rows(tmp_path):
+    x = np.random.default_rng(2).integers(0, 255, (9, 1, 4, 4), dtype=np.uint8)
+    y = np.arange(9, dtype=np.int64) % 3
+    write_block(tmp_path / "b.h5", {"images": x}, y, None, np.array([0, 4, 9]), 10, {"seed": 1})
+    write_shard(tmp_path / "s.h5", x[4:], y[4:], {"seed": 1})
+    got = read_client(tmp_path / "b.h5", 11)
+    assert np.array_equal(got.images, x[4:])
+    assert got.attrs["checksum"] == read_shard(tmp_path / "s.h5").attrs["checksum"]      # what its own shard holds
+    assert got.attrs["seed"] == 1 and got.attrs["client_id"] == 11 and got.attrs["num_samples"] == 5
+    for offsets in ([0, 4, 8], [1, 4, 9], [0, 4, 4, 9]):
+        with pytest.raises(ValueError, match="offsets must rise from 0 to 9"):
+            write_block(tmp_path / "c.h5", {"images": x}, y, None, np.array(offsets), 0, {})
+    with pytest.raises(ValueError, match="'labels'.*a name other than"):
+        write_block(tmp_path / "c.h5", {"labels": x}, y, None, np.array([0, 9]), 0, {})
+    assert not (tmp_path / "c.h5").exists()
 
 
 def test_a_block_closes_at_its_client_count_or_its_bytes(monkeypatch):

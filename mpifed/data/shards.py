@@ -66,6 +66,14 @@ def write_shard(path: Path, inputs: np.ndarray | Inputs, labels: np.ndarray, att
 
     ``inputs`` is a dict of named arrays of ``len(labels)`` rows (a bare array: ``images``)."""
     inputs = named(inputs)
+    _write(path, inputs, labels, groups, {}, attrs,
+           {"num_samples": len(labels), "checksum": content_checksum(inputs, labels, groups)})
+
+
+def _write(path: Path, inputs: Inputs, labels: np.ndarray, groups: np.ndarray | None,
+           arrays: dict[str, np.ndarray], attrs: dict[str, Any], own: dict[str, Any]) -> None:
+    """The rows (``inputs``, ``labels``, ``groups``) and ``arrays``; then ``attrs``, the input names and
+    the writer's ``own`` attributes; in a temporary file renamed to ``path``."""
     for name, a in inputs.items():
         if name in RESERVED or a.dtype not in INPUT_DTYPES or len(a) != len(labels):
             raise ValueError(f"shard input {name!r}: {a.dtype} x {len(a)} rows; inputs need a name other than "
@@ -77,9 +85,10 @@ def write_shard(path: Path, inputs: np.ndarray | Inputs, labels: np.ndarray, att
         f.create_dataset("labels", data=np.ascontiguousarray(labels, dtype=np.int64), track_times=False)
         if groups is not None:
             f.create_dataset("groups", data=np.ascontiguousarray(groups, dtype=np.int64), track_times=False)
+        for name, a in arrays.items():
+            f.create_dataset(name, data=a, track_times=False)
         names = {} if list(inputs) == ["images"] else {"inputs": list(inputs)}
-        for key, value in {**attrs, **names, "num_samples": len(labels),
-                           "checksum": content_checksum(inputs, labels, groups)}.items():
+        for key, value in {**attrs, **names, **own}.items():
             f.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
     os.replace(tmp, path)
 
@@ -126,19 +135,8 @@ def write_block(path: Path, inputs: Inputs, labels: np.ndarray, groups: np.ndarr
     sums = [content_checksum({k: v[a:b] for k, v in inputs.items()}, labels[a:b],
                              None if groups is None else groups[a:b]).encode()
             for a, b in zip(offsets[:-1], offsets[1:])]
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with h5py.File(tmp, "w", libver="earliest", track_order=False) as f:
-        for name, a in inputs.items():
-            f.create_dataset(name, data=np.ascontiguousarray(a), track_times=False)
-        f.create_dataset("labels", data=np.ascontiguousarray(labels, dtype=np.int64), track_times=False)
-        if groups is not None:
-            f.create_dataset("groups", data=np.ascontiguousarray(groups, dtype=np.int64), track_times=False)
-        f.create_dataset("offsets", data=offsets, track_times=False)
-        f.create_dataset("checksums", data=np.array(sums, dtype="S64"), track_times=False)
-        names = {} if list(inputs) == ["images"] else {"inputs": list(inputs)}
-        for key, value in {**attrs, **names, "first_client": first_client, "num_clients": len(sums)}.items():
-            f.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
-    os.replace(tmp, path)
+    _write(path, inputs, labels, groups, {"offsets": offsets, "checksums": np.array(sums, dtype="S64")}, attrs,
+           {"first_client": first_client, "num_clients": len(sums)})
 
 
 def block_offsets(path: Path) -> tuple[int, np.ndarray]:
