@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO, env, tiny
@@ -96,6 +97,15 @@ def test_report_without_matplotlib_writes_the_tables_and_names_the_extra(tmp_pat
 def test_methods_show_as_papers_write_them():
     assert [display_name(m) for m in ("fedntd", "fedgkd_plus", "fedprox-mu0.01", "moon", "mine")] == \
         ["FedNTD", "FedGKD+", "FedProx-mu0.01", "MOON", "mine"]
+
+
+def test_a_pdf_figure_embeds_its_fonts_as_truetype_not_type_3(tmp_path):
+    pytest.importorskip("matplotlib")
+    curve = plots.Curve("fedavg", np.arange(1, 4), np.array([0.1, 0.2, 0.3]), None)
+    pdf = plots.curves(tmp_path / "c.pdf", "a title", "", [("test accuracy", [curve])]).read_bytes()
+    assert b"/Subtype /Type3" not in pdf and b"/FontFile2" in pdf
+    import matplotlib
+    assert matplotlib.rcParams["pdf.fonttype"] == 3        # the user's own figures are left as they were
 
 
 def test_a_method_keeps_its_colour_in_every_figure():
