@@ -211,6 +211,7 @@ def test_two_runs_racing_for_one_name(has_mpirun, tmp_path, reference):
     assert f"pid {pids[0]}" in second.stderr
     run = tmp_path / "runs" / "cut"
     assert RunDir(run).status()["state"] == "stopped" and len(metrics(run)) >= 1
+    assert "[mpifed] stopped: " in text and "final test accuracy" not in text   # stopped: no final accuracy yet
     assert_one_run(run, lr=0.05)
 
 

@@ -124,14 +124,15 @@ class RunRecords:
 
     def _tell(self, status: str, rounds_done: int, summary: dict[str, Any]) -> None:
         where = f"wall time {summary['wall_time_s']:.1f} s; results in {self.run.path}"
+        last = "final" if status == "finished" else "latest"      # a stopped run has no final accuracy yet
         if summary["final_test_acc"] is not None:
             chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
                       f"test accuracy there {summary['test_acc_at_best_val']:.4f}"
                       if summary.get("test_acc_at_best_val") is not None else "")
-            self.run.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final test accuracy "
+            self.run.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, {last} test accuracy "
                          f"{summary['final_test_acc']:.4f} "
                          f"(best {summary['best_test_acc']:.4f} at round {summary['best_round']}){chosen}, {where}")
         elif summary.get("best_val_acc") is not None:
-            self.run.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, final validation accuracy "
+            self.run.log(f"[mpifed] {status}: {count(rounds_done, 'round')}, {last} validation accuracy "
                          f"{results.final(self._rows(), 'val_acc'):.4f} (best {summary['best_val_acc']:.4f} at round "
                          f"{summary['best_val_round']}; the test set not evaluated: run.eval_test is false), {where}")
