@@ -81,6 +81,22 @@ def test_options_of_another_choice_are_rejected():
     assert "data.partition.beta: unknown key" in str(e.value)
 
 
+def test_a_bad_key_in_a_file_names_the_file_and_line_where_it_is_set(tmp_path):
+    (tmp_path / "base.yaml").write_text("train:\n  rounds: 3\n  lrr: 0.1\n")
+    (tmp_path / "x.yaml").write_text("base: base.yaml\ndata:\n  num_clients: 5\ntrain:\n  batch_sise: 8\n"
+                                     "  local_epochs: 0\n")
+    with pytest.raises(ConfigError) as e:
+        config.load([str(tmp_path / "x.yaml")], ["train.momentm=0.5"])
+    text = str(e.value)
+    assert f"train.lrr ({tmp_path / 'base.yaml'}, line 3): unknown key; did you mean 'train.lr'?" in text
+    assert f"train.batch_sise ({tmp_path / 'x.yaml'}, line 5): unknown key" in text
+    assert f"train.local_epochs ({tmp_path / 'x.yaml'}, line 6): 0 is out of range" in text
+    assert "train.momentm: unknown key" in text                       # the command line's: the key is enough
+    with pytest.raises(ConfigError) as e:                             # the command line's value replaces the file's
+        config.load([str(tmp_path / "x.yaml")], ["train.batch_sise=4", "train.lrr=1"])
+    assert "train.batch_sise: unknown key" in str(e.value) and "x.yaml, line 5" not in str(e.value)
+
+
 def test_switching_a_choice_drops_the_old_options(tmp_path):
     f = tmp_path / "base.yaml"
     f.write_text("data:\n  partition: {name: dirichlet, beta: 0.1}\n")

@@ -44,6 +44,28 @@ def load(text: str, source: str) -> Any:
         loader.dispose()
 
 
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """The line (from 1) of each key of the YAML ``text`` (one :func:`load` has accepted), by its path
+    of keys through nested mappings."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+    finally:
+        loader.dispose()
+    found: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    found.setdefault((*path, key.value), key.start_mark.line + 1)
+                    walk(value, (*path, key.value))
+
+    if node is not None:
+        walk(node, ())
+    return found
+
+
 def read(path: Path, source: str | None = None) -> Any:
     """The YAML file ``path`` (see :func:`load`); its size is checked before it is read."""
     check_size(path, source)

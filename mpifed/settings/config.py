@@ -559,6 +559,28 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return {**merged, "plugins": specs} if specs else merged
 
 
+def key_sources(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, str]:
+    """Where each key of the config file ``path`` (one :func:`read_yaml` has read) is set, its bases'
+    under its own: ``"train.lr"`` -> ``"configs/x.yaml, line 7"``."""
+    path = Path(path)
+    text = path.read_text()
+    data = _parse_yaml(text, f"config file {str(path)!r}")
+    found: dict[str, str] = {}
+    bases = data.get("base") if isinstance(data, dict) else None
+    for base in [bases] if isinstance(bases, str) else list(bases or []):
+        if (path.parent / base).resolve() not in _seen:
+            found.update(key_sources(path.parent / base, _seen + (path.resolve(),)))
+    for keys, line in _key_lines(text).items():
+        if keys[0] not in ("base", "plugins"):
+            found[".".join(map(str, keys))] = f"{path}, line {line}"
+    return found
+
+
+@functools.lru_cache(maxsize=512)
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    return safe_yaml.key_lines(text)
+
+
 def plugin_specs(value: Any, source: str, relative_to: Path | None) -> list[str]:
     """A ``plugins`` value (a file or module, or a list of them) as a list of specs, file paths made
     absolute relative to ``relative_to`` (the folder of the file that names them; None: the current folder)."""
@@ -571,17 +593,24 @@ def plugin_specs(value: Any, source: str, relative_to: Path | None) -> list[str]
     return [plugin_code.resolve_spec(v.strip(), relative_to) for v in listed]
 
 
-def build(data: dict[str, Any]) -> Config:
+def build(data: dict[str, Any], where: dict[str, str] | None = None) -> Config:
     """Validate a plain dict into a :class:`Config`, raising one error listing every problem (the
-    installed plugins loaded first, so that their entries are known)."""
+    installed plugins loaded first, so that their entries are known); a problem with a key ``where``
+    places (a file and its line) says where it was set."""
     plugin_code.load_installed()
     builder = _Builder()
     cfg = builder.dataclass(Config, data, "")
     if not builder.errors:
         builder.errors.extend(cross_checks(cfg))
     if builder.errors:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(builder.errors))
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(_located(e, where or {}) for e in builder.errors))
     return cfg
+
+
+def _located(error: str, where: dict[str, str]) -> str:
+    """``"key: message"`` as ``"key (file, line N): message"`` where ``where`` knows the key."""
+    key, _, message = error.partition(": ")
+    return f"{key} ({where[key]}): {message}" if key in where else error
 
 
 def cross_checks(cfg: Config) -> list[str]:
@@ -718,7 +747,12 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     for o in ordered:
         data = merge(data, o)
     data["plugins"] = list(dict.fromkeys(listed + specs))
-    cfg = build(data)
+    where: dict[str, str] = {}
+    for p in paths or []:
+        where.update(key_sources(find_config(p)))
+    for text in overrides or []:               # the command line's own value: the error names the key only
+        where.pop(text.split("=", 1)[0].strip(), None)
+    cfg = build(data, where)
     cfg.code = code_of(cfg)
     return cfg, cfg.to_dict()
 
