@@ -54,7 +54,29 @@ def test_report_of_a_table_writes_figures_and_correct_tables(tmp_path, capsys):
     assert float(got[("b", "T(65%)")]["mean"]) == 3 and got[("b", "T(65%)")]["std"] == "0"
     assert "| a | 65.00 ± 5.57 (n=3) | 3.0 (n=1; not reached in 2) |" in (out / "table.md").read_text()
     tex = (out / "table.tex").read_text()
-    assert "\\begin{tabular}{lcc}" in tex and "65.00 $\\pm$ 5.57 (n=3)" in tex and "T(65\\%)" in tex
+    assert "\\begin{tabular}{lcc}" in tex and "T(65\\%)" in tex
+    assert "a & 65.00 $\\pm$ 5.57 & 3.0 (n=1) \\\\" in tex                       # n only where seeds are missing
+    assert "b & \\textbf{74.00 $\\pm$ 3.61} & 3.0 $\\pm$ 0.0 \\\\" in tex           # ahead of a on every seed
+    assert float(got[("b", "final test_acc")]["difference"]) == pytest.approx(9.0, abs=1e-4)
+    assert got[("b", "final test_acc")]["vs"] == "a" and got[("b", "final test_acc")]["seeds_ahead"] == "3"
+    assert got[("b", "final test_acc")]["verdict"] == "higher" and float(got[("b", "final test_acc")]["ci_low"]) > 0
+    assert got[("a", "final test_acc")]["vs"] == "" and got[("b", "T(65%)")]["difference"] == ""
+
+
+def test_the_report_of_a_table_says_what_its_summary_says_claims_and_holm_included(tmp_path, capsys):
+    from mpifed.entry.table import main as table_main
+    table = hand_written_table(tmp_path)
+    table.write_text(table.read_text() + "claims: [b > a]\n")
+    out = tmp_path / "report"
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--summary"]) == 0
+    printed = capsys.readouterr().out
+    md = (out / "table.md").read_text()
+    assert "The table's declared claims" in md and "Holm's adjustment over all 1 of them" in md
+    assert "| b > a | s |" in md and "| supported |" in md
+    claims = md[md.index("The table's declared claims"):].split("\n\n")[1]
+    assert claims in printed                                          # the same block --summary prints
 
 
 def test_a_given_metric_replaces_the_tables_own(tmp_path, capsys):
@@ -138,7 +160,7 @@ def test_figures_carry_the_tables_title_the_overrides_percent_and_class_names(tm
     rows, columns = drawn["heatmap"][3:5]
     assert rows == ["FedAvg", "FedNTD"] and columns[0] == "T-shirt/top"
     assert "| FedAvg | 70.00 ± 0.00 (n=2) |" in (tmp_path / "r" / "table.md").read_text()
-    assert (tmp_path / "r" / "table.md").read_text().startswith("T (--set train.rounds=3): ")
+    assert (tmp_path / "r" / "table.md").read_text().startswith("T (with --set train.rounds=3): ")   # as --summary
 
 
 def test_prepare_plot_writes_the_partition_heatmap_beside_the_shards(tmp_path, capsys):

@@ -97,6 +97,11 @@ class Summary:
     family: int = 0                # the claims Holm's adjustment covers (the table's, whatever ``claims`` shows)
     counted: set[tuple[str, str, int]] = field(default_factory=set)   # (setting, method, seed) of diverged runs counted
     unpaired: dict[tuple[str, str], str] = field(default_factory=dict)   # (setting, method) left unpaired: why
+    display: dict[str, str] = field(default_factory=dict)   # a method's name as printed, where not its label
+
+    def name(self, method: str | None) -> str:
+        """``method`` as the tables print it."""
+        return self.display.get(method, method) if method is not None else ""
 
     def comparison_text(self, setting: str, method: str) -> str:
         """The method's paired comparison with the reference in ``setting``, or why there is none."""
@@ -113,10 +118,10 @@ class Summary:
         lines += ["| method | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
         for m in self.methods:
             row = [self.cell_text(s, m, c) for s in self.settings for c in self.columns]
-            lines.append(f"| {m} | " + " | ".join(row) + " |")
+            lines.append(f"| {self.name(m)} | " + " | ".join(row) + " |")
         if self.reference is not None:
             points = " points" if self.percent else ""
-            lines += ["", f"Against {self.reference}, seed by seed ({self.metric.label}, difference "
+            lines += ["", f"Against {self.name(self.reference)}, seed by seed ({self.metric.label}, difference "
                           f"in{points or ' its unit'}): "
                           f"mean [95% CI], seeds ahead / seeds, p of the two-sided paired t-test; 'higher' or 'lower' "
                           f"only where the interval excludes 0", ""]
@@ -125,7 +130,7 @@ class Summary:
                 if m == self.reference:
                     continue
                 row = [self.comparison_text(s, m) for s in self.settings]
-                lines.append(f"| {m} | " + " | ".join(row) + " |")
+                lines.append(f"| {self.name(m)} | " + " | ".join(row) + " |")
         if self.claims:
             lines += ["", f"The table's declared claims, each paired seed by seed in {self.metric.label}; "
                           f"Holm's adjustment over all {self.family} of them"
@@ -137,7 +142,8 @@ class Summary:
                       "| --- | --- | --- | --- | --- |"]
             for t in self.claims:
                 shown = t.result.text(verdict=False) if t.result is not None else "-"
-                lines.append(f"| {t.claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |")
+                claim = f"{self.name(t.claim.above)} > {self.name(t.claim.below)}"
+                lines.append(f"| {claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |")
         if self.notes:
             lines += [""] + self.notes
         if self.not_run:
@@ -162,14 +168,16 @@ class Summary:
                 got = self.by_seed.get((s, m), {})
                 cells = [f"{got[seed]:.2f}" + (" (diverged)" if (s, m, seed) in self.counted else "")
                          if seed in got else "-" for seed in seeds]
-                lines.append(f"| {m} | " + " | ".join(cells) + f" | {results.Stat(list(got.values())).text(2)} |")
+                lines.append(f"| {self.name(m)} | " + " | ".join(cells)
+                             + f" | {results.Stat(list(got.values())).text(2)} |")
             ref = self.by_seed.get((s, self.reference), {}) if self.reference is not None else {}
             for m in self.methods:
                 if m == self.reference or self.reference is None:
                     continue
                 got = {} if (s, m) in self.unpaired else self.by_seed.get((s, m), {})
                 cells = [f"{got[seed] - ref[seed]:+.2f}" if seed in got and seed in ref else "-" for seed in seeds]
-                lines.append(f"| {m} − {self.reference} | " + " | ".join(cells) + f" | {self.comparison_text(s, m)} |")
+                lines.append(f"| {self.name(m)} − {self.name(self.reference)} | " + " | ".join(cells)
+                             + f" | {self.comparison_text(s, m)} |")
             out.append("\n".join(lines))
         return "\n\n".join(out)
 
