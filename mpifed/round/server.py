@@ -194,13 +194,7 @@ class RoundServer:
         row.update(self.method.log())
         row["time"] = timing
         self.records.add_round(row, reports)
-        acc = f"  acc {row['test_acc']:.4f}  loss {row['test_loss']:.4f}" if "test_acc" in row else ""
-        if "val_acc" in row:
-            acc += f"  val_acc {row['val_acc']:.4f}"
-        self.run_dir.log(
-            f"round {plan.number}/{self.cfg.train.rounds}{acc}  train_loss {row['train_loss']:.4f}  "
-            f"{t['round']:.2f} s (down {t['downlink']:.3f}, train {t['local_training']:.2f}, "
-            f"up {t['uplink']:.3f}, eval {t.get('evaluation', 0.0):.2f}); {self.progress.timing(plan.number)}")
+        self.run_dir.log(self.progress.line(plan.number, row))
         self.progress.advance(plan.number)
 
     def _oldest_resume_round(self, rnd: int) -> int:

@@ -39,12 +39,17 @@ class Progress:
             # bar on stderr would be drawn out of order with the lines written above it
             self.bar = tqdm(total=total, initial=start, unit="round", dynamic_ncols=True, leave=False, file=sys.stdout)
 
-    def timing(self, done: int) -> str:
-        """``elapsed 1m02s, ETA 3m10s`` after ``done`` rounds (ETA from this invocation's pace)."""
+    def eta(self, done: int) -> str:
+        """``ETA 3m10s`` after ``done`` rounds, from this invocation's pace."""
         elapsed = time.perf_counter() - self.begun
-        ran = max(done - self.start, 1)
-        eta = elapsed / ran * (self.total - done)
-        return f"elapsed {duration(elapsed)}, ETA {duration(eta)}"
+        return f"ETA {duration(elapsed / max(done - self.start, 1) * (self.total - done))}"
+
+    def line(self, done: int, row: dict[str, Any]) -> str:
+        """The console's line for a round (at most 100 characters): its test, validation and training
+        figures, its seconds and the ETA; the phases' seconds are in metrics.jsonl."""
+        figures = [("acc", "test_acc"), ("loss", "test_loss"), ("val_acc", "val_acc"), ("train_loss", "train_loss")]
+        shown = "".join(f"  {name} {row[key]:.4f}" for name, key in figures if row.get(key) is not None)
+        return f"round {done}/{self.total}{shown}  {row['time']['round']:.2f} s  {self.eta(done)}"
 
     def advance(self, done: int) -> None:
         if self.bar is not None:
