@@ -156,6 +156,35 @@ def test_a_failed_job_ends_with_rank_0s_last_note_of_where_to_continue(tmp_path,
                     "runs/x")
 
 
+def test_a_job_ended_at_once_by_a_second_ctrl_c_says_so_not_that_it_failed(tmp_path, monkeypatch, capsys):
+    ignoring = FAILING_MPIRUN.replace("exit 0; }\n", "exit 0; }\ntrap '' USR1 TERM\n: > \"$MPIFED_HANDOFF/ready\"\n")
+    (tmp_path / "mpirun").write_text(ignoring)
+    (tmp_path / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    attach = launch.Forwarder.attach
+
+    def twice(self, proc):                     # the user presses Ctrl-C twice while the job runs
+        attach(self, proc)
+        deadline = time.time() + 30
+        while not (self.handoff / "ready").exists() and time.time() < deadline:
+            time.sleep(0.01)
+        self.on_stop(signal.SIGINT, None)
+        self.on_stop(signal.SIGINT, None)
+
+    monkeypatch.setattr(launch.Forwarder, "attach", twice)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)}
+    try:
+        assert launch.main(["-n", "3", "--config", "x.yaml"]) == 130
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    err = capsys.readouterr().err
+    assert "failed" not in err
+    assert err.strip().splitlines()[-1] == (
+        "[mpifed.launch] the job ended at once on the second Ctrl-C (mpirun exited with 3). Last checkpoint: "
+        "runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume runs/x")
+
+
 def test_resume_command_is_the_command_that_started_the_run(monkeypatch):
     monkeypatch.setenv("MPIFED_RESUME_WITH", "launch/local.sh 3")
     assert handoff.resume_command("runs/my run", 3) == "launch/local.sh 3 --resume 'runs/my run'"   # plugins: recorded

@@ -13,7 +13,8 @@ output then goes to devnull) is a clean stop: the launcher passes it to mpirun a
 SIGUSR1 (Open MPI passes that to every rank), saying why (see :mod:`mpifed.comm.handoff`); the
 server finishes the round, writes a checkpoint, marks the run ``stopped``, prints the
 command that resumes it and the launcher exits with code 75. The second Ctrl-C or SIGTERM
-is passed on as SIGTERM (the job ends at once), a third kills mpirun's process group.
+is passed on as SIGTERM (the job ends at once, and the launcher says so and exits with 128 + the
+signal's number, 130 for Ctrl-C), a third kills mpirun's process group.
 SIGUSR1 sent to the launcher is passed on as it is. Inside a Slurm job a SIGTERM sent to the
 launcher alone is the same clean stop, but when Slurm ends the job (time limit, ``scancel``,
 preemption) it signals every process of the job, mpirun included, and mpirun ends the job at
@@ -146,6 +147,7 @@ class Forwarder:
         self.proc: subprocess.Popen | None = None
         self.pending: list[int] = []
         self.requests = 0
+        self.ended_at_once: tuple[int, str] | None = None   # the second stop request: its signal and its name
         self.handoff = handoff
         self.in_slurm = in_slurm
 
@@ -182,6 +184,7 @@ class Forwarder:
             self._send(signal.SIGUSR1)
         elif self.requests == 2:
             _say(f"{what} again: ending the job now (the last periodic checkpoint is kept)")
+            self.ended_at_once = (signum, what)
             self._send(signal.SIGTERM)
         else:
             _say(f"{what} a third time: killing mpirun")
@@ -263,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         return handed
     if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        if forwarder.ended_at_once is not None:       # the user asked for it: not a failure
+            signum, what = forwarder.ended_at_once
+            _say(f"the job ended at once on the second {what} (mpirun {how}). "
+                 + (resume.strip() if resume else "It wrote no checkpoint: run the same command again to start over"))
+            return 128 + signum
         said = resume.strip() if resume else ("It wrote no checkpoint: the ranks' messages above say why; once that "
                                               "is fixed, run the same command again")
         _say(f"the job failed (mpirun {how}). {said}")
