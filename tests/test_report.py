@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, env, tiny
 from test_tables import fake_run, resolved_config, write_table
 
+from mpifed.run import results
 from mpifed.tables import plots
 from mpifed.settings.config import digest, result_fingerprint
 from mpifed.registry import ALGORITHMS
@@ -137,6 +138,57 @@ def test_a_method_keeps_its_colour_in_every_figure():
     assert one["FedAvg"] == two["FedAvg"] and len(set(one.values())) == 4
 
 
+def test_a_figure_at_a_columns_width_keeps_every_text_at_7_pt_or_more(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    figs = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or save(fig, path))
+    lines = [plots.Curve(f"method {k}", np.arange(1, 31), np.linspace(10, 60 + k, 30), np.full(30, 2.0))
+             for k in range(6)]
+    plots.curves(tmp_path / "c.png", "FedNTD Table 1: CIFAR-10, shards of 2 classes", "line: mean over 5 seeds",
+                 [("test accuracy (%)", lines), ("test loss", lines)], plots.Layout(plots.SIZES["column"]))
+    plots.heatmap(tmp_path / "h.png", "title", "sub", np.random.default_rng(0).uniform(0, 100, (6, 10)),
+                  [f"method {k}" for k in range(6)], [str(c) for c in range(10)], "class", "method", "%",
+                  fmt="{:.0f}", layout=plots.Layout(plots.SIZES["column"], title=False))
+    for fig in figs:
+        assert fig.get_size_inches()[0] == pytest.approx(3.35)
+        sizes = [t.get_fontsize() for t in fig.findobj(lambda o: hasattr(o, "get_fontsize") and hasattr(o, "get_text"))
+                 if t.get_text().strip()]
+        assert sizes and min(sizes) >= 7, sorted(sizes)[:5]
+    assert figs[0].get_size_inches()[1] > figs[0].get_size_inches()[0]        # narrow: the panels stacked
+    assert not figs[1]._suptitle                                              # --no-title
+
+
+def test_a_methods_colour_follows_its_algorithm_whatever_its_runs_are_called(tmp_path):
+    from mpifed.entry.report import Collection, method_colours
+    runs = {}
+    for label, algorithm in (("FedNTD", "fedntd"), ("digits-lda0.1-fedntd", "fedntd"), ("mine", "fedavg"),
+                             ("tuned", "fedavg")):
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "config.yaml").write_text(f"algorithm: {{name: {algorithm}}}\n")
+        runs[label] = [tmp_path / label]
+    table = method_colours(Collection("t", results.Metric(), {("s", "FedNTD"): runs["FedNTD"]}))
+    folder = method_colours(Collection("f", results.Metric(),
+                                       {("d", "digits-lda0.1-fedntd"): runs["digits-lda0.1-fedntd"]}))
+    assert folder["digits-lda0.1-fedntd"] == table["FedNTD"]
+    two = method_colours(Collection("x", results.Metric(), {("s", m): runs[m] for m in ("mine", "tuned")}))
+    assert len(set(two.values())) == 2                                    # two labels of FedAvg: two colours
+
+
+def test_the_figure_options_reach_the_figures_and_a_bad_width_is_one_message(tmp_path, monkeypatch, capsys):
+    table = hand_written_table(tmp_path)
+    drawn = {}
+    monkeypatch.setattr(plots, "curves", lambda path, *a: drawn.setdefault("curves", a) and path)
+    monkeypatch.setattr(plots, "heatmap", lambda path, *a, **k: drawn.setdefault("heatmap", k["layout"]) and path)
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
+                        "--size", "column", "--title", "Figure 3", "--no-title"]) == 0
+    title, _, _, layout = drawn["curves"]
+    assert title == "Figure 3" and layout == plots.Layout(3.35, title=False) == drawn["heatmap"]
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
+                        "--width", "0.2"]) == 2
+    assert "--width 0.2: give the figure's width in inches, from 1 to 20" in capsys.readouterr().err
+
+
 def test_figures_carry_the_tables_title_the_overrides_percent_and_class_names(tmp_path, monkeypatch, capsys):
     table = write_table(tmp_path / "t", tmp_path / "data", methods="[fedavg.yaml, fedntd.yaml]", seeds="[0, 1]",
                         dataset="{name: fashion_mnist}")
@@ -152,7 +204,8 @@ def test_figures_carry_the_tables_title_the_overrides_percent_and_class_names(tm
     monkeypatch.setattr(plots, "heatmap", lambda path, *a, **k: drawn.setdefault("heatmap", a) and path)
     assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
                         "--set", "train.rounds=3"]) == 0
-    title, subtitle, panels = drawn["curves"]
+    title, subtitle, panels, layout = drawn["curves"]
+    assert layout == plots.Layout(plots.SIZES["page"], title=True)
     assert title == "T (--set train.rounds=3): s" and subtitle == "line: mean over 2 seeds; band: ± sample std"
     (accuracy, lines), _ = panels
     assert accuracy == "test accuracy (%)" and [c.label for c in lines] == ["FedAvg", "FedNTD"]

@@ -48,7 +48,7 @@ from mpifed.tables.summary import Runs, Summary, tabulate
 from mpifed.tables.table_file import Table, finished_runs, load_table, resolve, stored_identity
 
 if TYPE_CHECKING:
-    from mpifed.tables.plots import Curve
+    from mpifed.tables.plots import Curve, Layout
 
 FORMATS = ("png", "pdf", "svg")
 _SEED_SUFFIX = re.compile(r"-s\d+(-[0-9a-f]{10})?$")
@@ -369,16 +369,22 @@ def seeds_note(counts: list[int]) -> str:
     return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: ± sample std"
 
 
-def figures(c: Collection, out: Path, fmt: str) -> dict[str, list[Path]]:
-    """Each setting's figures, written to ``out``."""
+def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
+            title: str | None = None) -> dict[str, list[Path]]:
+    """Each setting's figures, written to ``out`` at ``layout``'s size; ``title`` replaces the
+    automatic one (the table's title and the setting)."""
     from mpifed.tables import plots
+    layout = layout or plots.Layout()
     written: dict[str, list[Path]] = {}
-    palette = plots.colours([m for _, m in c.groups], [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()])
+    palette = method_colours(c)
     for setting in dict.fromkeys(s for s, _ in c.groups):
         methods = [(m, runs) for (s, m), runs in c.groups.items() if s == setting and runs]
         counts = [len(runs) for _, runs in methods]
         mixed = len(set(counts)) > 1
-        title = f"{c.figure_title}: {setting}" if c.figure_title else setting
+        if title is None:
+            title_here = f"{c.figure_title}: {setting}" if c.figure_title else setting
+        else:
+            title_here = title if len({s for s, _ in c.groups}) == 1 else f"{title}: {setting}"
         panels = []
         for ylabel, column, scale in (("test accuracy (%)", "test_acc", 100.0), ("test loss", "test_loss", 1.0)):
             lines = []
@@ -391,16 +397,39 @@ def figures(c: Collection, out: Path, fmt: str) -> dict[str, list[Path]]:
         stem = _slug(setting)
         mine = written.setdefault(setting, [])
         if panels[0][1]:
-            mine.append(plots.curves(out / f"{stem}-curves.{fmt}", title, seeds_note(counts), panels))
+            mine.append(plots.curves(out / f"{stem}-curves.{fmt}", title_here, seeds_note(counts), panels, layout))
         per_class = [(m, v) for m, runs in methods if (v := final_per_class(runs)) is not None]
         if per_class and len({len(v) for _, v in per_class}) == 1:
             values = 100 * np.stack([v for _, v in per_class])
             names = _class_names(methods[0][1][0], values.shape[1])
-            mine.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", title,
+            mine.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", title_here,
                                          "final per-class test accuracy (%), mean over seeds", values,
                                          [m for m, _ in per_class], names, "class", "method", "test accuracy (%)",
-                                         fmt="{:.0f}", vmin=0.0, vmax=100.0))
+                                         fmt="{:.0f}", vmin=0.0, vmax=100.0, layout=layout))
     return written
+
+
+def method_colours(c: Collection) -> dict[str, str]:
+    """One colour per method label, the same in every figure and report: a label that is the only one
+    of its algorithm takes that algorithm's colour (FedNTD's, whether the runs are a table's ``fedntd``
+    or a folder's ``digits-lda0.1-fedntd``); labels that share an algorithm take colours of their own."""
+    from mpifed.tables import plots
+    labels = list(dict.fromkeys(m for _, m in c.groups))
+    algorithm = {m: _algorithm(next((runs[0] for (_, k), runs in c.groups.items() if k == m and runs), None))
+                 for m in labels}
+    share = {a: sum(1 for m in labels if algorithm[m] == a) for a in algorithm.values()}
+    keys = {m: algorithm[m] if algorithm[m] is not None and share[algorithm[m]] == 1 else m for m in labels}
+    palette = plots.colours(list(keys.values()), [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()])
+    return {m: palette[keys[m]] for m in labels}
+
+
+def _algorithm(run: Path | None) -> str | None:
+    """The display name of the algorithm a run used, from its config.yaml (None where unreadable)."""
+    try:
+        name = safe_yaml.read(run / "config.yaml")["algorithm"]["name"] if run is not None else None
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    return ALGORITHMS.display_name(name) if name in ALGORITHMS.names() else None
 
 
 def _class_names(run: Path, num_classes: int) -> list[str] | None:
@@ -422,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("inputs", nargs="+", metavar="RUNS_OR_TABLE", help="table files, run directories or folders of runs")
     p.add_argument("--out", required=True, metavar="DIR", help="folder the figures and tables are written to")
     p.add_argument("--format", choices=FORMATS, default="png", help="figure format (default: png)")
+    p.add_argument("--size", choices=("column", "page"), default="page",
+                   help="figure width: one column (3.35 in) or a two-column paper's full width (6.9 in; default); "
+                        "no text smaller than 7 pt at that size")
+    p.add_argument("--width", type=float, metavar="INCHES", help="figure width in inches (instead of --size)")
+    p.add_argument("--title", metavar="TEXT", help="the figures' title (default: the table's title and the setting)")
+    p.add_argument("--no-title", action="store_true", help="figures without a title (a paper's caption says it)")
     p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
                    "module of your own first (as for python -m mpifed.table); runs made with plugins need none, "
@@ -434,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
                    "'{kind: final, rounds_to: [0.8]}' (default: a table file's own metric, for folders final test "
                    "accuracy; a given --metric replaces a table's)")
     a = p.parse_args(argv)
+    if a.width is not None and not 1.0 <= a.width <= 20.0:
+        print(f"[mpifed.report] --width {a.width:g}: give the figure's width in inches, from 1 to 20 (a column is "
+              f"3.35, a page 6.9)", file=sys.stderr)
+        return 2
     from mpifed.tables import plots
     try:
         metric = None
@@ -459,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "table.tex").write_text(latex(summary))
         try:
             plots.require()
-            drawn = figures(c, out, a.format)
+            layout = plots.Layout(a.width or plots.SIZES[a.size], title=not a.no_title)
+            drawn = figures(c, out, a.format, layout, a.title)
         except plots.PlotsUnavailable as exc:
             print(f"[mpifed.report] no figures: {exc}", file=sys.stderr)
     except OSError as exc:

@@ -29,6 +29,20 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#6a3d9a", "#b15928"]
 
 
+SIZES = {"column": 3.35, "page": 6.9}   # inches: one column and the full text width of a two-column paper
+FONTS = {"font.size": 8, "axes.labelsize": 8, "axes.titlesize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
+         "legend.fontsize": 7, "figure.titlesize": 8}   # no text below 7 pt at the size the figure is printed
+
+
+@dataclass
+class Layout:
+    """How big a figure is printed and whether it carries a title: ``width`` in inches (a preset of
+    :data:`SIZES` or any); below 5 in the panels of a curves figure stack, one under the other."""
+
+    width: float = SIZES["page"]
+    title: bool = True
+
+
 class PlotsUnavailable(ImportError):
     """matplotlib is not installed."""
 
@@ -61,48 +75,59 @@ class Curve:
     colour: str | None = None
 
 
-def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Curve]]]) -> Path:
-    """One panel per (y label, curves), side by side, x = round; a shaded band of mean ± std."""
+def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Curve]]],
+           layout: Layout = Layout()) -> Path:
+    """One panel per (y label, curves), side by side (stacked on a narrow figure), x = round; a
+    shaded band of mean ± std."""
     require()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.1), squeeze=False)
-    for i, (ax, (ylabel, lines)) in enumerate(zip(axes[0], panels)):
+    stacked = layout.width < 5
+    rows, cols = (len(panels), 1) if stacked else (1, len(panels))
+    height = rows * layout.width * (0.62 if stacked else 0.8 / len(panels)) + (0.45 if layout.title else 0)
+    with matplotlib.rc_context(FONTS):
+        fig, axes = plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False)
+    for i, (ax, (ylabel, lines)) in enumerate(zip(axes.flat, panels)):
         for c in lines:
             (line,) = ax.plot(c.rounds, c.mean, label=c.label, color=c.colour, linewidth=1.6,
                               marker="o" if len(c.rounds) < 12 else None, markersize=3)
             if c.std is not None:
                 ax.fill_between(c.rounds, c.mean - c.std, c.mean + c.std, color=line.get_color(),
                                 alpha=0.2, linewidth=0)
-        ax.set_xlabel("round")
-        ax.set_ylabel(ylabel)
+        ax.set_xlabel("round", fontsize=FONTS["axes.labelsize"])
+        ax.set_ylabel(ylabel, fontsize=FONTS["axes.labelsize"])
+        ax.tick_params(labelsize=FONTS["xtick.labelsize"])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         if i == 0:
-            ax.legend(fontsize=8, framealpha=0.85)
-    _titles(fig, title, subtitle, 24 * len(panels) + 40)
+            ax.legend(fontsize=FONTS["legend.fontsize"], framealpha=0.85)
+    if layout.title:
+        _titles(fig, title, subtitle, int(layout.width * 11))
     return _save(fig, path)
 
 
 def heatmap(path: Path, title: str, subtitle: str, values: np.ndarray, rows: list[str], columns: list[str] | None,
             xlabel: str, ylabel: str, colorbar: str, fmt: str = "{:.2f}", vmin: float | None = None,
-            vmax: float | None = None) -> Path:
+            vmax: float | None = None, layout: Layout = Layout()) -> Path:
     """``values`` (rows x columns) as a heatmap with labelled rows, columns named by ``columns``
     (numbered without) and, when it fits, the values written in the cells (NaN cells stay blank)."""
     require()
     n_rows, n_cols = values.shape
     named = columns is not None and n_cols <= 30
-    fig, ax = plt.subplots(figsize=(min(2.8 + 0.55 * n_cols, 16), min(2.0 + 0.4 * n_rows, 14) + (0.6 if named else 0)))
+    height = min(1.1 + 0.24 * n_rows, 9.0) + (0.5 if named else 0) + (0.45 if layout.title else 0)
+    with matplotlib.rc_context(FONTS):
+        fig, ax = plt.subplots(figsize=(layout.width, height))
     image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax,
                       interpolation="nearest")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel, fontsize=FONTS["axes.labelsize"])
+    ax.set_ylabel(ylabel, fontsize=FONTS["axes.labelsize"])
+    ax.tick_params(labelsize=FONTS["xtick.labelsize"])
     if named:
         ax.set_xticks(range(n_cols), columns, rotation=35 if max(len(c) for c in columns) > 3 else 0, ha="right"
-                      if max(len(c) for c in columns) > 3 else "center", fontsize=8)
+                      if max(len(c) for c in columns) > 3 else "center", fontsize=FONTS["xtick.labelsize"])
     else:
         ax.set_xticks(range(0, n_cols, max(1, n_cols // 25)))
     if len(rows) <= 40:
         ax.set_yticks(range(n_rows), rows)
-    if n_rows * n_cols <= 400:
+    if n_rows * n_cols <= 400 and (layout.width - 1.6) / n_cols >= 0.25:   # a cell holds "100" at 7 pt
         low = vmin if vmin is not None else 0
         high = vmax if vmax is not None else (np.nanmax(values) if np.isfinite(values).any() else 0)
         for i in range(n_rows):
@@ -111,8 +136,11 @@ def heatmap(path: Path, title: str, subtitle: str, values: np.ndarray, rows: lis
                     dark = values[i, j] < low + 0.6 * (high - low)
                     ax.text(j, i, fmt.format(values[i, j]), ha="center", va="center", fontsize=7,
                             color="white" if dark else "black")
-    fig.colorbar(image, ax=ax, label=colorbar)
-    _titles(fig, title, subtitle, 30 + 5 * min(n_cols, 16))
+    bar = fig.colorbar(image, ax=ax)
+    bar.set_label(colorbar, fontsize=FONTS["axes.labelsize"])
+    bar.ax.tick_params(labelsize=FONTS["ytick.labelsize"])
+    if layout.title:
+        _titles(fig, title, subtitle, int(layout.width * 11))
     return _save(fig, path)
 
 
@@ -120,7 +148,7 @@ def _titles(fig, title: str, subtitle: str, width: int) -> None:
     text = textwrap.fill(title, width)
     if subtitle:
         text += "\n" + textwrap.fill(subtitle, int(width * 1.2))
-    fig.suptitle(text, fontsize=10)
+    fig.suptitle(text, fontsize=FONTS["figure.titlesize"])
 
 
 def _save(fig, path: Path) -> Path:
