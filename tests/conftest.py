@@ -270,3 +270,20 @@ def read_only_view(tmp_path):
     yield mount
     for view in mounted:
         subprocess.run(["umount", "-l", str(view)])
+
+
+def launch_with_mpirun(tmp_path: Path, monkeypatch, script: str) -> int:
+    """``mpifed.launch`` with ``-n 3 --config x.yaml`` and the shell ``script`` as mpirun on PATH; the
+    launcher's signal handlers are replaced by this process's own afterwards. Returns its exit code."""
+    import os
+    import signal
+    from mpifed.entry import launch
+    (tmp_path / "mpirun").write_text(script)
+    (tmp_path / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)}
+    try:
+        return launch.main(["-n", "3", "--config", "x.yaml"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

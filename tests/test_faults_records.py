@@ -7,8 +7,6 @@ methods of a user's own, loaded as plugins in this process) and checks what mpif
 """
 import errno
 import json
-import os
-import signal
 import subprocess
 import sys
 import re
@@ -17,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, env, metrics, run_debug, tiny, write_tiny_table
-from mpifed.entry import launch
+from conftest import REPO, env, launch_with_mpirun, metrics, run_debug, tiny, write_tiny_table
 from mpifed.run.rundir import LockLost, RunDir, check_run_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("unload_plugins")]
@@ -357,15 +354,7 @@ exit 1
 
 
 def test_the_launcher_says_a_last_word_when_the_ranks_fail_before_a_checkpoint(tmp_path, monkeypatch, capsys):
-    (tmp_path / "mpirun").write_text(FAILING_EARLY)
-    (tmp_path / "mpirun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)}
-    try:
-        assert launch.main(["-n", "3", "--config", "x.yaml"]) == 1
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    assert launch_with_mpirun(tmp_path, monkeypatch, FAILING_EARLY) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == ("[mpifed.launch] the job failed (mpirun exited with 1). It wrote no checkpoint: the ranks' "
                     "messages above say why; once that is fixed, run the same command again")

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
+from conftest import (LAUNCH, REPO, assert_same_model, env, final_model, launch_with_mpirun, metrics, run_debug,
+                      run_mpi, tiny)
 from mpifed.comm import handoff
 from mpifed.entry import launch
 
@@ -141,15 +142,7 @@ exit 3
 
 def test_a_failed_job_ends_with_rank_0s_last_note_of_where_to_continue(tmp_path, monkeypatch, capsys):
     """mpirun can kill rank 0 before it says where the run can continue: the launcher says it last."""
-    (tmp_path / "mpirun").write_text(FAILING_MPIRUN)
-    (tmp_path / "mpirun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-    try:
-        assert launch.main(["-n", "3", "--config", "x.yaml"]) == 3
-    finally:                                   # the launcher's own signal handlers, not this process's
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    assert launch_with_mpirun(tmp_path, monkeypatch, FAILING_MPIRUN) == 3
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == ("[mpifed.launch] the job failed (mpirun exited with 3). Last checkpoint: "
                     "runs/x/checkpoints/round_000004.ckpt (after round 4); continue with: launch/local.sh 3 --resume "
@@ -158,9 +151,6 @@ def test_a_failed_job_ends_with_rank_0s_last_note_of_where_to_continue(tmp_path,
 
 def test_a_job_ended_at_once_by_a_second_ctrl_c_says_so_not_that_it_failed(tmp_path, monkeypatch, capsys):
     ignoring = FAILING_MPIRUN.replace("exit 0; }\n", "exit 0; }\ntrap '' USR1 TERM\n: > \"$MPIFED_HANDOFF/ready\"\n")
-    (tmp_path / "mpirun").write_text(ignoring)
-    (tmp_path / "mpirun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     attach = launch.Forwarder.attach
 
     def twice(self, proc):                     # the user presses Ctrl-C twice while the job runs
@@ -172,12 +162,7 @@ def test_a_job_ended_at_once_by_a_second_ctrl_c_says_so_not_that_it_failed(tmp_p
         self.on_stop(signal.SIGINT, None)
 
     monkeypatch.setattr(launch.Forwarder, "attach", twice)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)}
-    try:
-        assert launch.main(["-n", "3", "--config", "x.yaml"]) == 130
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    assert launch_with_mpirun(tmp_path, monkeypatch, ignoring) == 130
     err = capsys.readouterr().err
     assert "failed" not in err
     assert err.strip().splitlines()[-1] == (
