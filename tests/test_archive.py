@@ -89,7 +89,7 @@ def test_an_archive_continues_as_a_runs_root_and_cannot_be_written_over_its_sour
     capsys.readouterr()
     more = tmp_path / "more"
     shutil.copytree(tmp_path / "results", more)
-    assert table_main([str(table), "--runs-root", str(more), "--list"]) == 0
+    assert table_main([str(table), "--runs-root", str(more), "--list", "--commands"]) == 0
     listed = capsys.readouterr().out
     assert listed.count("finished") == 11 and "run.name=s-b-s2" in listed      # only the stopped run is left to do
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--archive", str(tmp_path / "runs")]) == 2
@@ -140,7 +140,7 @@ def test_reuse_takes_identical_runs_from_another_tables_folder_and_nothing_else(
     assert "2 runs reused from" in out and "6 of the table's runs still to make, 3 of them after their search" in out
     assert (u.root / "s-b-s1" / "summary.json").read_bytes() == (root / "s-b-s1" / "summary.json").read_bytes()
     assert not (u.root / "s-b-s0" / "model.pt").exists()
-    assert table_main([u_table, *runs, "--list"]) == 0
+    assert table_main([u_table, *runs, "--list", "--commands"]) == 0
     listed = capsys.readouterr().out
     assert listed.count(" finished ") == 6 and listed.count(" diverged ") == 1
     u = load_table(u_table, str(tmp_path / "runs"))

@@ -1,8 +1,11 @@
-"""Rank 0's outputs besides the run files: the round line's ETA, the live bar, TensorBoard events."""
+"""Rank 0's outputs besides the run files: the round line's ETA, the live bar, the trackers
+(TensorBoard, MLflow, W&B)."""
 import io
 import json
+import struct
 import subprocess
 import sys
+import time
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
@@ -61,6 +64,17 @@ def test_tensorboard_events_hold_the_metrics_rows(tmp_path):
     assert acc == [(r["round"], pytest.approx(r["test_acc"])) for r in rows]
     assert {"train_loss", "lr", "time/round", "per_class_acc/0"} <= set(events.Tags()["scalars"])
 
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    content = events.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["train.lr"].number_value == pytest.approx(0.05)
+    assert start.hparams["algorithm.name"].string_value == "fedavg"
+    assert start.hparams["data.num_clients"].number_value == 5
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert {"test_acc", "val_acc"} <= {m.name.tag for m in experiment.metric_infos}
+    config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "    algorithm:\n" in config and "      name: fedavg\n" in config
+
 
 @pytest.mark.e2e
 def test_a_debug_run_goes_on_when_its_stdout_closes(tmp_path):
@@ -94,7 +108,7 @@ def test_mlflow_tracks_a_run_across_a_resume_and_gets_the_reports_figures(tmp_pa
     run = tmp_path / "runs" / "run"
     record = json.loads((run / "mlflow.json").read_text())
     assert record["tracking_uri"] == (tmp_path / "runs" / "mlruns").resolve().as_uri()
-    assert f"tracking: MLflow run {record['run_id']} (experiment 'runs')" in out
+    assert f"tracking: MLflow run {record['run_id']} (experiment 'quickstart')" in out   # the config file's name
     run_debug(["--resume", str(run), "--set", "train.rounds=3"])             # the same MLflow run goes on
     client = MlflowClient(record["tracking_uri"])
     tracked = client.get_run(record["run_id"])
@@ -110,6 +124,89 @@ def test_mlflow_tracks_a_run_across_a_resume_and_gets_the_reports_figures(tmp_pa
     assert report_main([str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--mlflow"]) == 0
     added = {a.path for a in client.list_artifacts(record["run_id"], "report")}
     assert {"report/table.md", "report/runs-curves.png"} <= added
+
+
+@pytest.mark.e2e
+def test_mlflow_follows_the_tracking_uri_of_the_environment_and_keeps_artifacts_in_its_store(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    store = (tmp_path / "elsewhere").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.chdir(tmp_path)
+    run_debug(tiny(tmp_path, "train.rounds=1", "run.mlflow=true", "run.group=my-sweep"))
+    record = json.loads((tmp_path / "runs" / "run" / "mlflow.json").read_text())
+    assert record["tracking_uri"] == store and not (tmp_path / "runs" / "mlruns").exists()
+    client = MlflowClient(store)
+    tracked = client.get_run(record["run_id"])
+    assert client.get_experiment(tracked.info.experiment_id).name == "my-sweep"
+    assert tracked.info.artifact_uri.startswith(store) and not (tmp_path / "mlruns").exists()
+
+
+def test_an_experiment_in_a_sqlite_store_keeps_its_artifacts_beside_the_database(tmp_path):
+    from mpifed.run.mlflow_log import artifact_location
+    assert artifact_location(f"sqlite:///{tmp_path}/db/mlflow.db") == (tmp_path / "db" / "mlartifacts").as_uri()
+    assert artifact_location("http://server:5000") is None and artifact_location(tmp_path.as_uri()) is None
+
+
+def wandb_records(folder):
+    """The records of every offline W&B run file under ``folder``, file by file, as protobuf messages
+    (the file: a 7-byte header, then LevelDB-log records in 32 KiB blocks)."""
+    from wandb.proto import wandb_internal_pb2
+    out = []
+    for path in sorted(folder.glob("wandb/offline-run-*/run-*.wandb")):
+        raw, pos, part, records = path.read_bytes(), 7, b"", []
+        assert raw.startswith(b":W&B")
+        while pos + 7 <= len(raw):
+            room = 32768 - pos % 32768
+            if room < 7:
+                pos += room
+                continue
+            _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+            if kind == 0:
+                pos += room
+                continue
+            part, pos = part + raw[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind in (1, 4):          # a whole record, or a record's last piece
+                records.append(wandb_internal_pb2.Record.FromString(part))
+                part = b""
+        out.append(records)
+    return out
+
+
+def wandb_key(item):
+    return item.key or "/".join(item.nested_key)
+
+
+@pytest.mark.e2e
+def test_wandb_offline_holds_the_config_the_group_and_every_round_across_a_resume(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = run_debug(tiny(tmp_path, "train.rounds=2", "run.wandb=true", "run.wandb_project=proj")).stdout
+    run = tmp_path / "runs" / "run"
+    record = json.loads((run / "wandb.json").read_text())
+    assert record["round"] == 2
+    assert f"tracking: W&B run {record['id']} (project 'proj', group 'quickstart'): offline" in out
+    run_debug(["--resume", str(run), "--set", "train.rounds=3"])
+    for _ in range(60):       # wandb's service closes a run's file a moment after finish() returns
+        files = wandb_records(run)
+        if len(files) == 2 and all(f[-1].WhichOneof("record_type") == "exit" for f in files):
+            break
+        time.sleep(0.5)
+    assert len(files) == 2 and all(f[-1].WhichOneof("record_type") == "exit" for f in files)
+    started = [r.run for records in files for r in records if r.WhichOneof("record_type") == "run"]
+    assert {(s.run_id, s.project, s.run_group, s.display_name) for s in started} == {
+        (record["id"], "proj", "quickstart", "run")}
+    config = {wandb_key(u): json.loads(u.value_json) for u in started[0].config.update}
+    assert config["train"]["lr"] == pytest.approx(0.05) and config["algorithm"]["name"] == "fedavg"
+    history = [(r.history.step.num, {wandb_key(i): json.loads(i.value_json) for i in r.history.item})
+               for records in files for r in records if r.WhichOneof("record_type") == "history"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(step, h["test_acc"]) for step, h in history] == [(r["round"], pytest.approx(r["test_acc"])) for r in rows]
+    summary = {wandb_key(i): json.loads(i.value_json) for r in files[1] if r.WhichOneof("record_type") == "summary"
+               for i in r.summary.update}
+    assert summary["status"] == "finished" and summary["final_test_acc"] == pytest.approx(rows[-1]["test_acc"])
 
 
 @pytest.mark.e2e

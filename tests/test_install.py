@@ -62,7 +62,8 @@ def test_commands_and_a_debug_run_of_the_shipped_quick_start(installed):
     assert "sbatch slurm/cpu.sbatch" in installed("mpifed", "slurm")
     assert (installed.work / "slurm" / "array.sbatch").is_file() and (installed.work / "slurm" / "common.sh").is_file()
     assert "configs/papers/fedntd/table1.table.yaml" in installed("mpifed", "config", "list").split()
-    assert "mnist-shard2-fedavg-s0" in installed("mpifed-table", "configs/papers/fedntd/table1.table.yaml", "--list")
+    assert "run.name=mnist-shard2-fedavg-s0" in installed("mpifed-table", "configs/papers/fedntd/table1.table.yaml",
+                                                          "--list", "--commands")
     out = installed("mpifed", "run", "--config", "configs/quickstart.yaml", "--set", "train.rounds=1", "run.name=q")
     assert "round 1/1" in out
     assert json.loads((installed.work / "runs" / "q" / "status.json").read_text())["state"] == "finished"

@@ -79,7 +79,7 @@ def own_table(tmp_path_factory, has_mpirun):
     (t / "t.table.yaml").write_text("title: Mine against FedAvg\nplugins: [../penalty.py]\nmetric: final_test_acc\n"
                                     "settings: [s.yaml]\nmethods: [fedavg.yaml, mine.yaml]\nseeds: [0, 1]\n"
                                     "claims: [\"mine > fedavg\"]\n")
-    listed = command(home, "mpifed.table", "t/t.table.yaml", "--list").stdout
+    listed = command(home, "mpifed.table", "t/t.table.yaml", "--list", "--commands").stdout
     assert listed.count(f"--plugin {home / 'penalty.py'}") == 4
     mpifed(home, "mpifed.table", "t/t.table.yaml", "--run", "3", "--seeds", "0")
     mpifed(home, "mpifed.table", "t/t.table.yaml", "--run", "0", "--seeds", "1")
@@ -88,7 +88,7 @@ def own_table(tmp_path_factory, has_mpirun):
 
 def test_the_table_runs_summarises_and_reports_the_method(own_table):
     home = own_table
-    listed = command(home, "mpifed.table", "t/t.table.yaml", "--list").stdout
+    listed = command(home, "mpifed.table", "t/t.table.yaml", "--list", "--commands").stdout
     assert listed.count("finished") == 4
     summary = command(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
     assert "| mine |" in summary and "Against fedavg" in summary and "mine > fedavg" in summary
@@ -152,7 +152,7 @@ def test_a_run_of_the_method_resumes_without_plugin_and_refuses_once_its_code_ch
         assert (f"the code of plugin {method} changed since the run started (SHA-256 {old} then, {new} now)"
                 in p.stderr) and p.stderr.count("changed since the run started") == 1
         # the table: the changed method's runs are new runs, never mixed with the old ones
-        listed = command(home, "mpifed.table", "t/t.table.yaml", "--list").stdout.splitlines()
+        listed = command(home, "mpifed.table", "t/t.table.yaml", "--list", "--commands").stdout.splitlines()
         assert [line.split()[0] for line in listed if "mine.yaml" in line] == ["new", "new"]
         summary = command(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
         assert f"s-mine-s0: made with code.algorithm='{old}' (here '{new}')" in summary
@@ -251,7 +251,7 @@ def test_the_tutorials_files_run_as_the_page_shows_them(tmp_path):
         (tmp_path / "mytable" / name).write_text(block)
     command(tmp_path, "mpifed.main", "--plugin", "my_method.py", "--set", "algorithm.name=logit_penalty",
            "train.rounds=1", "run.name=first-try")
-    listed = command(tmp_path, "mpifed.table", "mytable/mine.table.yaml", "--list").stdout
+    listed = command(tmp_path, "mpifed.table", "mytable/mine.table.yaml", "--list", "--commands").stdout
     assert listed.count(f"--plugin {tmp_path / 'my_method.py'}") == 12
     assert "20 runs of 4 setting x method pairs wait for their search to finish" in listed
 

@@ -565,7 +565,7 @@ def test_filters_select_part_of_the_table_and_list_estimates_the_time_left(tmp_p
     t = load_table(table, str(tmp_path / "runs"))
     resolve(t, [])
     _write(t.root / "s-a-s0", t.runs[0].resolved, [{"round": 1, "test_acc": 0.5}])
-    assert table_main([str(table), *root, "--list", "--methods", "a", "--seeds", "1", "2"]) == 0
+    assert table_main([str(table), *root, "--list", "--commands", "--methods", "a", "--seeds", "1", "2"]) == 0
     out = capsys.readouterr().out
     assert "run.name=s-a-s1" in out and "run.name=s-a-s2" in out and "s-b-" not in out and "s-a-s0" not in out
     assert ("estimated time left, one run at a time: 1m for 2 runs, from 1 finished runs' seconds per round and "
@@ -585,9 +585,12 @@ def test_a_run_killed_before_its_first_status_lists_as_failed_not_new(tmp_path, 
     resolve(t, [])
     t.runs[0].path.mkdir(parents=True)
     (t.runs[0].path / "config.yaml").write_text(yaml.safe_dump(t.runs[0].resolved))
-    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--commands"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[0] == "failed" and lines[1].split()[0] == "new"
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    grid = capsys.readouterr().out.splitlines()
+    assert grid[1].split() == ["setting", "method", "s0"] and grid[2].split() == ["s", "a", "failed"], grid
 
 
 @pytest.mark.e2e

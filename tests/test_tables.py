@@ -148,7 +148,7 @@ def test_summary_uses_only_finished_runs_of_the_configuration_and_says_why(tmp_p
 def test_overrides_of_what_the_table_sets_itself_are_refused(tmp_path, capsys):
     table = write_table(tmp_path / "t", tmp_path / "data")
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--set", "run.seed=3"]) == 2
-    assert "the table sets run.seed, run.name and run.root of its runs itself" in capsys.readouterr().err
+    assert "the table sets run.seed, run.name, run.root and run.group of its runs itself" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ metrics as the papers report them
@@ -231,10 +231,13 @@ def test_paper_tables_declare_their_papers_metrics():
 def test_list_marks_runs_whose_raw_data_is_missing(tmp_path, capsys):
     table = write_table(tmp_path / "t", tmp_path / "data", methods="[a.yaml, b.yaml]",
                         dataset=f"{{name: cifar10, root: {tmp_path / 'raw'}}}")
-    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list", "--commands"]) == 0
     out = capsys.readouterr().out
     expected = tmp_path / "raw" / "cifar-10-batches-py"
     assert out.count(f"[raw data missing: expects {expected}]") == 2
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("no data") == 2
     assert f"runs lack their raw data; put it in (or point data.dataset.root at): {expected}" in out
     assert "2 of 2 runs cannot start until then" in out
     (expected).mkdir(parents=True)

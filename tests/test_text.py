@@ -151,6 +151,8 @@ def test_table_list_names_a_missing_tokenizer_as_such(tmp_path, capsys):
     (tmp_path / "t.table.yaml").write_text("title: T\nmetric: {kind: final}\nsettings: [s.yaml]\nmethods: "
                                            "[a.yaml]\nseeds: [0]\n")
     assert table_main([str(tmp_path / "t.table.yaml"), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    assert "no tokenizer" in capsys.readouterr().out
+    assert table_main([str(tmp_path / "t.table.yaml"), "--runs-root", str(tmp_path / "runs"), "--list", "--commands"]) == 0
     out = capsys.readouterr().out
     assert f"[tokenizer missing: expects {tmp_path / 'nowhere'}]" in out and "raw data" not in out
     assert f"save the tokenizer there (docs/text.md), or point data.tokenizer at one: {tmp_path / 'nowhere'}" in out

@@ -208,19 +208,32 @@ def job_resources(mpifed_args: list[str]) -> ResourcesConfig:
 def for_job(ranks: int, mpifed_args: list[str], environ: Mapping[str, str], say: Callable[[str], None]) -> Daemon:
     """The job's daemon under ``resources.mps`` (a :class:`Daemon` that does nothing when none is
     wanted). A config mpifed cannot read is left for mpifed.main to report. Raises :class:`MpsError`."""
-    try:
-        resources = job_resources(mpifed_args)
-    except ConfigError:
-        return Daemon()
-    if resources.mps == "off":
-        return Daemon()
-    control = shutil.which(CONTROL, path=environ.get("PATH"))
-    wanted, why = decide(resources.mps, ranks, visible_gpus(environ), resources, control)
+    wanted, why, control = _planned(ranks, mpifed_args, environ)
     if not wanted:
         if why:
             say(f"MPS: {why}")
         return Daemon()
     return start(control, environ, say, why)
+
+
+def plan(ranks: int, mpifed_args: list[str], environ: Mapping[str, str]) -> str:
+    """What :func:`for_job` would do, in words, starting nothing (for ``--dry-run``). Raises :class:`MpsError`."""
+    wanted, why, _ = _planned(ranks, mpifed_args, environ)
+    if wanted:
+        return f"MPS: would start a control daemon for the job ({why})"
+    return f"MPS: {why or 'no daemon (resources.mps is off)'}"
+
+
+def _planned(ranks: int, mpifed_args: list[str], environ: Mapping[str, str]) -> tuple[bool, str, str | None]:
+    try:
+        resources = job_resources(mpifed_args)
+    except ConfigError:
+        return False, "", None
+    if resources.mps == "off":
+        return False, "", None
+    control = shutil.which(CONTROL, path=environ.get("PATH"))
+    wanted, why = decide(resources.mps, ranks, visible_gpus(environ), resources, control)
+    return wanted, why, control
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ import ctypes
 import ctypes.util
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -231,6 +232,19 @@ def invoked_as(n: int) -> str:
     return f"{handoff.python_command()} -m mpifed.launch -n {n}"
 
 
+def _dry_run(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) -> int:
+    """``--dry-run``: the mpirun command and what MPS would do, then the ranks' own dry run (which
+    writes nothing) under that command; no daemon is started."""
+    try:
+        _say(cuda_mps.plan(args.ranks, args.mpifed_args, env))
+    except cuda_mps.MpsError as exc:
+        _say(str(exc))
+        return handoff.EXIT_USAGE
+    _say(f"would run: {shlex.join(cmd)}")
+    sys.stdout.flush()
+    return subprocess.run(cmd, env=env).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run mpirun for ``argv`` (``-n N`` then mpifed's arguments); returns the exit code."""
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
@@ -242,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     terminal = handoff.is_terminal(sys.stdout) and handoff.is_terminal(sys.stderr)
     cmd, env = command(args.ranks, args.mpifed_args, mpirun, open_mpi_version(mpirun), usable_cores(), os.environ,
                        os.geteuid() == 0, terminal=terminal)
+    if "--dry-run" in args.mpifed_args:
+        return _dry_run(args, cmd, env)
     try:
         daemon = cuda_mps.for_job(args.ranks, args.mpifed_args, env, _say)
     except cuda_mps.MpsError as exc:

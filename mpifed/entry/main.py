@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --resume: load a checkpoint that holds Python objects beyond tensors and plain values "
                         "(unpickling them runs code from the file: only for a checkpoint from someone you trust)")
     p.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config, the run directory, the prepared "
+                   "data and what would run, and exit; writes nothing")
     p.add_argument("--config-reference", action="store_true", help="print every config key with its default and exit")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     return p.parse_args(argv)
@@ -99,10 +101,12 @@ def _run(args: argparse.Namespace, comm: Comm, mpi_world: Any, errors: tuple[typ
     from mpifed.round.startup import Startup
     startup = Startup(comm, mpi_world, errors)
     resolved = startup.resolve(lambda: resolve(args))
-    if args.show_config or resolved.nothing_to_do:
+    if args.show_config or args.dry_run or resolved.nothing_to_do:
         if comm.rank == 0:
-            print(yaml.safe_dump(resolved.config, sort_keys=False) if args.show_config else resolved.nothing_to_do,
-                  flush=True)
+            shown = yaml.safe_dump(resolved.config, sort_keys=False) if args.show_config or args.dry_run else ""
+            if args.dry_run:
+                shown += dry_run(args, resolved, comm.size)
+            print(shown or resolved.nothing_to_do, flush=True)
         return 0
     return startup.start(resolved, handoff.resume_command(resolved.run_path, comm.size)).walk()
 
@@ -121,10 +125,13 @@ def resolve(args: argparse.Namespace) -> Resolved:
         resume.restore_code(RunDir(Path(args.resume)))
     cfg, d = config.load(args.config, [o for group in args.set for o in group], base=saved, plugins=args.plugin)
     run_path = _run_path(args, cfg, d)
+    if d["run"].get("group") is None:
+        d["run"]["group"] = (Path(args.config[-1]).stem if args.config
+                             else run_path.resolve().parent.name if args.resume else "quickstart")
     cfg = config.build(d)
     check_extras(cfg)
     how = tuple(p.how_to_load() for p in plugins.loaded() if p.kind != "entry point")
-    if args.show_config:
+    if args.show_config or args.dry_run:
         return Resolved(d, run_path, plugins=how)
     run = RunDir(run_path)
     new = not run.holds_run()
@@ -166,13 +173,51 @@ def _run_path(args: argparse.Namespace, cfg: config.Config, d: dict[str, Any]) -
     else:
         stem = Path(args.config[-1]).stem if args.config else "quickstart"
         path = Path(cfg.run.root) / default_run_name(stem)
-        if not args.show_config:
+        if not (args.show_config or args.dry_run):
             try:
                 path = claim_new(path.parent, path.name)
             except OSError as exc:
                 raise RunError(unwritable_root(path, exc)) from None
     d["run"]["name"] = path.name
     return path
+
+
+def dry_run(args: argparse.Namespace, resolved: Resolved, size: int) -> str:
+    """What the run would do, read without writing anything: its directory, its data, its work."""
+    from mpifed.run import checkpoint
+    from mpifed.run.prepared import prepared_dir, raw_data_missing
+    from mpifed.run.progress import count
+    cfg = config.build(resolved.config)
+    run = RunDir(resolved.run_path)
+    state = run.state() if run.holds_run() else None
+    latest = checkpoint.latest(run.checkpoints) if state else None
+    if state is None:
+        where = "new"
+    elif args.resume is not None:
+        where = (f"holds a {state} run: --resume continues it from {latest}" if latest else
+                 f"holds a {state} run without a checkpoint: --resume starts it again")
+    elif args.overwrite:
+        where = f"holds a {state} run: --overwrite would replace it"
+    else:
+        where = f"holds a {state} run: the run would refuse to start (continue it with --resume, or --overwrite)"
+    data = prepared_dir(cfg)
+    if (data / "manifest.json").exists():
+        prepared = "prepared"
+    else:
+        missing = raw_data_missing(cfg)
+        prepared = (f"not prepared yet, and its raw data is missing: expects {missing}" if missing else
+                    "not prepared yet: the run prepares it first")
+    mode = f"{size} ranks (1 server + {size - 1} workers)" if size > 1 else "one process (debug mode)"
+    trackers = [name for name, on in (("TensorBoard", cfg.run.tensorboard), ("MLflow", cfg.run.mlflow),
+                                      ("W&B", cfg.run.wandb)) if on]
+    return "\n".join([
+        "# dry run: nothing was written",
+        f"# run directory: {resolved.run_path} ({where})",
+        f"# data: {data} ({prepared})",
+        f"# would run: {cfg.algorithm.name} on {cfg.data.dataset.name}, {count(cfg.data.num_clients, 'client')} "
+        f"({cfg.train.participation:.0%} of them each round), {count(cfg.train.rounds, 'round')} of "
+        f"{count(cfg.train.local_epochs, 'local epoch')}, seed {cfg.run.seed}; {mode}"
+        + (f"; tracked in {', '.join(trackers)}" if trackers else "")])
 
 
 def user_errors() -> tuple[type[Exception], ...]:

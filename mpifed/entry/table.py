@@ -12,6 +12,13 @@
     python -m mpifed.table TABLE --reuse results                      # take identical runs from another table's folder
     python -m mpifed.table TABLE --prune                              # free the disk: settled runs' checkpoints, state
     ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2  # any command, on part of the table
+    ... --run 3 --dry-run                                             # what --run would run, writing nothing
+
+A sweep is a table made on the command line (see :mod:`mpifed.tables.sweep`): one config, the
+product of the values given, each point a run per seed; every command above works on it::
+
+    python -m mpifed.table --config configs/quickstart.yaml --sweep train.lr=0.01,0.1 \
+        data.partition.beta=0.1,0.5 --seeds 0 1 2 --run 3 --parallel 2     # then the same with --summary
 
 A table file::
 
@@ -56,8 +63,9 @@ from mpifed import __version__
 from mpifed.settings import config
 from mpifed.run import results
 from mpifed.files.pipes import quiet_when_pipe_closes
-from mpifed.tables.run_queue import Job, run_jobs
-from mpifed.tables.summary import ClaimFamily, Runs, Summary, tabulate
+from mpifed.tables.run_queue import Job, launcher, run_jobs
+from mpifed.tables.summary import ClaimFamily, Runs, Summary, run_value, tabulate
+from mpifed.tables.sweep import DEFAULT_METRIC, load_sweep
 from mpifed.tables.table_file import Table, TableRun, finished_runs, load_table, resolve, settled, status
 from mpifed.tables.table_store import archive_table, prune, reuse_runs, settled_runs_under
 from mpifed.tables.tuning import grid_cells
@@ -153,29 +161,27 @@ def summary_table(table: Table, reference: str | None = None, by_seed: bool = Fa
 
 
 # ------------------------------------------------------------------ listing
-def listing(table: Table, added: list[str]) -> str:
-    """Each run's status (``diverged``: failed with a NaN loss, not run again), directory and mpifed
-    arguments (the search runs first); runs whose raw data is missing are marked with the folder
-    they expect; the estimated time left."""
+def listing(table: Table, added: list[str], commands: bool = False) -> str:
+    """The table's runs as a grid, a row per setting x method (and search candidate) and a column
+    per seed: each finished run's value in the metric (a search run's score), each other run's
+    state (``diverged``: failed with a NaN loss, not run again; ``search``: waits for its search;
+    ``no data``, ``no tokenizer``: what it needs is missing); with ``commands``, instead a line per run
+    with its state and mpifed arguments, marked where its data is missing. Then the folders the
+    missing data is expected in, and the estimated time left."""
     from mpifed.run.prepared import raw_data_missing
-    lines = []
     folders: set[str] = set()
     tokenizers: set[str] = set()
-    count = 0
-    for kind, runs in (("search", table.search), ("", table.runs)):
-        for r in runs:
-            if (r.setting, r.method) in table.pending and not kind:
-                continue
-            cfg = config.build(r.resolved)
-            missing = raw_data_missing(cfg)
-            mark = ""
-            if missing is not None:
-                count += 1
-                tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
-                (tokenizers if tokenizer else folders).add(str(missing))
-                mark = f"  [{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
-            state = status(r)
-            lines.append(f"{state:>9}  {kind + ' ' if kind else ''}{shlex.join(r.args(added))}{mark}")
+    marks: dict[Path, str] = {}
+    for r in _listed(table):
+        cfg = config.build(r.resolved)
+        missing = raw_data_missing(cfg)
+        if missing is not None:
+            tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
+            (tokenizers if tokenizer else folders).add(str(missing))
+            marks[r.path] = f"[{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
+    lines = _commands(table, added, marks) if commands else _grids(table, {
+        path: "no tokenizer" if mark.startswith("[tokenizer") else "no data" for path, mark in marks.items()})
+    count = len(marks)
     waiting = [r for r in table.runs if (r.setting, r.method) in table.pending]
     if waiting:
         pairs = sorted({(r.setting, r.method) for r in waiting})
@@ -192,7 +198,55 @@ def listing(table: Table, added: list[str]) -> str:
     eta = estimate(table)
     if eta:
         lines.append(eta)
+    if not commands:
+        lines.append("(--list --commands: each run's state and mpifed arguments)")
     return "\n".join(lines)
+
+
+def _listed(table: Table) -> list[TableRun]:
+    """The runs a listing shows: the search's, then the table's whose search has finished."""
+    return table.search + [r for r in table.runs if (r.setting, r.method) not in table.pending]
+
+
+def _commands(table: Table, added: list[str], marks: dict[Path, str]) -> list[str]:
+    return [f"{status(r):>9}  {'search ' if r.candidate is not None else ''}{shlex.join(r.args(added))}"
+            + (f"  {marks[r.path]}" if r.path in marks else "") for r in _listed(table)]
+
+
+def _grids(table: Table, no_data: dict[Path, str]) -> list[str]:
+    """The search's grid (while it has runs to make) and the table's: a cell per run."""
+    out: list[str] = []
+    if table.tuning is not None and any(not settled(r.path) for r in table.search):
+        rows: dict[tuple[str, ...], dict[int, str]] = {}
+        for r in table.search:
+            rows.setdefault((r.setting, r.method, r.candidate or ""), {})[r.seed] = _cell(r, table.tuning.select,
+                                                                                           no_data)
+        out += [f"The search: {table.tuning.select.label} of each candidate (in points where a fraction), or its "
+                f"state", *_aligned(("setting", "method", "candidate"), sorted({r.seed for r in table.search}), rows),
+                ""]
+    rows = {}
+    for r in table.runs:
+        cell = "search" if (r.setting, r.method) in table.pending else _cell(r, table.metric, no_data)
+        rows.setdefault((r.setting, r.method), {})[r.seed] = cell
+    out += [f"{table.title}: {table.metric.label} of each finished run (in points where a fraction), or its state",
+            *_aligned(("setting", "method"), sorted({r.seed for r in table.runs}), rows)]
+    return out
+
+
+def _cell(r: TableRun, metric: results.Metric, no_data: dict[Path, str]) -> str:
+    state = status(r)
+    if state != "finished":
+        return no_data.get(r.path, state) if state == "new" else state
+    value = run_value(metric, r.path)
+    return f"{value:.2f}" if value is not None else "finished"
+
+
+def _aligned(names: tuple[str, ...], seeds: list[int], rows: dict[tuple[str, ...], dict[int, str]]) -> list[str]:
+    header = [*names, *(f"s{s}" for s in seeds)]
+    body = [[*key, *(cells.get(s, "") for s in seeds)] for key, cells in rows.items()]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    return ["  ".join(text.ljust(w) if i < len(names) else text.rjust(w) for i, (text, w) in
+                      enumerate(zip(line, widths))).rstrip() for line in [header, *body]]
 
 
 def estimate(table: Table) -> str:
@@ -290,15 +344,28 @@ def _loaded(a: argparse.Namespace, added: list[str], record: bool) -> Table:
     """The table file of the command line, its runs resolved with the --set overrides ``added``
     (``record``: its search's choice written down) and selected by --settings, --methods and --seeds;
     a :class:`~mpifed.settings.config.ConfigError` for a bad table, --reference or --tune."""
-    table = load_table(a.table, a.runs_root, a.plugin)
+    if a.sweep:
+        table = load_sweep(a.config, [w for group in a.sweep for w in group], a.base, a.seeds, a.runs_root, a.plugin,
+                           a.name, a.metric or DEFAULT_METRIC)
+    else:
+        table = load_table(a.table, a.runs_root, a.plugin)
     if a.reference is not None and a.reference not in {r.method for r in table.runs}:
         raise config.ConfigError(f"--reference {a.reference}: not a method of this table "
                                  f"({', '.join(dict.fromkeys(r.method for r in table.runs))})")
     if a.tune is not None and table.tuning is None:
         raise config.ConfigError(f"--tune: {a.table} declares no search (a tuning section)")
     resolve(table, added, record=record)
-    table.select(a.settings, a.methods, a.seeds)
+    table.select(a.settings, a.methods, None if a.sweep else a.seeds)
     return table
+
+
+def _source(a: argparse.Namespace) -> list[str]:
+    """The words of the command line that name the table: its file, or the sweep's configs and values."""
+    if not a.sweep:
+        return [a.table]
+    words = [w for c in a.config for w in ("--config", c)] + ["--sweep", *(w for group in a.sweep for w in group)]
+    words += ["--set", *a.base] if a.base else []
+    return words + (["--name", a.name] if a.name else []) + (["--metric", a.metric] if a.metric else [])
 
 
 def _archive(table: Table, a: argparse.Namespace, added: list[str]) -> int:
@@ -307,7 +374,7 @@ def _archive(table: Table, a: argparse.Namespace, added: list[str]) -> int:
                for w in (flag, *map(str, v))]
     set_again = ["--set", *added] if added else []
     code = [w for spec in a.plugin for w in ("--plugin", spec)]
-    summary = shlex.join(["python", "-m", "mpifed.table", a.table, "--runs-root", a.archive, *code, *filters,
+    summary = shlex.join(["python", "-m", "mpifed.table", *_source(a), "--runs-root", a.archive, *code, *filters,
                           *set_again, "--summary"])
     print(archive_table(table, Path(a.archive), summary))
     return 0
@@ -362,6 +429,25 @@ def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> i
     return 0
 
 
+def dry_run(table: Table, a: argparse.Namespace, added: list[str]) -> str:
+    """What ``--run``/``--tune`` would do now, written nothing: the runs it would make (the search's
+    first, where it has one still to choose), each with its directory and command."""
+    ranks = a.tune if a.tune is not None else a.run
+    searching = table.tuning is not None and (table.pending or a.tune is not None)
+    todo = [r for r in (table.search if searching else table.runs) if not settled(r.path)]
+    how = f"{ranks} ranks each" if ranks else "the debug mode (one process each)"
+    lines = [f"# dry run: nothing was written. Now {len(todo)} {'search ' if searching else ''}runs would run, with "
+             f"{how}, {a.parallel} at a time:"]
+    start = shlex.join(["python", *launcher(ranks)[1:]])
+    lines += [f"{r.path}  ({status(r)}): {start} {shlex.join(r.args(added))}" for r in todo]
+    if searching and a.tune is None:
+        waiting = sum((r.setting, r.method) in table.pending for r in table.runs)
+        lines.append(f"# then the choice of each search, and the table's {waiting} runs that wait for it")
+    elif not todo:
+        lines.append("# nothing to run: every run is settled (finished or diverged); --summary reports them")
+    return "\n".join(lines)
+
+
 def _print(text: str) -> int:
     print(text)
     return 0
@@ -383,8 +469,16 @@ def _diverged_arg(text: str) -> float | str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mpifed.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", help="the table file (*.table.yaml); a configs/... path also finds the tables shipped with "
-                                 "mpifed")
+    p.add_argument("table", nargs="?", help="the table file (*.table.yaml); a configs/... path also finds the tables "
+                                            "shipped with mpifed. Without one: a sweep (--config, --sweep)")
+    s = p.add_argument_group("a sweep instead of a table file (mpifed.tables.sweep)")
+    s.add_argument("--config", action="append", default=[], metavar="YAML", help="the sweep's config file "
+                   "(repeatable; later files override earlier ones)")
+    s.add_argument("--sweep", action="append", nargs="+", default=[], metavar="KEY=V1,V2",
+                   help="the values of a key to sweep, e.g. train.lr=0.01,0.1; several keys: every combination")
+    s.add_argument("--name", help="the sweep's folder under --runs-root (default: <config>-sweep-<keys>)")
+    s.add_argument("--metric", help=f"the sweep's primary metric, as a table file declares it (default: "
+                                    f"{DEFAULT_METRIC!r}, the final test accuracy)")
     p.add_argument("--runs-root", default="runs", help="folder that holds the table's run folder (default: runs)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
                    "module of your own first (a method, model, data set or partition), for every run of the table "
@@ -395,7 +489,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", nargs="+", metavar="LABEL", help="only these settings (their labels, as --list shows "
                                                                   "them)")
     p.add_argument("--methods", nargs="+", metavar="LABEL", help="only these methods")
-    p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds (the search keeps its own)")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds (the search keeps its own); "
+                   "a sweep's seeds (default: its config's run.seed)")
     p.add_argument("--reference", metavar="LABEL", help="--summary: compare every method with this one "
                    "(default: the table's reference, else the FedAvg row)")
     p.add_argument("--by-seed", action="store_true", help="--summary: also the search's scores as a table, and each "
@@ -421,6 +516,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prune", action="store_true", help="delete the checkpoints and per-client state of the settled "
                    "runs (finished or diverged), keeping their record and final model: gigabytes a run for methods "
                    "with per-client state over many clients (FedCurv, SCAFFOLD, MOON)")
+    p.add_argument("--dry-run", action="store_true", help="--run/--tune: print the runs they would make now, with "
+                   "their directories and commands, and write nothing")
+    p.add_argument("--commands", action="store_true", help="--list: a line per run with its state and mpifed "
+                   "arguments, instead of the grid")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
     p.add_argument("--diverged", type=_diverged_arg, metavar="VALUE",
@@ -440,13 +539,32 @@ def main(argv: list[str] | None = None) -> int:
     for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None)):
         if given and not a.summary:
             p.error(f"{flag} goes with --summary")
+    if a.commands and not a.list:
+        p.error("--commands goes with --list")
+    if a.dry_run and a.run is None and a.tune is None:
+        p.error("--dry-run goes with --run or --tune (--list shows every run's state)")
+    if a.table is not None and (a.sweep or a.config or a.name or a.metric):
+        p.error("--config, --sweep, --name and --metric make a sweep without a table file (a table file searches "
+                "values with its tuning section); give one or the other")
+    if not a.sweep and (a.config or a.name or a.metric):
+        p.error("--config, --name and --metric go with --sweep KEY=V1,V2 ...")
+    if a.sweep and not a.config:
+        p.error("--sweep needs the config it sweeps: --config X.yaml")
+    if a.table is None and not a.sweep:
+        p.error("give a table file, or a sweep: --config X.yaml --sweep KEY=V1,V2 ...")
     added = [o for group in a.set for o in group]
+    a.base = []
+    if a.sweep:        # a sweep's --set is part of its configuration, as its config files are
+        a.base, added = added, []
     again = shlex.join(["python", "-m", "mpifed.table", *argv])
     try:
-        record = a.tune is not None or a.run is not None or a.write_runs is not None or a.reuse is not None
+        record = not a.dry_run and (a.tune is not None or a.run is not None or a.write_runs is not None
+                                    or a.reuse is not None)
         table = _loaded(a, added, record)
+        if a.dry_run:
+            return _print(dry_run(table, a, added))
         if a.list:
-            return _print(listing(table, added))
+            return _print(listing(table, added, a.commands))
         if a.write_runs:
             return _print(_write_runs(table, added, a.write_runs))
         if a.summary:

@@ -155,8 +155,7 @@ class Startup:
             server = make_server(cfg, resolved, algo, setup, layouts, manifest, transform, run, workers, resume_command)
             code = plugins.keep_copies(run.path, config.chosen_entries(cfg))
             provenance.record(run.path, ranks, server.rounds_done, code)
-            tracked = server.records.mlflow.describe() if server.records.mlflow else None
-            log_start(run, cfg, manifest, size, ranks, tracked, code)
+            log_start(run, cfg, manifest, size, ranks, server.records.tracked(), code)
             world.context = server.describe_checkpoint
             signals.on_signal(lambda name: announce_stop(server, name))
         return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round), server, run, rank)
@@ -241,7 +240,7 @@ def check_extras(cfg: config.Config) -> None:
     """Resolve: the optional packages the config asks for are installed (before anything starts)."""
     from mpifed.run.resume import RunError
     for wanted, module, extra in ((cfg.run.tensorboard, "tensorboard", "tensorboard"),
-                                  (cfg.run.mlflow, "mlflow", "mlflow")):
+                                  (cfg.run.mlflow, "mlflow", "mlflow"), (cfg.run.wandb, "wandb", "wandb")):
         if wanted and importlib.util.find_spec(module) is None:
             raise RunError(f"run.{extra}=true needs the {module} package: pip install 'mpifed[{extra}]' "
                            f"(or set run.{extra}=false)")
@@ -356,9 +355,10 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
 
 
 def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ranks: list[dict[str, Any]],
-              mlflow: str | None, code: list[dict[str, Any]]) -> None:
+              tracked: list[str], code: list[dict[str, Any]]) -> None:
     """The run's first lines in log.txt: the method, the data, the mode, where each rank runs, the
-    plugins the run uses (``code``: their records), and where the run is tracked (TensorBoard, ``mlflow``)."""
+    plugins the run uses (``code``: their records), and where the run is tracked (TensorBoard, the
+    ``tracked`` trackers' descriptions)."""
     mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
     run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {count(manifest.num_clients, 'client')}, "
             f"{count(cfg.train.rounds, 'round')}; {mode}; run directory {run.path}")
@@ -381,8 +381,8 @@ def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ra
     if cfg.run.tensorboard:
         events = run.path / "tensorboard"
         run.log(f"[mpifed] TensorBoard events in {events}; view them with: tensorboard --logdir {events.parent.parent}")
-    if mlflow:
-        run.log(f"[mpifed] tracking: {mlflow}")
+    for tracker in tracked:
+        run.log(f"[mpifed] tracking: {tracker}")
 
 
 def announce_stop(server: RoundServer, name: str) -> None:

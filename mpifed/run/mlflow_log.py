@@ -3,9 +3,13 @@ metrics.jsonl row's numbers as metrics at step = round, and at the end the summa
 artifact, and its accuracies as metrics) and the run's status. ``mpifed report --mlflow`` adds
 the report's tables and figures to the runs it reports on (:func:`log_report`).
 
-The store is ``run.mlflow_uri``, by default a file store in ``<run.root>/mlruns``: no server,
-safe for parallel runs on a shared file system, one store for all the runs of a folder (MLflow
-3 keeps file stores in maintenance mode; mpifed opts in with ``MLFLOW_ALLOW_FILE_STORE=true``).
+The store is ``run.mlflow_uri``, else ``$MLFLOW_TRACKING_URI``, else a file store in
+``<run.root>/mlruns``: no server, safe for parallel runs on a shared file system, one store for
+all the runs of a folder (MLflow 3 keeps file stores in maintenance mode; mpifed opts in with
+``MLFLOW_ALLOW_FILE_STORE=true``). The experiment is ``run.mlflow_experiment``, else
+``run.group`` (the table, the sweep or the config file). An experiment mpifed creates in a
+SQLite store keeps its artifacts beside the database file (``mlartifacts/``), not in the
+current folder; a server's or another database's experiments keep theirs where MLflow puts them.
 The MLflow run's id is kept in ``runs/<name>/mlflow.json``, so a resumed run continues the same
 MLflow run (the rounds after its checkpoint are logged again, at the same steps). Needs the
 ``[mlflow]`` extra; nothing else in mpifed imports mlflow.
@@ -43,6 +47,20 @@ def default_uri(root: str | Path) -> str:
     return (Path(root) / "mlruns").resolve().as_uri()
 
 
+def tracking_uri(run: dict[str, Any]) -> str:
+    """The store a run's config asks for: ``run.mlflow_uri``, else ``$MLFLOW_TRACKING_URI``, else the default."""
+    return run.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or default_uri(run["root"])
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment in the store ``uri`` keeps its artifacts: beside a SQLite file; None
+    (MLflow's choice: inside a file store, a server's own) otherwise."""
+    match = re.fullmatch(r"sqlite:///(.+)", uri)
+    if match is None or match.group(1) == ":memory:":
+        return None
+    return (Path(match.group(1)).resolve().parent / "mlartifacts").as_uri()
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """A nested config as dotted keys and string values (MLflow parameters)."""
     out: dict[str, str] = {}
@@ -59,13 +77,13 @@ class MlflowLog:
 
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         run = config["run"]
-        self.uri = run.get("mlflow_uri") or default_uri(run["root"])
+        self.uri = tracking_uri(run)
         self.client = _client(self.uri)
         from mlflow.entities import Param
         self.record = run_dir / RECORD
         self.run_id = self._continued()
         if self.run_id is None:
-            experiment = run.get("mlflow_experiment") or Path(run["root"]).resolve().name
+            experiment = run.get("mlflow_experiment") or run.get("group") or Path(run["root"]).resolve().name
             self.experiment = experiment
             created = self.client.create_run(self._experiment_id(experiment), run_name=run_dir.name,
                                              tags={"mpifed.run_dir": str(run_dir.resolve())})
@@ -93,7 +111,7 @@ class MlflowLog:
         if found is not None:
             return found.experiment_id
         try:
-            return self.client.create_experiment(name)
+            return self.client.create_experiment(name, artifact_location=artifact_location(self.uri))
         except Exception:  # another run created it meanwhile
             found = self.client.get_experiment_by_name(name)
             if found is None:

@@ -1,5 +1,5 @@
 """What a run writes about itself as it goes, from rank 0: a row per round in metrics.jsonl (and
-in TensorBoard and MLflow, when the run asks for them), the clients of each round in
+in TensorBoard, MLflow and W&B, when the run asks for them), the clients of each round in
 clients.jsonl, status.json, and at the end summary.json and its line in the log."""
 from __future__ import annotations
 
@@ -36,11 +36,19 @@ class RunRecords:
         self.tensorboard = None
         if cfg.run.tensorboard:
             from mpifed.run.tensorboard_log import TensorBoardLog
-            self.tensorboard = TensorBoardLog(run.path / "tensorboard", rounds_done)
+            self.tensorboard = TensorBoardLog(run.path / "tensorboard", rounds_done, cfg_dict)
         self.mlflow = None
         if cfg.run.mlflow:
             from mpifed.run.mlflow_log import MlflowLog
             self.mlflow = MlflowLog(run.path, cfg_dict)
+        self.wandb = None
+        if cfg.run.wandb:
+            from mpifed.run.wandb_log import WandbLog
+            self.wandb = WandbLog(run.path, cfg_dict)
+
+    def tracked(self) -> list[str]:
+        """Where the run is tracked beyond its directory (MLflow, W&B), in words."""
+        return [t.describe() for t in (self.mlflow, self.wandb) if t is not None]
 
     def add_round(self, row: dict[str, Any], clients: list[ClientReport]) -> None:
         """A round's metrics row, to metrics.jsonl and every tracker, and its clients to clients.jsonl."""
@@ -48,8 +56,9 @@ class RunRecords:
         self.run.append_row("metrics.jsonl", row)
         if self.tensorboard is not None:
             self.tensorboard.add_row(row)
-        if self.mlflow is not None:
-            self.mlflow.add_row(row)
+        for tracker in (self.mlflow, self.wandb):
+            if tracker is not None:
+                tracker.add_row(row)
         self.run.append_row("clients.jsonl", {"round": row["round"], "clients": [asdict(r) for r in clients]})
 
     def status(self, state: str, rounds_done: int, last_checkpoint: Path | None) -> None:
@@ -64,22 +73,20 @@ class RunRecords:
         self.run.write_json("summary.json", summary)
         self.status(status, rounds_done, last_checkpoint)
         self._tell(status, rounds_done, summary)
-        self._close()
-        if self.mlflow is not None:
-            self.mlflow.finish(status, self.run.path / "summary.json")
-            self.mlflow = None
+        self._close(status, self.run.path / "summary.json")
 
     def abandon(self) -> None:
-        """The run failed: end what tracks it (its MLflow run is marked failed)."""
-        self._close()
-        if self.mlflow is not None:
-            self.mlflow.finish("failed")
-            self.mlflow = None
+        """The run failed: end what tracks it (its MLflow and W&B runs are marked failed)."""
+        self._close("failed", None)
 
-    def _close(self) -> None:
+    def _close(self, status: str, summary: Path | None) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+        for tracker in (self.mlflow, self.wandb):
+            if tracker is not None:
+                tracker.finish(status, summary)
+        self.mlflow = self.wandb = None
 
     def _rows(self) -> list[dict[str, Any]]:
         # a run resumed with run.eval_test false reports no test figure, not the earlier segment's

@@ -97,10 +97,17 @@ class RunConfig:
                               "the summary as an artifact (mpifed report --mlflow adds the figures); needs pip install "
                               "'mpifed[mlflow]'", math=False)
     mlflow_uri: str | None = opt(None, "MLflow tracking URI (http://server:5000, sqlite:///mlflow.db, file:/path); "
-                                       "null: a file store in <run.root>/mlruns, beside the run "
-                                       "directories", math=False)
-    mlflow_experiment: str | None = opt(None, "MLflow experiment name; null: the name of the run.root folder (a "
-                                              "table's runs: <paper>-<table>)", math=False)
+                                       "null: $MLFLOW_TRACKING_URI where set, else a file store in <run.root>/mlruns, "
+                                       "beside the run directories", math=False)
+    mlflow_experiment: str | None = opt(None, "MLflow experiment name; null: run.group", math=False)
+    wandb: bool = opt(False, "also track the run in Weights & Biases: the resolved config, each round's metrics, the "
+                             "summary; W&B's own settings apply (WANDB_MODE=offline writes the run to disk for a later "
+                             "wandb sync); needs pip install 'mpifed[wandb]'", math=False)
+    wandb_project: str = opt("mpifed", "W&B project", math=False)
+    wandb_entity: str | None = opt(None, "W&B entity (team or user); null: W&B's default for the login", math=False)
+    group: str | None = opt(None, "what the run belongs to, for the trackers (MLflow's experiment, W&B's group): a "
+                                  "table's runs get <folder>-<table> (its search runs <folder>-<table>-tuning), a "
+                                  "sweep's its folder; null: the config file's name without .yaml", math=False)
     rounds_to: list[float] = opt([], "targets (fractions of test accuracy, e.g. [0.65, 0.9]) whose T(target), the "
                                      "first evaluated round that reaches it, summary.json records under "
                                      "rounds_to", math=False)
@@ -372,7 +379,9 @@ class _Builder:
             return [self.value(typing.get_args(tp)[0], x, f"{path}[{i}]") for i, x in enumerate(v)]
         converted = _convert_scalar(tp, v)
         if converted is _INVALID:
-            self.fail(path, f"expected {_type_name(tp)}, got {v!r}")
+            several = (f"; to run each of several values, sweep them: python -m mpifed.table --config ... --sweep "
+                       f"{path}={v.replace(' ', '')} (docs/results.md, Sweeps)" if isinstance(v, str) and "," in v else "")
+            self.fail(path, f"expected {_type_name(tp)}, got {v!r}{several}")
             return v
         if isinstance(converted, float) and not math.isfinite(converted):
             self.fail(path, f"expected a finite number, got {v!r}")

@@ -323,6 +323,12 @@ def _counted_notes(metric: results.Metric, counted_at: dict[Path, float], why: s
             + (f"; {outside} more outside this view, in the claims' family" if outside else "") + "."]
 
 
+def run_value(metric: results.Metric, path: Path) -> float | None:
+    """One run's value in ``metric`` as a table shows it (in points where it is a fraction)."""
+    value = results.value(metric, results.read_rows(path), results.read_json(path / "summary.json"))
+    return value * 100 if value is not None and _in_points(metric) else value
+
+
 def _in_points(metric: results.Metric) -> bool:
     return metric.kind != "key" or "acc" in metric.column or metric.column == "forgetting"
 

@@ -41,6 +41,7 @@ class TableRun:
     plugins: list[str] = field(default_factory=list)         # the table's plugins (--plugin of every run)
     resolved: dict[str, Any] = field(default_factory=dict)   # its config with the overrides, as a dict
     identity: dict[str, Any] = field(default_factory=dict)   # config.result_fingerprint(resolved)
+    point: list[str] = field(default_factory=list)           # a sweep's run: its point's values (before overrides)
 
     @property
     def plain_name(self) -> str:
@@ -56,7 +57,12 @@ class TableRun:
         for c in self.configs:
             out += ["--config", str(c)]
         return out + ["--set", f"run.seed={self.seed}", f"run.root={self.root}", f"run.name={self.name}",
-                      *self.overrides, *added, "--resume"]
+                      f"run.group={self.group}", *self.overrides, *added, "--resume"]
+
+    @property
+    def group(self) -> str:
+        """The trackers' group: the table's run folder (``-tuning`` for its search runs)."""
+        return f"{self.root.parent.name}-tuning" if self.candidate is not None else self.root.name
 
 
 @dataclass
@@ -229,10 +235,10 @@ def resolve(table: Table, added: list[str], record: bool = False) -> None:
     (or the plain directory already holds it), else the plain name plus a hash of the
     configuration. With a search declared, a (setting, method) whose search has finished gets its
     choice (recorded in choices.yaml when ``record``); until then its runs are ``pending``."""
-    own_keys = [k for k in _keys(added) if k in ("run.seed", "run.name", "run.root")]
+    own_keys = [k for k in _keys(added) if k in ("run.seed", "run.name", "run.root", "run.group")]
     if own_keys:
-        raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name and run.root of its "
-                                 "runs itself; change the table's seeds, or use --runs-root")
+        raise config.ConfigError(f"--set {', '.join(own_keys)}: the table sets run.seed, run.name, run.root and "
+                                 "run.group of its runs itself; change the table's seeds, or use --runs-root")
     if "run.eval_test" in _keys(added):
         raise config.ConfigError("--set run.eval_test: a table's runs report the test set, and its search runs "
                                  "leave it out themselves; drop the override")
@@ -242,7 +248,7 @@ def resolve(table: Table, added: list[str], record: bool = False) -> None:
         _resolve_search(table, added, loader, record)
     for r in table.runs:
         choice = table.choices.get((r.setting, r.method))
-        r.overrides = [f"{k}={_text(v)}" for k, v in choice.chosen.items()] if choice else []
+        r.overrides = r.point + ([f"{k}={_text(v)}" for k, v in choice.chosen.items()] if choice else [])
         _place(r, loader)
 
 
