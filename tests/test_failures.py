@@ -85,15 +85,19 @@ def pid_of_rank_when(proc, rank, marker):
         m = re.search(rf"rank {rank} \(worker\): host \S+ pid (\d+)", line)
         if m:
             pid = int(m.group(1))
-        if marker in line and pid:
-            return pid, "".join(out)
+        if marker in line:
+            if pid:
+                return pid, "".join(out)
+            break
+    os.killpg(proc.pid, signal.SIGKILL)          # not left running to its 400th round
     raise AssertionError("".join(out))
 
 
 def test_killed_worker_ends_the_job_naming_rank_and_checkpoint(has_mpirun, tmp_path):
     """Killed from outside mid-training: rounds of about two seconds, the signal half a second after
     round 3 ends."""
-    proc = start_mpi(tiny(tmp_path, "train.rounds=400", "train.local_epochs=40", "run.checkpoint_every=2"))
+    proc = start_mpi([*tiny(tmp_path, "train.rounds=400", "train.local_epochs=40", "run.checkpoint_every=2"),
+                      "--verbose"])   # a line per rank, with its pid
     victim, before = pid_of_rank_when(proc, 2, "round 3/")
     time.sleep(0.5)
     os.kill(victim, signal.SIGKILL)

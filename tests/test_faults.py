@@ -67,8 +67,11 @@ def pids_when(proc, marker, out):
         m = re.search(r"rank (\d+) \((?:server|worker|server and worker)\): host \S+ pid (\d+)", line)
         if m:
             pids[int(m.group(1))] = int(m.group(2))
-        if marker in line and pids:
-            return pids
+        if marker in line:
+            if pids:
+                return pids
+            break
+    os.killpg(proc.pid, signal.SIGKILL)          # not left running to its 400th round
     raise AssertionError("".join(out))
 
 
@@ -112,7 +115,7 @@ def assert_resumes_exactly(run, reference, mpi=0):
 def test_kill_9_mid_round(has_mpirun, tmp_path, reference, victim):
     same_data(tmp_path, reference)
     out = []
-    proc = start([str(LAUNCH), "3", *args(tmp_path)])
+    proc = start([str(LAUNCH), "3", *args(tmp_path), "--verbose"])      # a line per rank, with its pid
     pids = pids_when(proc, "round 3/", out)
     os.kill(pids[victim], signal.SIGKILL)
     text = finish(proc, out)
@@ -129,7 +132,7 @@ def test_kill_9_mid_round(has_mpirun, tmp_path, reference, victim):
 def test_worker_stopped_beyond_the_timeout(has_mpirun, tmp_path, reference):
     same_data(tmp_path, reference)
     out = []
-    proc = start([str(LAUNCH), "3", *args(tmp_path, "comm.timeout_s=10")])
+    proc = start([str(LAUNCH), "3", *args(tmp_path, "comm.timeout_s=10"), "--verbose"])
     pids = pids_when(proc, "round 3/", out)
     os.kill(pids[2], signal.SIGSTOP)
     try:
@@ -201,7 +204,7 @@ def test_two_runs_racing_for_one_name(has_mpirun, tmp_path, reference):
     """The second run, even with --overwrite, is refused while the first is alive; the first's files stay its own."""
     same_data(tmp_path, reference)
     out = []
-    first = start([str(LAUNCH), "2", *args(tmp_path, "train.lr=0.05", "train.rounds=400")])
+    first = start([str(LAUNCH), "2", *args(tmp_path, "train.lr=0.05", "train.rounds=400"), "--verbose"])
     pids = pids_when(first, "round 1/", out)
     second = run_debug(args(tmp_path, "train.lr=0.01") + ["--overwrite"], check=False)   # any mode: the same lock
     first.send_signal(signal.SIGUSR1)

@@ -35,7 +35,7 @@ def test_cuda_training_matches_cpu_closely(tmp_path):
 
 @pytest.mark.mpi
 def test_workers_share_the_gpus_and_the_server_stays_on_cpu(has_mpirun, tmp_path):
-    p = run_mpi(4, tiny(tmp_path, "resources.device=cuda", "algorithm.name=fedcsd"))
+    p = run_mpi(4, [*tiny(tmp_path, "resources.device=cuda", "algorithm.name=fedcsd"), "--verbose"])
     devices = dict(re.findall(r"rank (\d) \((?:server|worker)\): host \S+ pid \d+ device (\S+)", p.stdout))
     gpus = torch.cuda.device_count()
     assert devices["0"] == "cpu"
@@ -45,8 +45,8 @@ def test_workers_share_the_gpus_and_the_server_stays_on_cpu(has_mpirun, tmp_path
 
 @pytest.mark.mpi
 def test_server_on_gpu(has_mpirun, tmp_path):
-    p = run_mpi(3, tiny(tmp_path, "resources.device=cuda", "resources.server_device=cuda", "algorithm.name=fedcad",
-                        "data.server_holdout_per_class=3"))
+    p = run_mpi(3, [*tiny(tmp_path, "resources.device=cuda", "resources.server_device=cuda", "algorithm.name=fedcad",
+                        "data.server_holdout_per_class=3"), "--verbose"])
     assert "rank 0 (server): host" in p.stdout and re.search(r"rank 0 \(server\).*device cuda:0", p.stdout)
 
 

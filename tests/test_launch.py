@@ -268,7 +268,8 @@ def test_a_configuration_error_under_the_launcher_is_one_message_and_exit_2(has_
 @pytest.mark.mpi
 @pytest.mark.e2e
 def test_killing_the_launcher_ends_the_job(has_mpirun, tmp_path):
-    proc = subprocess.Popen([str(LAUNCH), "3", *tiny(tmp_path, "train.rounds=400", "train.local_epochs=20")], cwd=REPO,
+    proc = subprocess.Popen([str(LAUNCH), "3", *tiny(tmp_path, "train.rounds=400", "train.local_epochs=20"),
+                             "--verbose"], cwd=REPO,
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     pids = []
@@ -276,8 +277,8 @@ def test_killing_the_launcher_ends_the_job(has_mpirun, tmp_path):
         pids += [int(p) for p in re.findall(r"rank \d \(\w+\): host \S+ pid (\d+)", line)]
         if "round 1/" in line:
             break
-    assert len(pids) == 3
     proc.kill()
+    assert len(pids) == 3
     proc.wait()
     deadline = time.time() + 30
     while time.time() < deadline and any(alive(p) for p in pids):
@@ -346,3 +347,18 @@ def test_a_closing_terminal_stops_the_launcher_cleanly_and_it_resumes(has_mpirun
     full = shared_run(args=long_rounds)
     code = on_a_terminal([str(LAUNCH), "3", *long_rounds(tmp_path, name="cut")], "round 2/6")
     check_stopped_on_sighup(tmp_path, code, run_debug, full)       # resumed in the debug mode: the same run
+
+
+def test_the_relay_drops_nul_bytes_and_open_mpis_abort_banners_and_keeps_the_rest():
+    import io
+    from mpifed.entry.mpirun_output import Relay
+    rule = "-" * 74 + "\n"
+    text = ("[mpifed] rank 2: the local loss is nan\n" + rule + "MPI_ABORT was invoked on rank 2 in communicator "
+            "MPI_COMM_WORLD\n  Errorcode: 2\n" + rule + rule + "prterun was unable to find the executable\n" + rule
+            + rule + "prterun has exited due to process rank 2 with PID 0 on node vm calling\n\"abort\". This may "
+            "have caused other processes\n" + rule + "\0\0last words without a newline")
+    said = []
+    relay = Relay(io.BytesIO(text.encode()), said.append)
+    relay.join()
+    assert "".join(said) == ("[mpifed] rank 2: the local loss is nan\n" + rule + "prterun was unable to find the "
+                             "executable\n" + rule + "last words without a newline")

@@ -1,5 +1,7 @@
 """Integration: real mpirun runs on tiny synthetic shards, compared with the debug mode."""
 import json
+import re
+import socket
 import time
 
 import h5py
@@ -84,6 +86,11 @@ def test_quick_start_with_11_ranks(has_mpirun, tmp_path):
     p = run_mpi(11, ["--set", "train.rounds=1", f"run.root={tmp_path}", f"data.prepared_root={tmp_path / 'data'}",
                      "run.name=qs"], timeout=400)
     assert "MPI, 11 ranks (1 server + 10 workers)" in p.stdout and "final test accuracy" in p.stdout
+    host = socket.gethostname()
+    assert (f"[mpifed]   rank 0 server on {host} (cpu, 1 thread); ranks 1-10 workers on {host} (cpu, 1 thread each) "
+            "(log.txt and --verbose: a line per rank)") in p.stdout and "(worker): host" not in p.stdout   # one line
+    log = (tmp_path / "qs" / "log.txt").read_text()
+    assert [int(r) for r in re.findall(r"rank (\d+) \((?:server|worker)\): host", log)] == list(range(11))
 
 
 RAISING = '''
@@ -113,7 +120,7 @@ def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
     assert p.returncode != 0 and time.time() - start < 60, "a worker's exception must end the job, not hang it"
     assert "client 3 fails mid-run" in p.stderr and "[mpifed] rank" in p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert "[mpifed.launch] the job failed (mpirun exited with " in last, p.stderr   # (after prterun's last NUL)
+    assert last.startswith("[mpifed.launch] the job failed (mpirun exited with "), p.stderr      # no NUL before it
     assert "No checkpoint was written yet" in last and "start the run again with: " in last and "--resume" in last
 
 
@@ -150,6 +157,7 @@ def test_nan_loss_is_a_clear_error(tmp_path):
 def test_nan_loss_on_a_worker_marks_the_run_failed(has_mpirun, tmp_path):
     p = run_mpi(3, tiny(tmp_path, "train.lr=1e12", "train.momentum=0"), check=False, timeout=120)
     assert p.returncode != 0 and "Lower train.lr" in p.stderr
+    assert "\0" not in p.stderr and "MPI_ABORT was invoked" not in p.stderr, p.stderr    # the launcher's relay
     status = json.loads((tmp_path / "runs" / "run" / "status.json").read_text())
     assert status["state"] == "failed" and "rank" in status["error"] and "nan" in status["error"].lower()
     assert status["diverged"] is True and RunDir(tmp_path / "runs" / "run").state() == "diverged"

@@ -48,6 +48,7 @@ from typing import Callable, Mapping
 from mpifed import __version__
 from mpifed.comm import handoff
 from mpifed.entry import cuda_mps
+from mpifed.entry.mpirun_output import Relay
 from mpifed.files import pipes
 
 SCRIPT = "MPIFED_LAUNCH_SCRIPT"  # set by launch/local.sh: its own name, for the resume command
@@ -270,9 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         forwarder = Forwarder(folder, "SLURM_JOB_ID" in os.environ)
         forwarder.install()
-        proc = subprocess.Popen(cmd, env={**env, **daemon.env}, preexec_fn=child_setup())
+        proc = subprocess.Popen(cmd, env={**env, **daemon.env}, preexec_fn=child_setup(), stderr=subprocess.PIPE)
+        relay = Relay(proc.stderr)
         forwarder.attach(proc)
         code = proc.wait()
+        relay.join()
         handed = handoff.handed_back(folder)
         resume = handoff.resume_point(folder)
     finally:

@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config, the run directory, the prepared "
                    "data and what would run, and exit; writes nothing")
+    p.add_argument("--verbose", action="store_true", help="print a line per rank at the start (where it runs, its "
+                   "pid, device and threads), as log.txt always has them")
     p.add_argument("--config-reference", action="store_true", help="print every config key with its default and exit")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     return p.parse_args(argv)
@@ -108,7 +110,7 @@ def _run(args: argparse.Namespace, comm: Comm, mpi_world: Any, errors: tuple[typ
                 shown += dry_run(args, resolved, comm.size)
             print(shown or resolved.nothing_to_do, flush=True)
         return 0
-    return startup.start(resolved, handoff.resume_command(resolved.run_path, comm.size)).walk()
+    return startup.start(resolved, handoff.resume_command(resolved.run_path, comm.size), args.verbose).walk()
 
 
 def resolve(args: argparse.Namespace) -> Resolved:

@@ -124,7 +124,7 @@ class Startup:
         """The resolve phase: rank 0 runs ``work``; every rank gets its answer."""
         return self._decided("resolve", work)
 
-    def start(self, resolved: Resolved, resume_command: str) -> Started:
+    def start(self, resolved: Resolved, resume_command: str, verbose: bool = False) -> Started:
         """The phases after resolve: this rank, ready for round 1 (``resume_command`` continues the run)."""
         world, rank, size = self.world, self.rank, self.size
         cfg = self._everyone("plugins", lambda: load_code(resolved, rank))
@@ -155,7 +155,7 @@ class Startup:
             server = make_server(cfg, resolved, algo, setup, layouts, manifest, transform, run, workers, resume_command)
             code = plugins.keep_copies(run.path, config.chosen_entries(cfg))
             provenance.record(run.path, ranks, server.rounds_done, code)
-            log_start(run, cfg, manifest, size, ranks, server.records.tracked(), code)
+            log_start(run, cfg, manifest, size, ranks, server.records.tracked(), code, verbose)
             world.context = server.describe_checkpoint
             signals.on_signal(lambda name: announce_stop(server, name))
         return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round), server, run, rank)
@@ -355,17 +355,20 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
 
 
 def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ranks: list[dict[str, Any]],
-              tracked: list[str], code: list[dict[str, Any]]) -> None:
-    """The run's first lines in log.txt: the method, the data, the mode, where each rank runs, the
-    plugins the run uses (``code``: their records), and where the run is tracked (TensorBoard, the
-    ``tracked`` trackers' descriptions)."""
+              tracked: list[str], code: list[dict[str, Any]], verbose: bool = False) -> None:
+    """The run's first lines, in log.txt and on the console: the method, the data, the mode, where
+    the ranks run (one line; a line per rank in log.txt, and on the console too when ``verbose``),
+    the plugins the run uses (``code``: their records), and where the run is tracked (TensorBoard,
+    the ``tracked`` trackers' descriptions)."""
     mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
     run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {count(manifest.num_clients, 'client')}, "
             f"{count(cfg.train.rounds, 'round')}; {mode}; run directory {run.path}")
+    if size > 1:
+        run.log(f"[mpifed]   {rank_summary(ranks)}" + ("" if verbose else " (log.txt and --verbose: a line per rank)"))
     for r in ranks:
         gpu = f" ({r['gpu']})" if r["gpu"] else ""
         run.log(f"[mpifed]   rank {r['rank']} ({r['role']}): host {r['host']} pid {r['pid']} device {r['device']}{gpu} "
-                f"threads {r['threads']}")
+                f"threads {r['threads']}", console=verbose or size == 1)
     for p in code:
         if p["used"]:
             run.log(f"[mpifed]   plugin {p['origin']} ({', '.join(p['provides'])}): SHA-256 {p['sha256'][:16]}..., "
@@ -383,6 +386,26 @@ def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ra
         run.log(f"[mpifed] TensorBoard events in {events}; view them with: tensorboard --logdir {events.parent.parent}")
     for tracker in tracked:
         run.log(f"[mpifed] tracking: {tracker}")
+
+
+def rank_summary(ranks: list[dict[str, Any]]) -> str:
+    """Where the ranks run, in one line: consecutive ranks of one role, host and thread count together,
+    with their devices (``rank 0 server on a (cpu, 1 thread); ranks 1-10 workers on a (cuda:0,cuda:1,
+    1 thread each)``)."""
+    groups: list[tuple[str, str, int, list[int], list[str]]] = []
+    for r in ranks:
+        if groups and groups[-1][:3] == (r["role"], r["host"], r["threads"]):
+            groups[-1][3].append(r["rank"])
+            groups[-1][4].append(r["device"])
+        else:
+            groups.append((r["role"], r["host"], r["threads"], [r["rank"]], [r["device"]]))
+    parts = []
+    for role, host, threads, numbers, devices in groups:
+        several = len(numbers) > 1
+        span = f"ranks {numbers[0]}-{numbers[-1]} {role}s" if several else f"rank {numbers[0]} {role}"
+        parts.append(f"{span} on {host} ({','.join(dict.fromkeys(devices))}, {count(threads, 'thread')}"
+                     f"{' each' if several else ''})")
+    return "; ".join(parts)
 
 
 def announce_stop(server: RoundServer, name: str) -> None:

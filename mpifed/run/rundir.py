@@ -412,9 +412,11 @@ class RunDir:
             else:
                 p.unlink()
 
-    def log(self, message: str) -> None:
+    def log(self, message: str, console: bool = True) -> None:
+        """``message`` in log.txt, with the time, and (``console``) on rank 0's output."""
         stamp = time.strftime("%H:%M:%S")
-        self.console(message)
+        if console:
+            self.console(message)
         if self._log is not None:
             self._log.write(f"{stamp} {message}\n")
 
