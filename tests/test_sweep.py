@@ -32,8 +32,9 @@ def test_malformed_sweeps_are_named(words, message):
 
 
 def test_points_are_the_product_labelled_by_the_shortest_distinct_key_ends():
-    assert short_names(["train.lr", "algorithm.fedprox.mu", "algorithm.moon.mu"]) == {
-        "train.lr": "lr", "algorithm.fedprox.mu": "fedprox.mu", "algorithm.moon.mu": "moon.mu"}
+    assert short_names(["train.lr", "algorithm.fedprox.mu", "algorithm.moon.mu", "algorithm.name"]) == {
+        "train.lr": "lr", "algorithm.fedprox.mu": "fedprox.mu", "algorithm.moon.mu": "moon.mu",
+        "algorithm.name": "algorithm.name"}
     found = points(parse(["train.lr=0.01,0.1", "data.partition.beta=0.1,0.5"]))
     assert found == [("lr=0.01+beta=0.1", ["train.lr=0.01", "data.partition.beta=0.1"]),
                      ("lr=0.01+beta=0.5", ["train.lr=0.01", "data.partition.beta=0.5"]),

@@ -152,7 +152,8 @@ def test_table_list_names_a_missing_tokenizer_as_such(tmp_path, capsys):
                                            "[a.yaml]\nseeds: [0]\n")
     assert table_main([str(tmp_path / "t.table.yaml"), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
     assert "no tokenizer" in capsys.readouterr().out
-    assert table_main([str(tmp_path / "t.table.yaml"), "--runs-root", str(tmp_path / "runs"), "--list", "--commands"]) == 0
+    listed = [str(tmp_path / "t.table.yaml"), "--runs-root", str(tmp_path / "runs"), "--list", "--commands"]
+    assert table_main(listed) == 0
     out = capsys.readouterr().out
     assert f"[tokenizer missing: expects {tmp_path / 'nowhere'}]" in out and "raw data" not in out
     assert f"save the tokenizer there (docs/text.md), or point data.tokenizer at one: {tmp_path / 'nowhere'}" in out

@@ -1,4 +1,5 @@
-"""Decoded data held by a rank: its clients' shards (cached), its share of the test and validation sets.
+"""Decoded data held by a rank: its clients' shards (cached), its share of the test and validation
+sets, and (with ``data.client_holdout``) its share of the clients' own held-out samples.
 
 A worker reads only the rows of the clients it trains (from the blocks that hold them), keeps them decoded (as stored:
 uint8 images, integer token ids, on its device) within a memory budget, and evicts the
@@ -18,6 +19,23 @@ from mpifed.data.shards import Inputs, read_client, read_rows
 
 if TYPE_CHECKING:
     from mpifed.run.prepared import Manifest
+
+_HOLDOUT_SEED = 0x686F6C64     # with the client's id: a client holds out the same samples in every run
+
+
+def holdout_size(n: int, fraction: float) -> int:
+    """How many of a client's ``n`` samples ``data.client_holdout = fraction`` holds out: at least
+    one, and at least one left to train on (none of a client with fewer than two)."""
+    if fraction <= 0 or n < 2:
+        return 0
+    return min(n - 1, max(1, int(n * fraction)))
+
+
+def holdout_split(n: int, fraction: float, cid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Client ``cid``'s rows to train on and its held-out rows, each in their stored order: a random
+    :func:`holdout_size` of them held out, the same whatever the run's seed."""
+    held = np.sort(np.random.default_rng((_HOLDOUT_SEED, cid)).permutation(n)[:holdout_size(n, fraction)])
+    return np.setdiff1d(np.arange(n), held, assume_unique=True), held
 
 
 def take(inputs: Any, idx: torch.Tensor) -> Any:
@@ -63,24 +81,36 @@ def to_device(inputs: Inputs, labels: np.ndarray, device: torch.device | str) ->
 
 
 class ClientStore:
-    """LRU cache of decoded client shards within ``budget_mb``."""
+    """LRU cache of decoded client shards within ``budget_mb``: the rows each client trains on (all
+    of them, or those ``holdout`` leaves it: :func:`holdout_split`)."""
 
-    def __init__(self, manifest: Manifest, device: torch.device | str, budget_mb: int) -> None:
+    def __init__(self, manifest: Manifest, device: torch.device | str, budget_mb: int, holdout: float = 0.0) -> None:
         self.manifest = manifest
         self.device = device
         self.budget = budget_mb * 2**20
+        self.holdout = holdout
         self._cache: OrderedDict[int, ClientData] = OrderedDict()
 
     def get(self, cid: int) -> ClientData:
         if cid in self._cache:
             self._cache.move_to_end(cid)
             return self._cache[cid]
-        shard = read_client(self.manifest.client_block(cid), cid, verify=True)
-        data = ClientData(cid, *to_device(shard.inputs, shard.labels, self.device))
+        inputs, labels = client_rows(self.manifest, cid, self.holdout, held=False)
+        data = ClientData(cid, *to_device(inputs, labels, self.device))
         self._cache[cid] = data
         while len(self._cache) > 1 and sum(d.nbytes for d in self._cache.values()) > self.budget:
             self._cache.popitem(last=False)
         return data
+
+
+def client_rows(manifest: Manifest, cid: int, holdout: float, held: bool) -> tuple[Inputs, np.ndarray]:
+    """Client ``cid``'s rows to train on (``held`` false) or its held-out rows, read from its block and
+    checked against its checksum."""
+    shard = read_client(manifest.client_block(cid), cid, verify=True)
+    if not holdout:
+        return shard.inputs, shard.labels
+    rows = holdout_split(len(shard.labels), holdout, cid)[1 if held else 0]
+    return {k: v[rows] for k, v in shard.inputs.items()}, shard.labels[rows]
 
 
 @dataclass
@@ -90,6 +120,7 @@ class EvalBatch:
     labels: torch.Tensor
     groups: torch.Tensor | None
     val: bool = False      # a batch of the validation set (else of the test set)
+    client: int | None = None   # a batch of this client's held-out rows
 
 
 def eval_batch_ids(sizes: list[int], batch_size: int, worker: int, workers: int) -> list[tuple[int, int]]:
@@ -114,4 +145,20 @@ def load_eval_batches(manifest: Manifest, batch_size: int, worker: int, workers:
         inputs, labels = to_device(x, y, device)
         groups = torch.from_numpy(g).to(device) if g is not None and s == 0 else None
         out.append(EvalBatch(b, inputs, labels, groups, val=s == 1))
+    return out
+
+
+def load_client_batches(manifest: Manifest, holdout: float, batch_size: int, worker: int, workers: int,
+                        device: torch.device | str) -> list[EvalBatch]:
+    """The held-out rows of the clients worker ``worker`` of ``workers`` evaluates (client k goes to
+    worker k % workers), in batches, kept on the device."""
+    out = []
+    for cid in range(worker, manifest.num_clients, workers):
+        if not holdout_size(int(manifest.client_sizes[cid]), holdout):
+            continue
+        x, y = client_rows(manifest, cid, holdout, held=True)
+        for start in range(0, len(y), batch_size):
+            inputs, labels = to_device({k: v[start:start + batch_size] for k, v in x.items()},
+                                       y[start:start + batch_size], device)
+            out.append(EvalBatch(start // batch_size, inputs, labels, None, client=cid))
     return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from mpifed.data.raw import class_names
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.plugin.registry import ALGORITHMS, DATASETS
 from mpifed.run.rundir import RunDir
+from mpifed.run.run_records import CLIENT_ACC
 from mpifed.tables.stats import paired
 from mpifed.tables.summary import Runs, Summary, tabulate
 from mpifed.tables.table_file import Table, finished_runs, load_table, resolve, stored_identity
@@ -362,6 +364,23 @@ def final_per_class(runs: list[Path]) -> np.ndarray | None:
     return np.nanmean(np.array(last, dtype=np.float64), axis=0)
 
 
+def final_client_accuracy(runs: list[Path]) -> "Curve | None":
+    """Each client's accuracy on its held-out rows at the last evaluation (``client_acc.jsonl``, from
+    ``data.client_holdout``), sorted worst first, in %: the mean and sample std over ``runs``, position by
+    position, against the share of clients (0 to 100%)."""
+    from mpifed.tables.plots import Curve
+    sorted_runs = []
+    for r in runs:
+        lines = (r / CLIENT_ACC).read_text().splitlines() if (r / CLIENT_ACC).exists() else []
+        if lines:
+            sorted_runs.append(sorted(a for a in json.loads(lines[-1])["acc"] if a is not None))
+    if not sorted_runs or len({len(s) for s in sorted_runs}) != 1 or len(sorted_runs[0]) < 2:
+        return None
+    values = 100 * np.array(sorted_runs, dtype=np.float64)
+    std = values.std(axis=0, ddof=1) if len(values) > 1 else None
+    return Curve("", np.linspace(0, 100, values.shape[1]), values.mean(axis=0), std)
+
+
 def seeds_note(counts: list[int]) -> str:
     """How many seeds each line averages: said once when all agree, else per method in the legend."""
     if len(set(counts)) != 1:
@@ -406,6 +425,16 @@ def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
                                          "final per-class test accuracy (%), mean over seeds", values,
                                          [m for m, _ in per_class], names, "class", "method", "test accuracy (%)",
                                          fmt="{:.0f}", vmin=0.0, vmax=100.0, layout=layout))
+        clients = []
+        for m, runs in methods:
+            if (line := final_client_accuracy(runs)) is not None:
+                line.label, line.colour = m, palette[m]
+                clients.append(line)
+        if clients:
+            mine.append(plots.curves(out / f"{stem}-clients.{fmt}", title_here,
+                                     f"each client on its held-out samples, last evaluation; {seeds_note(counts)}",
+                                     [("client accuracy (%)", clients)],
+                                     layout, xlabel="clients, worst first (%)"))
     return written
 
 

@@ -23,13 +23,18 @@ def evaluate_share(model: Callable[[Any], torch.Tensor], transform: BatchTransfo
                    layout: Any) -> np.ndarray:
     """This rank's contribution to the evaluation sums (``model`` in eval mode, e.g. an InferenceCopy),
     in the protocol's evaluation layout (test set: per-batch ``loss``, per-class ``correct``,
-    ``group_correct``; validation set: per-batch ``val_loss``, ``val_correct``)."""
+    ``group_correct``; validation set: per-batch ``val_loss``, ``val_correct``; the clients'
+    held-out rows: per-client ``client_loss`` and ``client_correct``)."""
     buf = layout.empty()
     out = layout.views(buf)
     for b in batches:
         logits = model(transform.eval(b.inputs))
         loss = float(F.cross_entropy(logits.float(), b.labels, reduction="sum"))
         hit = (logits.argmax(1) == b.labels).cpu()
+        if b.client is not None:
+            out["client_loss"][b.client] += loss
+            out["client_correct"][b.client] += float(hit.sum())
+            continue
         if b.val:
             out["val_loss"][b.index] = loss
             out["val_correct"] += float(hit.sum())
@@ -68,6 +73,23 @@ def validation(totals: dict[str, torch.Tensor], val_size: int) -> dict[str, floa
     """Accuracy and mean loss on the validation set from the summed evaluation."""
     return {"val_acc": float(totals["val_correct"].numpy().sum() / val_size),
             "val_loss": float(np.sum(totals["val_loss"].numpy()) / val_size)}
+
+
+def client_figures(totals: dict[str, torch.Tensor], held: np.ndarray) -> dict[str, Any]:
+    """The global model on each client's own held-out rows (``held``: how many each client has):
+    ``client_acc`` (mean, std, median, min, and ``worst10``: the mean of the worst 10% of clients,
+    at least one) over the clients that hold some out, and ``per_client_acc`` (None for a client
+    without held-out rows)."""
+    has = held > 0
+    accs = totals["client_correct"].numpy()[has] / held[has]
+    ordered = np.sort(accs)
+    worst = ordered[:max(1, int(np.ceil(0.1 * len(ordered))))]
+    per_client = np.full(len(held), np.nan)
+    per_client[has] = accs
+    return {"client_acc": {"mean": float(accs.mean()), "std": float(accs.std()), "median": float(np.median(accs)),
+                           "min": float(ordered[0]), "worst10": float(worst.mean())},
+            "client_loss": float(totals["client_loss"].numpy().sum() / held.sum()),
+            "per_client_acc": [None if np.isnan(a) else round(float(a), 6) for a in per_client]}
 
 
 def forgetting(history: list[list[float | None]]) -> float | None:

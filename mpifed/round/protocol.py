@@ -137,8 +137,10 @@ class Layouts:
 
 
 def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size: int, eval_batch_size: int,
-                  num_classes: int, num_groups: int, val_size: int = 0, method: str = "the method") -> Layouts:
-    """The layouts of a run of ``method`` (its registered name, in error messages)."""
+                  num_classes: int, num_groups: int, val_size: int = 0, method: str = "the method",
+                  evaluated_clients: int = 0) -> Layouts:
+    """The layouts of a run of ``method`` (its registered name, in error messages); ``evaluated_clients``:
+    the clients whose held-out rows are evaluated (all of them, with ``data.client_holdout``; else 0)."""
     sums = {k: (u.shape, np.float64) for k, u in messages.up.items() if u.travel == "sum"}
     return Layouts(
         model=Layout("the global model", {"weights": ((num_floats,), np.float32), "ints": ((num_ints,), np.int64)}),
@@ -150,20 +152,23 @@ def build_layouts(messages: Messages, num_floats: int, num_ints: int, test_size:
                           "sums", {"ints": ((num_ints,), np.float64), "samples": ((1,), np.float64)}),
         rows=Layout(f"{method}'s per-client uplink", {k: (u.shape, np.float32) for k, u in messages.up.items()
                                                       if u.travel == "per_client"}),
-        evaluation=evaluation_layout(test_size, eval_batch_size, num_classes, num_groups, val_size),
+        evaluation=evaluation_layout(test_size, eval_batch_size, num_classes, num_groups, val_size, evaluated_clients),
         client_state=Layout(f"{method}'s client state", {k: (s, np.float32) for k, s in messages.client_state.items()}),
     )
 
 
 def evaluation_layout(test_size: int, eval_batch_size: int, num_classes: int, num_groups: int,
-                      val_size: int = 0) -> Layout:
+                      val_size: int = 0, clients: int = 0) -> Layout:
     """The evaluation sums (:func:`mpifed.local.evaluation.evaluate_share`): per test batch its loss, per class
-    and per group the correct predictions; per validation batch its loss, and the validation set's correct ones."""
+    and per group the correct predictions; per validation batch its loss, and the validation set's correct ones;
+    per client (of ``clients``) its held-out rows' loss and correct predictions."""
     return Layout("evaluation sums", {"loss": ((-(-test_size // eval_batch_size),), np.float64),
                                       "correct": ((num_classes,), np.float64),
                                       "group_correct": ((num_groups,), np.float64),
                                       "val_loss": ((-(-val_size // eval_batch_size),), np.float64),
-                                      "val_correct": ((1 if val_size else 0,), np.float64)})
+                                      "val_correct": ((1 if val_size else 0,), np.float64),
+                                      "client_loss": ((clients,), np.float64),
+                                      "client_correct": ((clients,), np.float64)})
 
 
 @dataclass

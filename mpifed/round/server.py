@@ -14,13 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from mpifed.run import checkpoint
 from mpifed.algorithms.base import Fields, ProtocolError, Replies, Server
 from mpifed.settings.config import Config, math_fingerprint
 from mpifed.run.prepared import Manifest
-from mpifed.local.evaluation import evaluation_figures, validation
+from mpifed.data.store import holdout_size
+from mpifed.local.evaluation import client_figures, evaluation_figures, validation
 from mpifed.comm.handoff import EXIT_STOPPED, describe_signal, note_resume_point
 from mpifed.local.optim import round_lr
 from mpifed.round.plan import RoundPlan, assign_clients, sample_clients, state_moves
@@ -56,6 +58,7 @@ class RoundServer:
         self.worker_stops: list[tuple[int, list[str]]] = []
         self.replies: Replies | None = None
         self.result: dict[str, Any] = {}
+        self.held: np.ndarray | None = None   # each client's held-out rows (data.client_holdout)
         self.exit_code = 0
         self.progress = Progress(cfg.train.rounds, resume["rounds_done"] if resume else 0)
         run.console = self.progress.write
@@ -139,6 +142,10 @@ class RoundServer:
                        if self.cfg.run.eval_test else {})
         if m.val_size:
             self.result.update(validation(totals, m.val_size))
+        if self.cfg.data.client_holdout:
+            if self.held is None:
+                self.held = np.array([holdout_size(int(n), self.cfg.data.client_holdout) for n in m.client_sizes])
+            self.result.update(client_figures(totals, self.held))
 
     def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None:
         self._check_lock()

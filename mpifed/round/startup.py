@@ -141,7 +141,8 @@ class Startup:
         algo, setup = make_algorithm(cfg, manifest, device)
         layouts = build_layouts(algo.messages(), setup.num_floats, setup.num_ints, manifest.test_size,
                                 cfg.train.eval_batch_size, manifest.num_classes, len(manifest.group_names),
-                                manifest.val_size, method=cfg.algorithm.name)
+                                manifest.val_size, method=cfg.algorithm.name,
+                                evaluated_clients=manifest.num_clients if cfg.data.client_holdout else 0)
         transform = make_transform(cfg, manifest, device)
         role = ("server" if is_server else "worker") if size > 1 else "server and worker"
         ranks = self._gathered("ranks", {"rank": rank, "host": host, "pid": os.getpid(), "device": str(device),
@@ -318,7 +319,8 @@ def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layo
     runner = make_steps(cfg.resources.precision, cfg.resources.cuda_graphs, setup.device,
                         log=functools.partial(print, flush=True) if index == 0 else None)
     return Worker(index, workers, algo.client(), setup, layouts, manifest, transform, cfg.run.seed,
-                  cfg.resources.cache_mb, cfg.train.eval_batch_size, cfg.run.eval_test, states, runner)
+                  cfg.resources.cache_mb, cfg.train.eval_batch_size, cfg.run.eval_test, states, runner,
+                  cfg.data.client_holdout)
 
 
 def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: Setup, layouts: Layouts,

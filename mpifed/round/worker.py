@@ -20,7 +20,7 @@ import torch
 from mpifed.algorithms.base import Client, ClientContext, ClientReport, Downlink, Fields, Setup, checked, zeros
 from mpifed.round.client_state import ClientStates
 from mpifed.run.prepared import Manifest
-from mpifed.data.store import ClientStore, load_eval_batches
+from mpifed.data.store import ClientStore, load_client_batches, load_eval_batches
 from mpifed.data.transforms import BatchTransform
 from mpifed.local.evaluation import evaluate_share
 from mpifed.local.inference import InferenceCopy
@@ -34,7 +34,7 @@ class Worker:
 
     def __init__(self, index: int, count: int, client: Client, setup: Setup, layouts: Layouts, manifest: Manifest,
                  transform: BatchTransform, seed: int, cache_mb: int, eval_batch_size: int, eval_test: bool,
-                 states: ClientStates | None, runner: LocalSteps | None = None) -> None:
+                 states: ClientStates | None, runner: LocalSteps | None = None, client_holdout: float = 0.0) -> None:
         self.index = index
         self.client = client
         self.setup = setup
@@ -44,8 +44,11 @@ class Worker:
         self.flat = setup.new_model()
         self.eval_net = InferenceCopy(self.flat)
         self.transform = transform
-        self.store = ClientStore(manifest, self.device, cache_mb)
+        self.store = ClientStore(manifest, self.device, cache_mb, client_holdout)
         self.eval_batches = load_eval_batches(manifest, eval_batch_size, index, count, self.device, eval_test)
+        if client_holdout:
+            self.eval_batches += load_client_batches(manifest, client_holdout, eval_batch_size, index, count,
+                                                     self.device)
         self.states = states
         self.runner = runner or LocalSteps()
         self.down: Downlink | None = None
@@ -144,7 +147,8 @@ class Worker:
         return ctx
 
     def evaluate(self, weights: torch.Tensor, ints: torch.Tensor) -> np.ndarray:
-        """This worker's share of the test- and validation-set evaluation sums for the given global model."""
+        """This worker's share of the evaluation sums (test set, validation set, the clients' held-out
+        rows) for the given global model."""
         self.flat.load(weights.to(self.device), ints.to(self.device))
         self.eval_net.load_from(self.flat)
         return evaluate_share(self.eval_net, self.transform, self.eval_batches, self.layouts.evaluation)

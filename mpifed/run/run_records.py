@@ -1,6 +1,7 @@
 """What a run writes about itself as it goes, from rank 0: a row per round in metrics.jsonl (and
 in TensorBoard, MLflow and W&B, when the run asks for them), the clients of each round in
-clients.jsonl, status.json, and at the end summary.json and its line in the log."""
+clients.jsonl, each client's accuracy on its held-out rows in client_acc.jsonl (with
+``data.client_holdout``), status.json, and at the end summary.json and its line in the log."""
 from __future__ import annotations
 
 import statistics
@@ -17,6 +18,9 @@ from mpifed.run.progress import count
 from mpifed.run.rundir import RunDir
 
 
+CLIENT_ACC = "client_acc.jsonl"
+
+
 class RunRecords:
     """One run's records. A new run starts metrics.jsonl and clients.jsonl empty; a resumed one
     (``metrics``: the rows of its checkpoint) keeps the rows of the rounds done and drops the rest."""
@@ -27,12 +31,14 @@ class RunRecords:
         self.manifest = manifest
         self.run = run
         self.metrics: list[dict[str, Any]] = list(metrics or [])
+        logs = ("clients.jsonl", CLIENT_ACC) if cfg.data.client_holdout else ("clients.jsonl",)
         if metrics is None:
-            for log in ("metrics.jsonl", "clients.jsonl"):
+            for log in ("metrics.jsonl", *logs):
                 run.write_rows(log, [])
         else:
             run.write_rows("metrics.jsonl", self.metrics)
-            run.keep_rounds("clients.jsonl", rounds_done)
+            for log in logs:
+                run.keep_rounds(log, rounds_done)
         self.tensorboard = None
         if cfg.run.tensorboard:
             from mpifed.run.tensorboard_log import TensorBoardLog
@@ -51,7 +57,11 @@ class RunRecords:
         return [t.describe() for t in (self.mlflow, self.wandb) if t is not None]
 
     def add_round(self, row: dict[str, Any], clients: list[ClientReport]) -> None:
-        """A round's metrics row, to metrics.jsonl and every tracker, and its clients to clients.jsonl."""
+        """A round's metrics row, to metrics.jsonl and every tracker, and its clients to clients.jsonl
+        (and each client's held-out accuracy, the row's ``per_client_acc``, to client_acc.jsonl)."""
+        per_client = row.pop("per_client_acc", None)
+        if per_client is not None:
+            self.run.append_row(CLIENT_ACC, {"round": row["round"], "acc": per_client})
         self.metrics.append(row)
         self.run.append_row("metrics.jsonl", row)
         if self.tensorboard is not None:
@@ -127,6 +137,9 @@ class RunRecords:
                                                    None)
         if self.cfg.data.test_subset:
             summary["test_subset"] = self.manifest.test_size
+        evaluated = [r["client_acc"] for r in rows if "client_acc" in r]
+        if evaluated:
+            summary["final_client_acc"] = evaluated[-1]
         return summary
 
     def _tell(self, status: str, rounds_done: int, summary: dict[str, Any]) -> None:

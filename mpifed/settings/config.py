@@ -183,6 +183,11 @@ class DataConfig:
                            "and to no method, and evaluated with the test set as val_acc/val_loss (0: none)", min=0)
     server_holdout_per_class: int = opt(0, "training samples per class held out for the server (FedCAD's auxiliary "
                                            "set, FedGKD-VOTE's validation set) and given to no client", min=0)
+    client_holdout: float = opt(0.0, "client-level evaluation: hold out this fraction of each client's samples (at "
+                                     "least one; the same ones in every run), train on the rest, and evaluate the "
+                                     "global model on each client's held-out part at every evaluation (client_acc: "
+                                     "mean, std, median, min, worst10 in metrics.jsonl; each client's in "
+                                     "client_acc.jsonl); 0: off", min=0, max=0.9)
     prepared_root: str = opt("data/prepared", "where prepared shards are written (one folder per data/partition "
                                               "setting)", math=False)
     prepared_dir: str | None = opt(None, "use exactly this prepared folder instead of one under "
@@ -379,8 +384,10 @@ class _Builder:
             return [self.value(typing.get_args(tp)[0], x, f"{path}[{i}]") for i, x in enumerate(v)]
         converted = _convert_scalar(tp, v)
         if converted is _INVALID:
-            several = (f"; to run each of several values, sweep them: python -m mpifed.table --config ... --sweep "
-                       f"{path}={v.replace(' ', '')} (docs/results.md, Sweeps)" if isinstance(v, str) and "," in v else "")
+            several = ""
+            if isinstance(v, str) and "," in v:
+                several = (f"; to run each of several values, sweep them: python -m mpifed.table --config ... "
+                           f"--sweep {path}={v.replace(' ', '')} (docs/results.md, Sweeps)")
             self.fail(path, f"expected {_type_name(tp)}, got {v!r}{several}")
             return v
         if isinstance(converted, float) and not math.isfinite(converted):

@@ -76,9 +76,9 @@ class Curve:
 
 
 def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Curve]]],
-           layout: Layout = Layout()) -> Path:
-    """One panel per (y label, curves), side by side (stacked on a narrow figure), x = round; a
-    shaded band of mean ± std."""
+           layout: Layout = Layout(), xlabel: str = "round") -> Path:
+    """One panel per (y label, curves), side by side (stacked on a narrow figure), x = round (or
+    what ``xlabel`` says); a shaded band of mean ± std."""
     require()
     stacked = layout.width < 5
     rows, cols = (len(panels), 1) if stacked else (1, len(panels))
@@ -92,10 +92,11 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
             if c.std is not None:
                 ax.fill_between(c.rounds, c.mean - c.std, c.mean + c.std, color=line.get_color(),
                                 alpha=0.2, linewidth=0)
-        ax.set_xlabel("round", fontsize=FONTS["axes.labelsize"])
+        ax.set_xlabel(xlabel, fontsize=FONTS["axes.labelsize"])
         ax.set_ylabel(ylabel, fontsize=FONTS["axes.labelsize"])
         ax.tick_params(labelsize=FONTS["xtick.labelsize"])
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if xlabel == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         if i == 0:
             ax.legend(fontsize=FONTS["legend.fontsize"], framealpha=0.85)

@@ -71,11 +71,12 @@ def parse(words: list[str]) -> dict[str, list[str]]:
 
 
 def short_names(keys: list[str]) -> dict[str, str]:
-    """Each dotted key -> the shortest end of it that no other key shares (``train.lr`` -> ``lr``)."""
+    """Each dotted key -> the shortest end of it that no other key shares (``train.lr`` -> ``lr``); a
+    choice's ``name`` keeps its section (``algorithm.name`` -> ``algorithm.name``)."""
     out = {}
     for key in keys:
         parts = key.split(".")
-        for n in range(1, len(parts) + 1):
+        for n in range(2 if parts[-1] == "name" and len(parts) > 1 else 1, len(parts) + 1):
             end = ".".join(parts[-n:])
             if not any(other != key and (other == end or other.endswith("." + end)) for other in keys):
                 break
