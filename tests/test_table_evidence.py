@@ -404,8 +404,11 @@ def test_a_choice_inside_its_grid_is_not_at_an_edge():
     alone = {"candidates": [{"values": {"train.lr": 0.1}}]}
     assert SearchChoice("s", "m", "digest", {"train.lr": 0.1}, alone).edges() == []
     assert SearchChoice("s", "m", "digest", {"train.lr": 0.1}, {"candidates": []}).edges() == []
-    pairs = [{"algorithm": {"beta": b, "gamma": g}} for b, g in ((0.1, 1.0), (0.5, 2.0))]   # a grid of pairs
-    assert SearchChoice("s", "m", "digest", pairs[0], {"candidates": [{"values": v} for v in pairs]}).edges() == []
+    pairs = [{"algorithm": {"beta": b, "gamma": g}} for b, g in ((0.1, 1.0), (0.3, 0.5), (0.5, 2.0))]   # pairs
+    tried = {"candidates": [{"values": v} for v in pairs]}
+    assert SearchChoice("s", "m", "digest", pairs[0], tried).edges() == ["beta=0.1, the smallest of 3"]
+    assert SearchChoice("s", "m", "digest", pairs[1], tried).edges() == ["gamma=0.5, the smallest of 3"]
+    assert SearchChoice("s", "m", "digest", {"algorithm": {"beta": 0.3, "gamma": 1.0}}, tried).edges() == []
 
 
 def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monkeypatch):
@@ -677,3 +680,19 @@ def test_parallel_runs_share_the_table_and_keep_each_runs_output(tmp_path, capsy
     assert all("finished" in (t.root / "logs" / name).read_text() for name in logs)
     out = capsys.readouterr().out
     assert "(n=2 of 5)" not in out and "| b |" in out
+
+
+def test_the_distribution_free_checks_by_hand():
+    # d = 1, 2, 3: of the 8 sign patterns only +++ and --- have |mean| >= 2
+    assert stats.sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)
+    # d = 3, -1, 2, 2 (sum 6): of the 16 sign patterns, |sum| >= 6 only for the observed one, the one with
+    # the -1 flipped (sum 8) and their two mirror images
+    assert stats.sign_flip_p([3.0, -1.0, 2.0, 2.0]) == pytest.approx(4 / 16)
+    assert stats.smallest_sign_flip_p(5) == 0.0625 and stats.smallest_sign_flip_p(6) == pytest.approx(0.03125)
+    low, high = stats.bootstrap_interval([1.0, 2.0, 3.0, 2.5, 1.5])
+    assert 1.0 <= low < 2.0 < high <= 3.0
+    five = stats.paired({s: 1.0 + s for s in range(5)}, dict.fromkeys(range(5), 0.0))
+    assert five.p < 0.05 and five.p_sign_flip == pytest.approx(0.0625)
+    assert "sign-flip p = 0.062 (n = 5: never below 0.062), bootstrap [+" in five.distribution_free()
+    six = stats.paired({s: 1.0 + s for s in range(6)}, dict.fromkeys(range(6), 0.0))
+    assert "never below" not in six.distribution_free() and six.p_sign_flip == pytest.approx(0.03125)

@@ -228,8 +228,8 @@ class SearchChoice:
         """The chosen numeric values that lie at an end of the values searched (``lr=0.01, the smallest
         of 3``): nothing beyond them was tried, so a wider grid may score higher."""
         found = []
-        for key, value in self.chosen.items():
-            tried = [c["values"].get(key) for c in self.record.get("candidates", [])]
+        for key, value in _leaves(self.chosen).items():
+            tried = [_leaves(c["values"]).get(key) for c in self.record.get("candidates", [])]
             if not _numeric(value) or not all(_numeric(v) for v in tried):
                 continue
             distinct = set(tried)
@@ -244,6 +244,18 @@ class SearchChoice:
     def grid_cells(self, grid: list[str], percent: bool) -> dict[str, str]:
         """The candidates' scores by their values of the table-wide ``grid`` keys (see :func:`grid_cells`)."""
         return grid_cells(self.record.get("candidates", []), self.chosen, grid, percent)
+
+
+def _leaves(values: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's values with a mapping's keys as keys of their own (FedCAD's ``{beta, gamma}``
+    pairs as ``algorithm.beta`` and ``algorithm.gamma``), so that each is checked for an edge."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_leaves({f"{key}.{k}": v for k, v in value.items()}))
+        else:
+            out[key] = value
+    return out
 
 
 def grid_cells(entries: list[dict[str, Any]], chosen: dict[str, Any] | None, grid: list[str], percent: bool
