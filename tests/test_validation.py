@@ -90,8 +90,10 @@ def test_provenance_is_written_at_start_and_extended_on_resume(tmp_path):
     run_debug(["--resume", str(short), "--set", "train.rounds=4"])
     resumed = provenance.read(short)
     assert resumed["segments"][0] == segment and [s["start_round"] for s in resumed["segments"]] == [0, 2]
-    host, cpu = segment["ranks"][0]["host"], segment["ranks"][0]["cpu"]
-    assert provenance.machine(resumed) == f"{host}; CPU {cpu}; GPU none; torch {segment['torch']}"
+    host, cpu, cpu_id = (segment["ranks"][0][k] for k in ("host", "cpu", "cpu_id"))
+    assert cpu_id == provenance.cpu_id() and segment["ranks"][0]["blas"] == provenance.blas()
+    shown = f"{cpu} ({cpu_id})" if cpu_id else cpu
+    assert provenance.machine(resumed) == f"{host}; CPU {shown}; GPU none; torch {segment['torch']}"
     # the resumed run with a validation set continues exactly
     assert_same_model(final_model(short), final_model(tmp_path / "runs" / "full"))
     assert metrics(short) == metrics(tmp_path / "runs" / "full")
@@ -104,6 +106,24 @@ def test_machine_names_every_host_cpu_gpu_and_torch_version():
          "ranks": [{"host": "b", "cpu": "Xeon", "gpu": None}, {"host": "b", "cpu": "Xeon", "gpu": "H100"}]},
         {"torch": "2.1", "ranks": [{"host": "a", "cpu": "EPYC", "gpu": None}]}]}
     assert provenance.machine(found) == "a + b; CPU EPYC + Xeon; GPU H100; torch 2.1"
+    masked = {"segments": [{"torch": "2.1", "ranks": [
+        {"host": "vm", "cpu": "AMD EPYC", "cpu_id": "family 25 model 1 stepping 1 flags 0123456789"}]}]}
+    other = {"segments": [{"torch": "2.1", "ranks": [
+        {"host": "vm", "cpu": "AMD EPYC", "cpu_id": "family 23 model 49 stepping 0 flags 9876543210"}]}]}
+    assert provenance.machine(masked) == ("vm; CPU AMD EPYC (family 25 model 1 stepping 1 flags 0123456789); "
+                                          "GPU none; torch 2.1")
+    assert provenance.machine(masked) != provenance.machine(other)       # a masked model name, two machines
+
+
+def test_the_cpu_id_reads_family_model_stepping_and_a_digest_of_the_flags(tmp_path, monkeypatch):
+    text = ("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+            "flags\t\t: fpu sse2 avx2\n\nprocessor\t: 1\ncpu family\t: 99\n")
+    real = provenance.Path.read_text
+    monkeypatch.setattr(provenance.Path, "read_text",
+                        lambda self, *a, **k: text if str(self) == "/proc/cpuinfo" else real(self, *a, **k))
+    found = provenance.cpu_id()
+    assert found.startswith("family 25 model 1 stepping 1 flags ") and len(found.split()[-1]) == 10
+    assert found.split()[-1] == __import__("hashlib").sha256(b"avx2 fpu sse2").hexdigest()[:10]   # flags sorted
 
 
 @pytest.mark.mpi

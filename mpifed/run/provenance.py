@@ -5,7 +5,13 @@ Rank 0 writes the file when a run starts and adds a segment each time it is resu
     {"segments": [{"started_at": "2026-05-01T12:00:00+0000", "start_round": 0, "mpifed": "0.9.0",
                    "git_commit": "1a2b...", "git_dirty": false, "python": "3.11.9", "torch": "2.14.1",
                    "cuda": null, "ranks": [{"rank": 0, "role": "server", "host": "n1",
-                   "cpu": "AMD EPYC 7763 64-Core Processor", "device": "cpu", "gpu": null, "threads": 1}, ...]}]}
+                   "cpu": "AMD EPYC 7763 64-Core Processor", "cpu_id": "family 25 model 1 stepping 1 flags
+                   3f2a9c0d1e", "blas": "mkl", "device": "cpu", "gpu": null, "threads": 1}, ...]}]}
+
+``cpu_id`` tells apart machines whose model name a virtual machine masks ("AMD EPYC"): the CPU's
+family, model and stepping and a digest of its feature flags (which decide the vector code BLAS
+and PyTorch run); ``blas`` is the BLAS PyTorch was built with. Both are absent from runs recorded
+before they were added.
 
 ``git_commit`` and ``git_dirty`` (tracked files of the checkout changed since that commit, or
 files inside the package that git does not track) are recorded when mpifed runs from a git
@@ -16,8 +22,10 @@ run in one line, so that runs made on different machines can be told apart.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -40,11 +48,37 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_id() -> str | None:
+    """``family 25 model 1 stepping 1 flags <digest>`` from /proc/cpuinfo's first processor; None
+    where it has no such fields (another OS, another architecture)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = fields.get("flags") or fields.get("Features")
+    if "cpu family" not in fields or flags is None:
+        return None
+    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:10]
+    return (f"family {fields['cpu family']} model {fields.get('model', '?')} stepping {fields.get('stepping', '?')} "
+            f"flags {digest}")
+
+
+def blas() -> str | None:
+    """The BLAS PyTorch was built with (``mkl``, ``open``, ...), from its build configuration."""
+    import torch
+    found = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    return found.group(1) if found else None
+
+
 def rank_details(device: Any) -> dict[str, Any]:
-    """This rank's CPU model and, on a GPU, the GPU's name."""
+    """This rank's CPU (model name, :func:`cpu_id`), PyTorch's BLAS and, on a GPU, the GPU's name."""
     import torch
     gpu = torch.cuda.get_device_name(device) if getattr(device, "type", "cpu") == "cuda" else None
-    return {"cpu": cpu_model(), "gpu": gpu}
+    return {"cpu": cpu_model(), "cpu_id": cpu_id(), "blas": blas(), "gpu": gpu}
 
 
 def _git(*args: str) -> str | None:
@@ -88,7 +122,7 @@ def segment(ranks: list[dict[str, Any]], start_round: int,
     :func:`mpifed.settings.plugins.keep_copies`), and each rank's machine."""
     import torch
     commit, dirty = source_commit()
-    keep = ("rank", "role", "host", "cpu", "device", "gpu", "threads")
+    keep = ("rank", "role", "host", "cpu", "cpu_id", "blas", "device", "gpu", "threads")
     return {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_round": start_round, "mpifed": __version__,
             "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "plugins": list(plugins or []),
@@ -124,12 +158,16 @@ def recorded_plugins(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def machine(provenance: dict[str, Any]) -> str:
-    """The machine(s) a run ran on, in one stable line: host names, CPU models, GPU names, torch
-    versions (each sorted, several joined by " + "), e.g. ``n1; CPU AMD EPYC 7763; GPU none; torch 2.14.1``."""
+    """The machine(s) a run ran on, in one stable line: host names, CPUs (the model name, with the
+    :func:`cpu_id` where recorded), GPU names, torch versions (each sorted, several joined by " + "),
+    e.g. ``n1; CPU AMD EPYC (family 25 model 1 stepping 1 flags 3f2a9c0d1e); GPU none; torch 2.14.1``."""
     segments = provenance.get("segments", [])
     ranks = [r for s in segments for r in s.get("ranks", [])]
 
     def values(found: Any) -> str:
         return " + ".join(sorted({str(v) for v in found if v})) or "none"
-    return (f"{values(r.get('host') for r in ranks)}; CPU {values(r.get('cpu') for r in ranks)}; "
+
+    def cpu(r: dict[str, Any]) -> Any:
+        return f"{r.get('cpu')} ({r['cpu_id']})" if r.get("cpu") and r.get("cpu_id") else r.get("cpu")
+    return (f"{values(r.get('host') for r in ranks)}; CPU {values(cpu(r) for r in ranks)}; "
             f"GPU {values(r.get('gpu') for r in ranks)}; torch {values(s.get('torch') for s in segments)}")
