@@ -211,11 +211,21 @@ def watch_local_steps(monkeypatch: pytest.MonkeyPatch, guard: Callable[[], Conte
 NOT_UNIT = {"mpi", "e2e", "slurm", "gpu"}
 
 
+# the files that take longest (their tests' seconds summed, measured with --durations), started first: a
+# worker that takes one of them near the end would run it alone while the other worker has nothing left
+SLOWEST_FIRST = ("test_mpi.py", "test_slurm.py", "test_faults.py", "test_own_method.py", "test_launch.py",
+                 "test_resume.py", "test_failures.py", "test_one_file_method.py", "test_method_behaviour.py",
+                 "test_table_evidence.py", "test_install.py", "test_configs.py", "test_rundir.py", "test_imports.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``unit`` every test that neither starts mpirun nor trains: ``python -m pytest -m unit``."""
+    """Mark ``unit`` every test that neither starts mpirun nor trains (``python -m pytest -m unit``),
+    and put the slowest files first (pyproject.toml turns off xdist's own reordering by test count)."""
     for item in items:
         if not NOT_UNIT & {m.name for m in item.iter_markers()}:
             item.add_marker(pytest.mark.unit)
+    order = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))
 
 
 @pytest.fixture(scope="session")
