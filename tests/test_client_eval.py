@@ -60,10 +60,12 @@ def test_a_run_with_client_holdout_trains_on_the_rest_and_logs_each_client(tmp_p
 @pytest.mark.mpi
 def test_client_evaluation_under_mpi_equals_the_debug_run_and_resumes(has_mpirun, tmp_path):
     run_debug(tiny(tmp_path, "train.rounds=2", "data.client_holdout=0.25", name="debug"))
-    run_mpi(3, tiny(tmp_path, "train.rounds=1", "data.client_holdout=0.25", name="mpi"))
-    run_mpi(3, ["--resume", str(tmp_path / "runs" / "mpi"), "--set", "train.rounds=2"])
-    assert metrics(tmp_path / "runs" / "mpi") == metrics(tmp_path / "runs" / "debug")
-    assert _client_acc(tmp_path / "runs" / "mpi") == _client_acc(tmp_path / "runs" / "debug")
+    run_mpi(3, tiny(tmp_path, "train.rounds=2", "data.client_holdout=0.25", name="mpi"))
+    run_debug(tiny(tmp_path, "train.rounds=1", "data.client_holdout=0.25", name="resumed"))
+    run_debug(["--resume", str(tmp_path / "runs" / "resumed"), "--set", "train.rounds=2"])
+    for other in ("mpi", "resumed"):
+        assert metrics(tmp_path / "runs" / other) == metrics(tmp_path / "runs" / "debug"), other
+        assert _client_acc(tmp_path / "runs" / other) == _client_acc(tmp_path / "runs" / "debug"), other
 
 
 @pytest.mark.e2e

@@ -225,3 +225,14 @@ def test_tracking_without_its_package_is_one_message_before_anything_starts(tmp_
     p = run_debug(tiny(tmp_path, "run.mlflow=true"), check=False)
     assert p.returncode == 2 and "run.mlflow=true needs the mlflow package: pip install 'mpifed[mlflow]'" in p.stderr
     assert not (tmp_path / "runs" / "run").exists()
+
+
+@pytest.mark.e2e
+def test_wandb_that_cannot_start_is_one_message_naming_the_ways_out(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "no-such-mode")
+    p = run_debug(tiny(tmp_path, "run.wandb=true"), check=False)
+    assert p.returncode == 2 and "run.wandb: W&B did not start the run" in p.stderr, p.stderr
+    assert "WANDB_MODE=offline" in p.stderr and "Traceback" not in p.stderr

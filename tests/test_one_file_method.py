@@ -48,7 +48,7 @@ def test_a_method_file_in_a_copy_of_the_package_is_all_a_new_method_needs(tmp_pa
     assert found.strip() == f"mpifed.algorithms.{NAME}"
     # the copy's own checks that enumerate methods, and the new method's term against FedAvg (trains 3 short
     # runs); its generated pages need not list the two files git does not track yet
-    run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_docs.py", "tests/test_imports.py",
+    run("-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_docs.py", "tests/test_imports.py",
         "tests/test_steps.py::test_which_methods_capture_their_step_follows_from_what_they_declare",
         "tests/test_server_state.py", "tests/test_report.py::test_a_method_keeps_its_colour_in_every_figure",
         "tests/test_method_behaviour.py::test_every_switch_names_an_option_of_its_method",

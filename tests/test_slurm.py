@@ -230,8 +230,8 @@ def test_a_launcher_that_exits_0_without_running_mpifed_fails_the_job(cluster, t
 def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_path):
     runs = tmp_path / "runs"
     env = {"MPIFED_RUNS": str(runs)}
-    full = cluster.sbatch("-n", "3", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(14), env=env)
-    cut = cluster.sbatch("-n", "3", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(14), env=env)
+    full = cluster.sbatch("-n", "3", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(10), env=env)
+    cut = cluster.sbatch("-n", "3", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(10), env=env)
     out = tmp_path / f"{cut}.out"
     deadline = time.time() + 180
     while "round 3/" not in (out.read_text() if out.exists() else ""):

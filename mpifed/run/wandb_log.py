@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mpifed.run.resume import RunError
 from mpifed.run.rundir import atomic_write
 from mpifed.run.tensorboard_log import scalars
 
@@ -37,11 +38,16 @@ class WandbLog:
         self.record = run_dir / RECORD
         held = self._held()
         self.sent = held.get("round", 0)
-        self.run = wandb.init(project=run.get("wandb_project") or "mpifed", entity=run.get("wandb_entity"),
-                              group=run.get("group"), name=run_dir.name, id=held.get("id"), resume="allow",
-                              config=config, dir=str(run_dir),
-                              tags=[config["algorithm"]["name"], config["data"]["dataset"]["name"]],
-                              settings=wandb.Settings(console="off", quiet=True, x_disable_stats=True))
+        try:
+            self.run = wandb.init(project=run.get("wandb_project") or "mpifed", entity=run.get("wandb_entity"),
+                                  group=run.get("group"), name=run_dir.name, id=held.get("id"), resume="allow",
+                                  config=config, dir=str(run_dir),
+                                  tags=[config["algorithm"]["name"], config["data"]["dataset"]["name"]],
+                                  settings=wandb.Settings(console="off", quiet=True, x_disable_stats=True))
+        except Exception as exc:    # W&B's own errors (no login, no network) have no common base class
+            raise RunError(f"run.wandb: W&B did not start the run ({type(exc).__name__}: {exc}). Log in (wandb login, "
+                           f"or WANDB_API_KEY), or track offline (WANDB_MODE=offline, then wandb sync), or set "
+                           f"run.wandb=false") from None
         self._write(self.sent)
 
     def _held(self) -> dict[str, Any]:
