@@ -79,3 +79,22 @@ def test_where_a_run_diverged_the_report_quotes_the_claims_with_it_at_chance(fol
     unquoted = [line for line in claims if line not in report.splitlines()]
     assert claims and not unquoted, f"{report_file} does not quote these claims of results/{folder} " \
                                     f"(--summary --diverged 10): {unquoted}"
+
+
+def test_a_report_wide_family_adjusts_each_claim_over_every_tables_claims(capsys):
+    from mpifed.entry.table import main as table_main
+    tables = ["configs/repro/fedntd/long.table.yaml", "configs/repro/fedntd/table1.table.yaml"]
+    assert table_main([tables[0], "--runs-root", str(REPO / "results"), "--summary", "--family", *tables]) == 0
+    out = capsys.readouterr().out
+    own = load_table(REPO / tables[0], str(REPO / "results"))
+    resolve(own, [])
+    other = load_table(REPO / tables[1], str(REPO / "results"))
+    resolve(other, [])
+    mine, theirs = summarize(own), summarize(other)
+    mine.with_report_family([theirs])
+    assert mine.report_family == len(mine.all_claims) + len(theirs.all_claims) == 6 + len(theirs.all_claims)
+    for t in mine.claims:
+        wide = mine.report_holm[id(t)]
+        assert wide >= t.holm_p
+        assert f"| {t.holm_p:.3f} | {t.label} | {wide:.3f} |" in out      # both labels, side by side
+    assert f"over all {mine.report_family} claims of the report's tables (--family)" in out

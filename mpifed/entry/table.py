@@ -62,6 +62,7 @@ from pathlib import Path
 from mpifed import __version__
 from mpifed.settings import config
 from mpifed.run import results
+from mpifed.files.packaged import find_config
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.run_queue import Job, launcher, run_jobs
 from mpifed.tables.summary import ClaimFamily, Runs, Summary, run_value, tabulate
@@ -153,8 +154,12 @@ def search_table(table: Table) -> str:
 
 
 def summary_table(table: Table, reference: str | None = None, by_seed: bool = False,
-                  diverged_as: float | str | None = None) -> str:
+                  diverged_as: float | str | None = None, family: list[Table] | None = None) -> str:
+    """The table's summary (``by_seed``: with the search's scores and every seed's values); with
+    ``family``, the other tables of a report, each claim also adjusted over all their claims."""
     s = summarize(table, reference, diverged_as)
+    if family:
+        s.with_report_family([summarize(other, diverged_as=diverged_as) for other in family])
     if not by_seed:
         return s.markdown()
     return "\n\n".join(part for part in (s.markdown(), search_table(table), s.seed_tables()) if part)
@@ -359,6 +364,13 @@ def _loaded(a: argparse.Namespace, added: list[str], record: bool) -> Table:
     return table
 
 
+def _family_table(path: str, a: argparse.Namespace, added: list[str]) -> Table:
+    """Another table of the report (--family), its runs under the same --runs-root and --set."""
+    other = load_table(path, a.runs_root, a.plugin)
+    resolve(other, added)
+    return other
+
+
 def _source(a: argparse.Namespace) -> list[str]:
     """The words of the command line that name the table: its file, or the sweep's configs and values."""
     if not a.sweep:
@@ -493,6 +505,9 @@ def _parser() -> argparse.ArgumentParser:
                    "a sweep's seeds (default: its config's run.seed)")
     p.add_argument("--reference", metavar="LABEL", help="--summary: compare every method with this one "
                    "(default: the table's reference, else the FedAvg row)")
+    p.add_argument("--family", nargs="+", metavar="TABLE", help="--summary: the other tables of a report, whose "
+                   "declared claims join this table's in one more Holm adjustment, shown beside the table's own "
+                   "(each table read under the same --runs-root and --set)")
     p.add_argument("--by-seed", action="store_true", help="--summary: also the search's scores as a table, and each "
                    "method's metric seed by seed with its difference from the reference on each seed")
     g = p.add_mutually_exclusive_group(required=True)
@@ -536,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")
-    for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None)):
+    for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None), ("--family", a.family)):
         if given and not a.summary:
             p.error(f"{flag} goes with --summary")
     if a.commands and not a.list:
@@ -568,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.write_runs:
             return _print(_write_runs(table, added, a.write_runs))
         if a.summary:
-            return _print(summary_table(table, a.reference, a.by_seed, a.diverged))
+            mine = find_config(a.table).resolve() if a.table else None
+            family = [_family_table(path, a, added) for path in dict.fromkeys(a.family or [])
+                      if find_config(path).resolve() != mine]          # the table itself is in the family already
+            return _print(summary_table(table, a.reference, a.by_seed, a.diverged, family))
         if a.archive:
             return _archive(table, a, added)
         if a.prune:

@@ -53,15 +53,20 @@ class Tested:
 
     @property
     def label(self) -> str:
-        if self.result is None:
-            return "no result (fewer than 2 common seeds in the runs summarised)"
-        if self.result.verdict == "higher":
-            return "supported" if self.holm_p < ALPHA else "supported by its interval alone, not after Holm"
-        if self.result.verdict == "lower":
-            if self.holm_p < ALPHA:
-                return "not supported (the other way)"
-            return "the other way by its interval alone, not after Holm"
-        return "inconclusive"
+        return claim_label(self.result, self.holm_p)
+
+
+def claim_label(result: Paired | None, holm_p: float) -> str:
+    """A claim's label from its paired comparison and its Holm-adjusted p."""
+    if result is None:
+        return "no result (fewer than 2 common seeds in the runs summarised)"
+    if result.verdict == "higher":
+        return "supported" if holm_p < ALPHA else "supported by its interval alone, not after Holm"
+    if result.verdict == "lower":
+        if holm_p < ALPHA:
+            return "not supported (the other way)"
+        return "the other way by its interval alone, not after Holm"
+    return "inconclusive"
 
 
 def check_claims(claims: list[Claim], settings: list[str],
@@ -98,6 +103,17 @@ class Summary:
     counted: set[tuple[str, str, int]] = field(default_factory=set)   # (setting, method, seed) of diverged runs counted
     unpaired: dict[tuple[str, str], str] = field(default_factory=dict)   # (setting, method) left unpaired: why
     display: dict[str, str] = field(default_factory=dict)   # a method's name as printed, where not its label
+    all_claims: list[Tested] = field(default_factory=list)   # every claim of the family (``claims``: those shown)
+    report_holm: dict[int, float] = field(default_factory=dict)   # id of a shown claim -> its report-wide Holm p
+    report_family: int = 0         # the claims of the report-wide family (see :func:`with_report_family`)
+
+    def with_report_family(self, others: list["Summary"]) -> None:
+        """Holm's adjustment once more, over this table's claims and those of the ``others`` (the
+        tables of one report) together: each shown claim's report-wide p, beside the table's own."""
+        everyone = [t for s in (self, *others) for t in s.all_claims]
+        adjusted = dict(zip(map(id, everyone), holm([t.result.p if t.result is not None else 1.0 for t in everyone])))
+        self.report_holm = {id(t): adjusted[id(t)] for t in self.claims}
+        self.report_family = len(everyone)
 
     def name(self, method: str | None) -> str:
         """``method`` as the tables print it."""
@@ -139,14 +155,19 @@ class Summary:
                           + f", 'supported' where the interval excludes 0 "
                           f"in the claim's direction and the adjusted p < {ALPHA}; the last column checks the same "
                           f"difference without the t-test's normality: the exact sign-flip p (unadjusted) and a "
-                          f"bootstrap 95% interval", "",
-                      "| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label | without normality |",
-                      "| --- | --- | --- | --- | --- | --- |"]
+                          f"bootstrap 95% interval"
+                          + (f"; the report's columns adjust over all {self.report_family} claims of the report's "
+                             f"tables (--family)" if self.report_holm else ""), ""]
+            wide = " report-wide Holm p | report-wide label |" if self.report_holm else ""
+            lines += ["| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |" + wide
+                      + " without normality |", "| --- | --- | --- | --- | --- |" + " --- |" * (3 if wide else 1)]
             for t in self.claims:
                 shown = t.result.text(verdict=False) if t.result is not None else "-"
                 free = t.result.distribution_free() if t.result is not None else "-"
                 claim = f"{self.name(t.claim.above)} > {self.name(t.claim.below)}"
-                lines.append(f"| {claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} | {free} |")
+                report = (f" {self.report_holm[id(t)]:.3f} | {claim_label(t.result, self.report_holm[id(t)])} |"
+                          if self.report_holm else "")
+                lines.append(f"| {claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |{report} {free} |")
         if self.notes:
             lines += [""] + self.notes
         if self.not_run:
@@ -247,7 +268,8 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
     return Summary(title, metric, settings, methods, columns, cells, list(shown.left_out), shown.not_run, percent,
                    compared, reference if reference in methods else None, declared_seeds, notes, on_view, primary,
                    len(tested),
-                   {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at}, unpaired)
+                   {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at}, unpaired,
+                   all_claims=tested)
 
 
 def _cells(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_RunValues"],
