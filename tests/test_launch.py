@@ -353,12 +353,13 @@ def test_the_relay_drops_nul_bytes_and_open_mpis_abort_banners_and_keeps_the_res
     import io
     from mpifed.entry.mpirun_output import Relay
     rule = "-" * 74 + "\n"
-    text = ("[mpifed] rank 2: the local loss is nan\n" + rule + "MPI_ABORT was invoked on rank 2 in communicator "
+    own = "-" * 30 + "\na plugin's own rule, not a banner\n"
+    text = (own + "[mpifed] rank 2: the local loss is nan\n" + rule + "MPI_ABORT was invoked on rank 2 in communicator "
             "MPI_COMM_WORLD\n  Errorcode: 2\n" + rule + rule + "prterun was unable to find the executable\n" + rule
             + rule + "prterun has exited due to process rank 2 with PID 0 on node vm calling\n\"abort\". This may "
             "have caused other processes\n" + rule + "\0\0last words without a newline")
     said = []
     relay = Relay(io.BytesIO(text.encode()), said.append)
     relay.join()
-    assert "".join(said) == ("[mpifed] rank 2: the local loss is nan\n" + rule + "prterun was unable to find the "
+    assert "".join(said) == (own + "[mpifed] rank 2: the local loss is nan\n" + rule + "prterun was unable to find the "
                              "executable\n" + rule + "last words without a newline")

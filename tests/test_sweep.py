@@ -74,6 +74,8 @@ def test_a_sweep_is_a_table_of_one_setting_with_a_row_per_point(tmp_path):
     assert "run.group=base-sweep-lr" in args and args[-3:] == ["train.rounds=1", "train.lr=0.1", "--resume"]
     with pytest.raises(ConfigError, match="run.seed: a sweep sets run.seed"):
         load_sweep([base], ["run.seed=1,2"], [], None)
+    with pytest.raises(ConfigError, match="--seeds lists 1 more than once"):
+        load_sweep([base], ["train.lr=0.01,0.1"], [], [1, 2, 1])
 
 
 def test_the_command_line_tells_a_sweep_from_a_table(capsys):

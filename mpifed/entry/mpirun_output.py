@@ -10,7 +10,8 @@ import sys
 import threading
 from typing import IO, Callable
 
-_RULE = re.compile(r"-{20,}\s*")
+_RULE = re.compile(r"-{74}\s*")     # Open MPI's help banners open and close with a rule of 74 dashes
+_LONGEST = 60                        # lines: a "banner" longer than any of Open MPI's is passed on as it is
 _ABORT = ("MPI_ABORT was invoked on rank", "calling\n\"abort\"", "calling \"abort\"")
 
 
@@ -43,8 +44,8 @@ class Relay:
                     banner = [line]
                 elif banner is not None:
                     banner.append(line)
-                    if _RULE.fullmatch(line):
-                        if not _abort_banner(banner):
+                    if _RULE.fullmatch(line) or len(banner) > _LONGEST:
+                        if not (_RULE.fullmatch(line) and _abort_banner(banner)):
                             self.write("".join(banner))
                         banner = None
                 else:

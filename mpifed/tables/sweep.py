@@ -126,6 +126,9 @@ def load_sweep(configs: list[str], sweep: list[str], base: list[str], seeds: lis
         check_run_name(folder)
     except ValueError as exc:
         raise config.ConfigError(f"--name {folder!r}: {exc}") from None
+    twice = sorted({s for s in seeds or [] if seeds.count(s) > 1})
+    if twice:
+        raise config.ConfigError(f"--seeds lists {', '.join(map(str, twice))} more than once; each seed is one run")
     if seeds is None:
         seeds = [config.load([str(f) for f in files], list(base), plugins=list(plugins or []))[0].run.seed]
     try:
