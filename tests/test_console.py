@@ -233,6 +233,8 @@ def test_wandb_that_cannot_start_is_one_message_naming_the_ways_out(tmp_path, mo
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
     monkeypatch.setenv("WANDB_MODE", "no-such-mode")
-    p = run_debug(tiny(tmp_path, "run.wandb=true"), check=False)
+    # a process of its own: in this one, a W&B session an earlier test started ignores WANDB_MODE
+    code = f"import sys; from mpifed.entry.main import main; sys.exit(main({tiny(tmp_path, 'run.wandb=true')!r}))"
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "run.wandb: W&B did not start the run" in p.stderr, p.stderr
     assert "WANDB_MODE=offline" in p.stderr and "Traceback" not in p.stderr
