@@ -34,6 +34,7 @@ def test_client_figures_summarise_the_clients_that_hold_rows_out():
     assert figures["client_acc"]["min"] == 0.2 and figures["client_acc"]["median"] == 1.0
     assert figures["client_acc"]["worst10"] == pytest.approx(0.2)         # 10% of 10 clients: the worst one
     assert figures["client_loss"] == pytest.approx(11 / held.sum())
+    assert client_figures({"client_correct": torch.zeros(2), "client_loss": torch.zeros(2)}, np.zeros(2, int)) == {}
 
 
 def _client_acc(run):

@@ -79,8 +79,10 @@ def client_figures(totals: dict[str, torch.Tensor], held: np.ndarray) -> dict[st
     """The global model on each client's own held-out rows (``held``: how many each client has):
     ``client_acc`` (mean, std, median, min, and ``worst10``: the mean of the worst 10% of clients,
     at least one) over the clients that hold some out, and ``per_client_acc`` (None for a client
-    without held-out rows)."""
+    without held-out rows); nothing when no client holds rows out (every client has fewer than two)."""
     has = held > 0
+    if not has.any():
+        return {}
     accs = totals["client_correct"].numpy()[has] / held[has]
     ordered = np.sort(accs)
     worst = ordered[:max(1, int(np.ceil(0.1 * len(ordered))))]
