@@ -177,11 +177,16 @@ def wandb_key(item):
     return item.key or "/".join(item.nested_key)
 
 
-@pytest.mark.e2e
-def test_wandb_offline_holds_the_config_the_group_and_every_round_across_a_resume(tmp_path, monkeypatch):
+@pytest.fixture
+def wandb_home(tmp_path, monkeypatch):
+    """W&B installed (else the test is skipped), its settings and caches kept inside ``tmp_path``."""
     pytest.importorskip("wandb")
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+
+
+@pytest.mark.e2e
+def test_wandb_offline_holds_the_config_the_group_and_every_round_across_a_resume(tmp_path, monkeypatch, wandb_home):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = run_debug(tiny(tmp_path, "train.rounds=2", "run.wandb=true", "run.wandb_project=proj")).stdout
     run = tmp_path / "runs" / "run"
@@ -228,10 +233,7 @@ def test_tracking_without_its_package_is_one_message_before_anything_starts(tmp_
 
 
 @pytest.mark.e2e
-def test_wandb_that_cannot_start_is_one_message_naming_the_ways_out(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
-    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+def test_wandb_that_cannot_start_is_one_message_naming_the_ways_out(tmp_path, monkeypatch, wandb_home):
     monkeypatch.setenv("WANDB_MODE", "no-such-mode")
     # a process of its own: in this one, a W&B session an earlier test started ignores WANDB_MODE
     code = f"import sys; from mpifed.entry.main import main; sys.exit(main({tiny(tmp_path, 'run.wandb=true')!r}))"
