@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mpifed.run.rundir import atomic_write
-from mpifed.run.tensorboard_log import scalars
+from mpifed.run.tensorboard_log import leaves, scalars
 
 RECORD = "mlflow.json"
 _VALUE_LIMIT = 6000   # MLflow's longest parameter value
@@ -61,15 +61,9 @@ def artifact_location(uri: str) -> str | None:
     return (Path(match.group(1)).resolve().parent / "mlartifacts").as_uri()
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flatten(d: dict[str, Any]) -> dict[str, str]:
     """A nested config as dotted keys and string values (MLflow parameters)."""
-    out: dict[str, str] = {}
-    for key, value in d.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = str(value)[:_VALUE_LIMIT]
-    return out
+    return {k: str(v)[:_VALUE_LIMIT] for k, v in leaves(d).items()}
 
 
 class MlflowLog:

@@ -40,17 +40,22 @@ class TensorBoardLog:
         self.writer.close()
 
 
-def hyperparameters(config: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
-    """A nested config as dotted keys and the values TensorBoard's HParams take (others as text)."""
-    out: dict[str, bool | int | float | str] = {}
+def leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys and their values (an empty mapping is a value)."""
+    out: dict[str, Any] = {}
     for key, value in config.items():
         if isinstance(value, dict) and value:
-            out.update(hyperparameters(value, f"{prefix}{key}."))
-        elif isinstance(value, (bool, int, float, str)):
-            out[f"{prefix}{key}"] = value
+            out.update(leaves(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{key}"] = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            out[f"{prefix}{key}"] = value
     return out
+
+
+def hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float | str]:
+    """A nested config as dotted keys and the values TensorBoard's HParams take (others as text)."""
+    return {k: v if isinstance(v, (bool, int, float, str))
+            else yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+            for k, v in leaves(config).items()}
 
 
 def scalars(row: dict[str, Any], prefix: str = "") -> list[tuple[str, float]]:
