@@ -13,6 +13,7 @@ import re
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import REPO, env, launch_with_mpirun, metrics, run_debug, tiny, write_tiny_table
@@ -99,23 +100,37 @@ def _scaffold(tmp_path, data, name):
     return tmp_path / "runs" / name
 
 
+def _slot(run, cid, last):
+    """The file and offset of client ``cid``'s state after round ``last`` in the run's store."""
+    from mpifed.round.client_state import ClientStates
+    from mpifed.round.protocol import Layout
+    meta = json.loads((run / "client_state" / "store.json").read_text())
+    found = ClientStates(run / "client_state", Layout("state", {"x": ((meta["state_bytes"],), np.uint8)}), 0,
+                         meta["versions"]).locate(cid, last)
+    assert found, f"client {cid} has no state after round {last + 1}"
+    return found
+
+
 def test_a_deleted_client_state_is_an_error_not_zeros(tmp_path, data):
     run = _scaffold(tmp_path, data, "lost")
-    (run / "client_state" / "3" / "r1.bin").unlink()
+    path, offset = _slot(run, 3, 1)
+    with open(path, "r+b") as f:                           # the slot's header wiped: the state is gone
+        f.seek(offset)
+        f.write(bytes(8))
     p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
     assert p.returncode == 2 and "client 3's state after round 2 is missing" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and len(metrics(run)) == 2
 
 
 def test_a_client_state_changed_in_place_is_refused(tmp_path, data):
-    import numpy as np
     run = _scaffold(tmp_path, data, "edited")
-    path = run / "client_state" / "1" / "r1.bin"
-    raw = bytearray(path.read_bytes())
-    raw[-4:] = np.array([1e30], dtype=np.float32).tobytes()          # same size, one float changed
-    path.write_bytes(bytes(raw))
+    path, offset = _slot(run, 1, 1)
+    with open(path, "r+b") as f:                           # one float of the state changed in place
+        f.seek(offset + 56)
+        f.write(np.array([1e30], dtype=np.float32).tobytes())
     p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
-    assert p.returncode == 2 and "r1.bin is damaged (its content does not match its SHA-256)" in p.stderr
+    assert p.returncode == 2 and "client 1's state after round 2 in" in p.stderr
+    assert "is damaged (its content does not match its SHA-256)" in p.stderr
 
 
 # ------------------------------------------------------------------ item 8: the lock survives its file's deletion

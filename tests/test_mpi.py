@@ -36,7 +36,11 @@ def mpi_runs(has_mpirun, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mpi")
     # the quick start first: no run before it in the job has set the thread count its test is about
     jobs = {3: {"quick-start": quick_start_fedprox(tmp, "3-quick-start"), "tiny": tiny(tmp, name="3-tiny"),
-                "scaffold": tiny(tmp, *SCAFFOLD, name="3-scaffold")},
+                "scaffold": tiny(tmp, *SCAFFOLD, name="3-scaffold"),
+                # every state through the store (no memory for any), half the rounds, then resumed
+                "scaffold-spilled": tiny(tmp, *SCAFFOLD, "resources.client_state_mb=0", "train.rounds=2",
+                                         name="3-scaffold-spilled"),
+                "scaffold-resumed": ["--resume", str(tmp / "runs" / "3-scaffold-spilled"), "--set", "train.rounds=4"]},
             4: {"tiny": tiny(tmp, name="4-tiny"), "two-clients": tiny(tmp, "data.num_clients=2", name="4-two-clients")}}
     out = {}
     for ranks, runs in jobs.items():
@@ -184,6 +188,12 @@ def test_client_state_follows_clients_across_workers(mpi_runs, tmp_path):
             where.setdefault(c["cid"], set()).add(c["worker"])
     assert any(len(w) > 1 for w in where.values()), "no client moved between workers; the test proves nothing"
     assert_same_model(final_model(run), final_model(tmp_path / "runs" / "debug"), atol=1e-6)
+    # the states written to the packed store by two workers, read back by others and after a resume
+    mpi_run(mpi_runs, 3, "scaffold-resumed")
+    _, spilled = mpi_run(mpi_runs, 3, "scaffold-spilled")
+    assert sorted(p.name for p in (spilled / "client_state").iterdir()) == ["block_00000.bin", "store.json"]
+    assert_same_model(final_model(spilled), final_model(tmp_path / "runs" / "debug"), atol=1e-6)
+    assert metrics(spilled) == metrics(tmp_path / "runs" / "debug")
 
 
 @pytest.mark.mpi

@@ -1,4 +1,4 @@
-"""The round protocol and the client-state store: what a method declares is what travels."""
+"""The round protocol: what a method declares is what travels."""
 import time
 
 import numpy as np
@@ -7,10 +7,9 @@ import torch
 
 from conftest import run_mpi, run_plugin, tiny
 from mpifed.algorithms.base import Messages, summed
-from mpifed.round.client_state import ClientStates, discard_from
 from mpifed.comm.collectives import Comm
 from mpifed.round.plan import RoundPlan
-from mpifed.round.protocol import Layout, RoundProtocol, Trained, build_layouts
+from mpifed.round.protocol import RoundProtocol, Trained, build_layouts
 
 BROKEN = '''
 from mpifed.algorithms.base import Algorithm, Client, Server, per_client
@@ -58,98 +57,6 @@ def test_a_declared_entry_not_sent_fails_fast_under_mpi(has_mpirun, tmp_path):
     assert p.returncode != 0 and time.time() - start < 60, "a missing entry must end the job, not hang it"
     assert "ForgetfulClient.uplink (client" in p.stderr
     assert "returned ['model', 'weight']" in p.stderr and "'head'" in p.stderr
-
-
-def state_layout():
-    return Layout("client state", {"w": ((4,), np.float32), "flag": ((1,), np.float32)})
-
-
-def state(v):
-    return {"w": torch.full((4,), float(v)), "flag": torch.ones(1)}
-
-
-def versions(root, cid):
-    return sorted(p.name for p in (root / str(cid)).iterdir()) if (root / str(cid)).is_dir() else []
-
-
-def test_states_stay_in_memory_within_the_budget_and_reach_disk_at_flush(tmp_path):
-    store = ClientStates(tmp_path, state_layout(), budget_mb=1)
-    for cid in range(3):
-        store.put(cid, 0, state(cid), keep_from=1)
-    assert not tmp_path.exists() or not any(tmp_path.iterdir()), "no disk write per client per round"
-    assert store.get(2, 0)["w"].tolist() == [2.0] * 4 and store.get(7, None) is None
-    store.flush(keep_from=1)
-    assert [versions(tmp_path, c) for c in range(3)] == [["r0.bin"]] * 3
-    fresh = ClientStates(tmp_path, state_layout(), budget_mb=1)     # a resumed worker reads them back
-    assert fresh.get(1, 0)["w"].tolist() == [1.0] * 4
-
-
-def test_states_beyond_the_budget_spill_to_disk(tmp_path):
-    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
-    store.put(5, 3, state(9), keep_from=4)
-    assert versions(tmp_path, 5) == ["r3.bin"]
-    assert store.get(5, 3)["w"].tolist() == [9.0] * 4
-
-
-def test_a_state_moves_between_workers_with_its_round(tmp_path):
-    a = ClientStates(tmp_path, state_layout(), budget_mb=1)
-    b = ClientStates(tmp_path, state_layout(), budget_mb=1)
-    a.put(3, 2, state(7), keep_from=3)
-    message = a.export(3, 2)
-    assert 3 not in a._memory                 # handed over, not copied
-    b.adopt(3, message)
-    assert b.get(3, 2)["w"].tolist() == [7.0] * 4
-    b.flush(keep_from=3)
-    assert versions(tmp_path, 3) == ["r2.bin"]    # the version is the round the client last trained in
-
-
-def test_old_versions_are_pruned_and_a_resume_discards_newer_ones(tmp_path):
-    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
-    for rnd in (1, 3, 6):
-        store.put(0, rnd, state(rnd), keep_from=4)     # the oldest checkpoint on disk is after round 4
-    assert versions(tmp_path, 0) == ["r3.bin", "r6.bin"]   # r3 is what a resume at round 4 needs
-    discard_from(tmp_path, 4)
-    assert versions(tmp_path, 0) == ["r3.bin"]
-
-
-def test_a_short_state_file_is_reported(tmp_path):
-    from mpifed.round.client_state import ClientStateError
-    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
-    store.put(0, 1, state(1), keep_from=2)
-    (tmp_path / "0" / "r1.bin").write_bytes(b"short")
-    with pytest.raises(ClientStateError, match="r1.bin is not a client state of this run"):
-        store.get(0, 1)
-
-
-def test_a_state_file_changed_in_place_fails_its_checksum(tmp_path):
-    from mpifed.round.client_state import ClientStateError
-    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
-    store.put(0, 1, state(1), keep_from=2)
-    path = tmp_path / "0" / "r1.bin"
-    raw = bytearray(path.read_bytes())
-    raw[-8:-4] = np.array([1e30], dtype=np.float32).tobytes()    # one float set to 1e30, same size
-    path.write_bytes(bytes(raw))
-    with pytest.raises(ClientStateError, match="r1.bin is damaged .*SHA-256"):
-        ClientStates(tmp_path, state_layout(), budget_mb=0).get(0, 1)
-
-
-def test_a_missing_state_is_an_error_not_zeros_or_an_older_state(tmp_path):
-    from mpifed.round.client_state import ClientStateError
-    store = ClientStates(tmp_path, state_layout(), budget_mb=0)
-    store.put(0, 1, state(1), keep_from=1)
-    store.put(0, 4, state(4), keep_from=1)                   # r1 is kept (a resume at round 1 needs it)
-    (tmp_path / "0" / "r4.bin").unlink()
-    fresh = ClientStates(tmp_path, state_layout(), budget_mb=0)
-    with pytest.raises(ClientStateError, match="client 0's state after round 5 is missing"):
-        fresh.get(0, 4)                                      # never the older r1
-    assert fresh.get(0, 1)["w"].tolist() == [1.0] * 4
-
-
-def test_a_state_file_of_an_earlier_mpifed_is_read(tmp_path):
-    layout = state_layout()
-    (tmp_path / "2").mkdir()
-    (tmp_path / "2" / "r0.bin").write_bytes(layout.pack(state(5)).tobytes())   # no header
-    assert ClientStates(tmp_path, layout, budget_mb=0).get(2, 0)["w"].tolist() == [5.0] * 4
 
 
 class RecordingComm(Comm):
@@ -212,7 +119,7 @@ class ReceivingWorker:
     def train(self, plan):
         return Trained(self.layouts.uplink_buffer(), np.zeros(0, np.uint8), [])
 
-    def flush_states(self, keep_from):
+    def flush_states(self, resume_rounds):
         pass
 
     def evaluate(self, weights, ints):

@@ -176,10 +176,10 @@ def client_losses(run):
     return [(r["round"], [(c["cid"], c["train_loss"]) for c in r["clients"]]) for r in rows]
 
 
-def test_client_state_without_checkpoints_keeps_one_version_per_client(tmp_path):
+def test_client_state_is_a_store_of_a_few_files_not_a_file_per_client(tmp_path):
     run_debug(tiny(tmp_path, "algorithm.name=scaffold", "train.rounds=4", "run.checkpoint_every=0"))
-    folders = list((tmp_path / "runs" / "run" / "client_state").iterdir())
-    assert folders and all(len(list(f.iterdir())) == 1 for f in folders)
+    assert sorted(p.name for p in (tmp_path / "runs" / "run" / "client_state").iterdir()) == ["block_00000.bin",
+                                                                                             "store.json"]
 
 
 def test_resume_with_fewer_rounds_than_done_is_refused(tmp_path):

@@ -102,7 +102,7 @@ def test_resume_removes_temporary_files_left_by_a_failed_write(tmp_path):
     run = tmp_path / "runs" / "run"
     (run / "checkpoints" / "round_000003.ckpt").unlink()
     left = [run / ".status.json.tmp4242", run / "checkpoints" / "round_000003.ckpt.tmp4242",
-            next((run / "client_state").iterdir()) / ".r2.bin.tmp4242"]
+            run / "client_state" / ".store.json.tmp4242"]
     for f in left:
         f.write_bytes(b"partial")
     p = run_debug(["--resume", str(run)])

@@ -53,3 +53,9 @@ def open_append(path: Path, buffering: int = -1) -> IO[str]:
 def open_lock(path: Path) -> int:
     """A descriptor of the lock file ``path`` for reading and writing (made if absent); never a link's target."""
     return _opened(path, os.O_RDWR | os.O_CREAT)
+
+
+def open_readwrite(path: Path, create: bool) -> int:
+    """A descriptor of ``path`` for reading and writing at offsets (made if absent and ``create``);
+    :class:`LinkRefused` when it is a link."""
+    return _opened(path, os.O_RDWR | (os.O_CREAT if create else 0))

@@ -16,7 +16,7 @@ class RoundPlan:
     evaluate: bool = False
     checkpoint: bool = False    # the server writes a checkpoint after this round (workers first flush client state)
     stop: bool = False
-    keep_states_from: int = 0   # a resume may start at this round or later (client-state versions it needs are kept)
+    resume_rounds: tuple[int, ...] = ()   # the rounds a resume could start at (client-state versions they need stay)
     # (client, from worker, to worker): client state to move
     moves: list[tuple[int, int, int]] = field(default_factory=list)
     model_held: bool = False    # every rank holds the global model already (the last round's evaluation sent it)

@@ -197,7 +197,7 @@ class WorkerSide(Protocol):
     def statistics(self, plan: RoundPlan) -> dict[str, torch.Tensor]: ...
     def use_statistics(self, totals: Fields) -> None: ...
     def train(self, plan: RoundPlan) -> Trained: ...
-    def flush_states(self, keep_from: int) -> None: ...
+    def flush_states(self, resume_rounds: tuple[int, ...]) -> None: ...
     def export_state(self, cid: int, last: int) -> np.ndarray: ...
     def adopt_state(self, cid: int, message: np.ndarray) -> None: ...
     def state_message_bytes(self) -> int: ...
@@ -247,7 +247,7 @@ class RoundProtocol:
         world.sync("start of round")
         plan = world.bcast_object(plan, what="plan: broadcast")
         if plan.stop:
-            self._stop()
+            self._stop(plan)
             return False
 
         if plan.moves and self.layouts.client_state.entries:                        # migrate
@@ -267,7 +267,7 @@ class RoundProtocol:
                     worker.use_statistics(Fields(self.layouts.statistics.what, self.layouts.statistics.views(sums)))
                 trained = worker.train(plan)                                        # (local training)
                 if plan.checkpoint:
-                    worker.flush_states(plan.keep_states_from)
+                    worker.flush_states(plan.resume_rounds)
             else:
                 trained = Trained(self.layouts.uplink_buffer(), np.zeros(0, np.uint8), [])
             world.sync("end of local training")
@@ -291,9 +291,9 @@ class RoundProtocol:
         return True
 
     # ---------------------------------------------------------------- phases
-    def _stop(self) -> None:
+    def _stop(self, plan: RoundPlan) -> None:
         if self.worker:
-            self.worker.flush_states(0)
+            self.worker.flush_states(plan.resume_rounds)
         gathered = self.world.gather_object(usage(), what="stop: gather of the resource usage")
         if self.server:
             self.server.stopped(gathered)

@@ -82,7 +82,7 @@ class RoundServer:
         """The next round's plan, or the stop plan after the last round or on a stop request."""
         cfg, rnd = self.cfg, self.rounds_done
         if rnd >= cfg.train.rounds or stop_requested() or self.worker_stops:
-            return RoundPlan(round=rnd, lr=0.0, stop=True)
+            return RoundPlan(round=rnd, lr=0.0, stop=True, resume_rounds=self._resume_rounds())
         clients = sample_clients(cfg.run.seed, rnd, self.manifest.num_clients, cfg.train.participation)
         assignment = assign_clients(clients, self.manifest.client_sizes, self.workers)
         moves = state_moves(assignment, self.holders)
@@ -96,7 +96,7 @@ class RoundServer:
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
                          evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
-                         keep_states_from=self._oldest_resume_round(rnd), moves=moves, model_held=self.model_sent,
+                         resume_rounds=self._resume_rounds(), moves=moves, model_held=self.model_sent,
                          last_trained=last)
 
     def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -204,11 +204,9 @@ class RoundServer:
         self.run_dir.log(self.progress.line(plan.number, row))
         self.progress.advance(plan.number)
 
-    def _oldest_resume_round(self, rnd: int) -> int:
-        """The earliest round a resume could start at: the oldest checkpoint on disk, or (with none)
-        a checkpoint written after this round."""
-        kept = checkpoint.all_checkpoints(self.run_dir.checkpoints)
-        return checkpoint.rounds_done(kept[0]) if kept else rnd + 1
+    def _resume_rounds(self) -> tuple[int, ...]:
+        """The rounds a resume could start at: those of the checkpoints on disk."""
+        return tuple(checkpoint.rounds_done(p) for p in checkpoint.all_checkpoints(self.run_dir.checkpoints))
 
     def checkpoint(self, rounds_done: int) -> None:
         payload = {

@@ -314,8 +314,8 @@ def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layo
     from mpifed.round.client_state import ClientStates
     from mpifed.local.steps import make_steps
     from mpifed.round.worker import Worker
-    states = (ClientStates(run.client_state, layouts.client_state, cfg.resources.client_state_mb)
-              if layouts.client_state.entries else None)
+    states = (ClientStates(run.client_state, layouts.client_state, cfg.resources.client_state_mb,
+                           versions=cfg.run.keep_checkpoints + 1) if layouts.client_state.entries else None)
     runner = make_steps(cfg.resources.precision, cfg.resources.cuda_graphs, setup.device,
                         log=functools.partial(print, flush=True) if index == 0 else None)
     return Worker(index, workers, algo.client(), setup, layouts, manifest, transform, cfg.run.seed,
@@ -330,7 +330,6 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
     method's server role with the server-held data, its first downlink checked against the
     declaration; ``resume_command`` continues the run."""
     from mpifed.algorithms.base import ServerTools
-    from mpifed.round.client_state import discard_from
     from mpifed.data.shards import read_shard
     from mpifed.data.store import ClientData, to_device
     from mpifed.round.server import RoundServer
@@ -340,8 +339,6 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
                                        resolved.trust_checkpoint) if resolved.resume_from else None
     if resume is None:
         shutil.rmtree(run.client_state, ignore_errors=True)
-    else:
-        discard_from(run.client_state, resume["rounds_done"])
     flat = setup.initial_model()
     server_data = None
     if manifest.server_size:

@@ -111,7 +111,7 @@ class Worker:
                 state = dict(iter(ctx.new_state))
                 self.layouts.client_state.check(state, f"{type(self.client).__name__}.end_client (client {cid}, "
                                                        f"round {plan.number})")
-                self.states.put(cid, plan.round, state, plan.keep_states_from)
+                self.states.put(cid, plan.round, state, plan.resume_rounds)
             reports.append(ClientReport(cid, self.index, ctx.num_samples, ctx.steps, ctx.loss_sum / max(ctx.seen, 1),
                                         time.perf_counter() - start, ctx.extra))
         return Trained(sums_buf, rows, reports)
@@ -154,9 +154,9 @@ class Worker:
         return evaluate_share(self.eval_net, self.transform, self.eval_batches, self.layouts.evaluation)
 
     # ---------------------------------------------------------------- client state
-    def flush_states(self, keep_from: int) -> None:
+    def flush_states(self, resume_rounds: tuple[int, ...]) -> None:
         if self.states is not None:
-            self.states.flush(keep_from)
+            self.states.flush(resume_rounds)
 
     def export_state(self, cid: int, last: int) -> np.ndarray:
         """Client ``cid``'s state after round ``last``, to hand over to another worker."""

@@ -395,7 +395,7 @@ class RunDir:
     def remove_temporary(self) -> list[Path]:
         """Delete temporary files a crashed writer left behind (in the run directory, checkpoints/ and
         client_state/); returns them."""
-        found = [p for folder in (self.path, self.checkpoints, *self.client_state.glob("*"))
+        found = [p for folder in (self.path, self.checkpoints, self.client_state, *self.client_state.glob("*"))
                  if folder.is_dir() for p in folder.iterdir() if p.is_file() and _TEMPORARY.match(p.name)]
         for p in found:
             p.unlink(missing_ok=True)
