@@ -267,3 +267,12 @@ def test_a_changed_split_file_is_prepared_anew(tmp_path):
     write_split(tmp_path, [list(range(0, 10)), list(range(10, 100))])
     second = ensure_prepared(config.load([], sets)[0], log=lambda s: None)
     assert second.root != first.root and second.client_sizes.tolist() == [10, 90]
+
+
+def test_class_counts_counted_in_groups_of_clients_are_each_clients_counts():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 7, 1000)
+    parts = [rng.choice(1000, rng.integers(0, 30), replace=False) for _ in range(200)] + [np.array([], dtype=np.int64)]
+    each = np.stack([np.bincount(labels[p], minlength=7) for p in parts])
+    assert np.array_equal(split_summary(parts, labels, 7, group=17), each)
+    assert split_summary([], labels, 7).shape == (0, 7)

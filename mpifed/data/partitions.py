@@ -410,11 +410,16 @@ class FromFile:
         return out
 
 
-def split_summary(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Per-client class counts, K x C."""
-    if not parts:
-        return np.zeros((0, num_classes), dtype=np.int64)
-    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+def split_summary(parts: list[np.ndarray], labels: np.ndarray, num_classes: int, group: int = 65536) -> np.ndarray:
+    """Per-client class counts, K x C (counted ``group`` clients at a time: no array per client)."""
+    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for first in range(0, len(parts), group):
+        some = parts[first:first + group]
+        owner = np.repeat(np.arange(len(some)), [len(p) for p in some])
+        rows = np.concatenate(some).astype(np.int64, copy=False)
+        counts[first:first + len(some)] = np.bincount(owner * num_classes + labels[rows],
+                                                      minlength=len(some) * num_classes).reshape(-1, num_classes)
+    return counts
 
 
 def hold_out_per_class(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

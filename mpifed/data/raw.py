@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from mpifed.data.image_rows import ImageRows
 from mpifed.plugin.options import NoOptions
 
 
@@ -75,11 +76,18 @@ def modality(dataset: object) -> str:
     return getattr(dataset, "modality", "image")
 
 
-Arrays = np.ndarray | dict[str, np.ndarray]
+Arrays = np.ndarray | ImageRows | dict[str, np.ndarray]
 
 
 def select(x: Arrays, idx: np.ndarray | slice) -> Arrays:
-    """Rows ``idx`` of an input array or of every array of a dict."""
+    """Rows ``idx`` of an input array or of every array of a dict (of images in a file: a view, read later)."""
+    if isinstance(x, ImageRows):
+        return x.select(idx)
+    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+
+
+def take(x: Arrays, idx: np.ndarray | slice) -> np.ndarray | dict[str, np.ndarray]:
+    """Rows ``idx`` of an input array or of every array of a dict, in memory."""
     return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
 
 
@@ -110,7 +118,9 @@ class RawData:
     """Model inputs and int64 labels of a train and a test split.
 
     Inputs are decoded images (uint8, N x C x H x W) or a dict of named integer arrays with
-    N rows (token ids and attention masks, N x length).
+    N rows (token ids and attention masks, N x length). Training images too large to hold in
+    memory may be an :class:`~mpifed.data.image_rows.ImageRows` (a file), read a block of clients
+    at a time when prepared.
 
     ``train_groups``/``test_groups`` give each sample's natural group (a writer, a domain)
     where the data set has one; ``group_names`` names the groups that evaluation reports

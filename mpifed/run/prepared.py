@@ -12,8 +12,10 @@ Layout of a prepared folder::
 Clients are packed many to a file, not one file each: a population of a million clients is a
 few hundred files, not a million, without HDF5's overhead per file (8 KB, more than a small
 client's data), and start-up reads two arrays instead of K file headers. A block is written at a
-time, so preparing holds one block's rows beyond the data set; a worker reads only its clients'
-rows, and verifies each client's own checksum when it reads it. A folder of format 1 (one file per
+time, so preparing holds one block's rows beyond the data set (a data set too large to hold keeps
+its images in a file, :class:`~mpifed.data.image_rows.ImageRows`, and preparing then holds the
+labels and one block); a worker reads only its clients' rows, and verifies each client's own
+checksum when it reads it. A folder of format 1 (one file per
 client) is converted in place from its own shards by ``python -m mpifed.prepare`` (its spec, and
 so its name and its runs' identity, unchanged).
 
@@ -40,7 +42,7 @@ from mpifed.settings.config import Config, diff_keys, digest, to_dict
 from mpifed.plugin.registry import DATASETS, PARTITIONS
 from mpifed.data.partitions import PartitionError, hold_out_per_class, hold_out_stratified, split_summary
 from mpifed.data.fingerprint import fingerprint, first_change
-from mpifed.data.raw import RawData, RawText, modality, select
+from mpifed.data.raw import RawData, RawText, modality, select, take
 from mpifed.data.shards import ShardError, block_offsets, named, read_shard, write_block, write_shard
 
 FORMAT = 2
@@ -466,7 +468,7 @@ def _hold_out_validation(raw: RawData, size: int, seed: int) -> tuple[RawData, t
     if not size:
         return raw, None
     val_idx, rest = hold_out_stratified(raw.train_y, size, np.random.default_rng([seed, 0x7A1]))
-    val = (select(raw.train_x, val_idx), raw.train_y[val_idx],
+    val = (take(raw.train_x, val_idx), raw.train_y[val_idx],
            raw.train_groups[val_idx] if raw.train_groups is not None else None)
     return _rows(raw, rest, slice(None)), val
 
@@ -480,8 +482,9 @@ def _split(raw: RawData, cfg: Config, seed: int) -> _Split:
         server, pool = hold_out_per_class(labels, cfg.data.server_holdout_per_class, rng)
     partition = PARTITIONS.get(cfg.data.partition.name)
     groups = raw.train_groups[pool] if raw.train_groups is not None else None
-    parts = [pool[p] for p in partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options,
-                                              groups, indices=pool)]
+    parts = partition.split(labels[pool], cfg.data.num_clients, rng, cfg.data.partition.options, groups, indices=pool)
+    if len(server):    # positions in the pool, made rows of the data set (otherwise they are: the pool is every row)
+        parts = [pool[p] for p in parts]
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(f"clients {empty[:10]} received no samples; use fewer clients or a less skewed partition")
@@ -498,7 +501,7 @@ def _write_shards(tmp: Path, raw: RawData, val: tuple | None, split: _Split, com
     starts = block_starts(sizes, _row_bytes(raw.train_x))
     for b, (first, end) in enumerate(zip(starts, [*starts[1:], len(sizes)])):
         idx = np.concatenate(split.parts[first:end])
-        write_block(tmp / "clients" / f"block_{b:05d}.h5", named(select(raw.train_x, idx)), labels[idx],
+        write_block(tmp / "clients" / f"block_{b:05d}.h5", named(take(raw.train_x, idx)), labels[idx],
                     raw.train_groups[idx] if raw.train_groups is not None else None,
                     np.concatenate([[0], np.cumsum(sizes[first:end])]), first, common)
     _write_index(tmp, sizes, split.counts)
@@ -514,7 +517,7 @@ def _write_shards(tmp: Path, raw: RawData, val: tuple | None, split: _Split, com
     server = None
     if len(split.server):
         sc = np.bincount(labels[split.server], minlength=classes).tolist()
-        write_shard(tmp / "server.h5", select(raw.train_x, split.server), labels[split.server],
+        write_shard(tmp / "server.h5", take(raw.train_x, split.server), labels[split.server],
                     {**common, "client_id": -2, "class_counts": sc})
         server = {"num_samples": int(len(split.server)), "class_counts": sc}
     return {"clients": clients, "test": {"num_samples": int(len(raw.test_y)), "class_counts": test_counts},

@@ -5,11 +5,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpifed.data.image_rows import ImageRows
 from mpifed.data.raw import Dataset, RawData, stratified_split
 from mpifed.plugin.options import opt
 from mpifed.plugin.registry import DATASETS
 
-CHUNK_VALUES = 2**25      # the synthetic images are drawn this many values at a time (256 MiB of float noise)
+CHUNK_VALUES = 2**22      # the synthetic images are drawn this many values at a time (32 MiB of float noise)
+STREAM_BYTES = 2**28      # training images beyond this many bytes go to a file (ImageRows), not memory
 
 
 @DATASETS.register("digits")
@@ -38,7 +40,9 @@ class Digits(Dataset):
 
 @DATASETS.register("synthetic")
 class Synthetic(Dataset):
-    """Class-dependent random patterns plus noise: tiny, learnable, for tests and benchmarks."""
+    """Class-dependent random patterns plus noise: tiny, learnable, for tests and benchmarks. Training
+    images of more than 256 MiB (a population of millions of clients) are written to a temporary
+    file as they are drawn, the same images either way."""
 
     @dataclass
     class Options:
@@ -56,15 +60,19 @@ class Synthetic(Dataset):
         shape = (options.channels, options.size, options.size)
         templates = rng.uniform(0, 255, size=(options.num_classes, *shape))
 
-        def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        def draw(n: int, stream: bool) -> tuple[np.ndarray | ImageRows, np.ndarray]:
             y = rng.integers(0, options.num_classes, size=n).astype(np.int64)
-            x = np.empty((n, *shape), dtype=np.uint8)
+            x = ImageRows(shape) if stream else np.empty((n, *shape), dtype=np.uint8)
             step = max(1, CHUNK_VALUES // templates[0].size)
             for i in range(0, n, step):                     # chunks draw the same numbers as one draw would
                 chunk = templates[y[i:i + step]] + rng.normal(0, options.noise, size=(len(y[i:i + step]), *shape))
-                x[i:i + step] = np.clip(np.rint(chunk), 0, 255)
+                images = np.clip(np.rint(chunk), 0, 255).astype(np.uint8)
+                if stream:
+                    x.append(images)
+                else:
+                    x[i:i + step] = images
             return x, y
 
-        trx, try_ = draw(options.train_samples)
-        tex, tey = draw(options.test_samples)
+        trx, try_ = draw(options.train_samples, stream=options.train_samples * templates[0].size > STREAM_BYTES)
+        tex, tey = draw(options.test_samples, stream=False)
         return RawData(trx, try_, tex, tey, options.num_classes, f"synthetic (seed {options.data_seed})")
