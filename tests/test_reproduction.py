@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpifed.entry.table import search_table, summarize
+from mpifed.tables.summary import claim_label
 from mpifed.tables.table_file import load_table, resolve, settled
 
 pytestmark = pytest.mark.unit
@@ -98,3 +99,31 @@ def test_a_report_wide_family_adjusts_each_claim_over_every_tables_claims(capsys
         assert wide >= t.holm_p
         assert f"| {t.holm_p:.3f} | {t.label} | {wide:.3f} |" in out      # both labels, side by side
     assert f"over all {mine.report_family} claims of the report's tables (--family)" in out
+
+
+def test_the_opening_summary_lists_the_claims_that_survive_one_adjustment_over_the_report():
+    """REPRODUCTION.md's "In short" gives the report-wide family: its size, and exactly the claims
+    that survive Holm's adjustment over every declared claim of the archived tables, as --summary
+    --family prints them."""
+    files = [table for table, _ in ARCHIVED.values()]
+    summaries = []
+    for table_file in files:
+        t = load_table(REPO / table_file, str(REPO / "results"))
+        resolve(t, [])
+        summaries.append(summarize(t))
+    summaries = [s for s in summaries if s.all_claims]
+    rows = []
+    for i, s in enumerate(summaries):
+        s.with_report_family(summaries[:i] + summaries[i + 1:])
+        for t in s.claims:
+            wide = s.report_holm[id(t)]
+            if claim_label(t.result, wide) in ("supported", "not supported (the other way)"):
+                rows.append(f"| {s.name(t.claim.above)} > {s.name(t.claim.below)} | {t.setting} | "
+                            f"{t.result.text(verdict=False)} | {t.holm_p:.3f} | {wide:.3f} |")
+    text = (REPO / REPRODUCTION).read_text()
+    opening = text[text.index("## In short"):]
+    opening = opening[:opening.index("\n- **")]
+    family = summaries[0].report_family
+    assert f"all {family} claims" in opening and f"{len(rows)} of them survive" in opening
+    quoted = [line for line in opening.splitlines() if line.startswith("| ") and " > " in line]
+    assert sorted(quoted) == sorted(rows), "the opening table is not what --summary --family gives"
