@@ -157,3 +157,12 @@ def test_state_files_of_an_earlier_mpifed_are_read(tmp_path):
     (tmp_path / "2" / "r3.bin").write_bytes(b"short")
     with pytest.raises(ClientStateError, match="r3.bin is not a client state of this run"):
         store(tmp_path).get(2, 3)
+
+
+def test_a_block_file_that_is_a_link_is_refused(tmp_path):
+    store(tmp_path / "elsewhere").put(0, 1, state(1), resume_rounds=())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "store.json").write_bytes((tmp_path / "elsewhere" / "store.json").read_bytes())
+    (tmp_path / "run" / "block_00000.bin").symlink_to(tmp_path / "elsewhere" / "block_00000.bin")
+    with pytest.raises(ClientStateError, match="block_00000.bin is a symbolic link"):
+        store(tmp_path / "run").get(0, 1)

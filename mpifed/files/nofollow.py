@@ -55,7 +55,7 @@ def open_lock(path: Path) -> int:
     return _opened(path, os.O_RDWR | os.O_CREAT)
 
 
-def open_readwrite(path: Path, create: bool) -> int:
-    """A descriptor of ``path`` for reading and writing at offsets (made if absent and ``create``);
+def open_at(path: Path, write: bool) -> int:
+    """A descriptor of ``path`` for reading (and, with ``write``, writing, made if absent) at offsets;
     :class:`LinkRefused` when it is a link."""
-    return _opened(path, os.O_RDWR | (os.O_CREAT if create else 0))
+    return _opened(path, os.O_RDWR | os.O_CREAT if write else os.O_RDONLY)

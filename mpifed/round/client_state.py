@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpifed.files.nofollow import LinkRefused, open_readwrite, read_bytes
+from mpifed.files.nofollow import LinkRefused, open_at, read_bytes
 from mpifed.round.protocol import Layout
 from mpifed.run.rundir import write_then_rename
 
@@ -142,7 +142,7 @@ class ClientStates:
             if entry.dirty:
                 self._write(cid, entry, resume_rounds)
         for path in sorted(self._unsynced):
-            fd = open_readwrite(path, create=False)
+            fd = open_at(path, write=False)
             try:
                 os.fsync(fd)
             finally:
@@ -157,7 +157,7 @@ class ClientStates:
         path = self.root / name
         if not path.is_file():
             return None
-        fd = open_readwrite(path, create=False)
+        fd = open_at(path, write=False)
         try:
             for v, (owner, rnd) in enumerate(self._headers(fd, shape, base)):
                 if owner == cid and rnd == last:
@@ -239,7 +239,7 @@ class ClientStates:
         return out
 
     def _read_slot(self, cid: int, last: int, path: Path, offset: int) -> np.ndarray:
-        fd = open_readwrite(path, create=False)
+        fd = open_at(path, write=False)
         try:
             raw = os.pread(fd, _HEADER + self.layout.nbytes, offset)
         finally:
@@ -257,7 +257,7 @@ class ClientStates:
         path = self.root / name
         payload = entry.buf.tobytes()
         head = _MAGIC + np.array([cid, entry.round], dtype=np.int64).tobytes() + hashlib.sha256(payload).digest()
-        fd = open_readwrite(path, create=True)
+        fd = open_at(path, write=True)
         try:
             slot = _free_slot(self._headers(fd, shape, base), cid, entry.round, resume_rounds)
             os.pwrite(fd, head + payload, base + slot * shape.slot_bytes)
