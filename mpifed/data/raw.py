@@ -81,9 +81,7 @@ Arrays = np.ndarray | ImageRows | dict[str, np.ndarray]
 
 def select(x: Arrays, idx: np.ndarray | slice) -> Arrays:
     """Rows ``idx`` of an input array or of every array of a dict (of images in a file: a view, read later)."""
-    if isinstance(x, ImageRows):
-        return x.select(idx)
-    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+    return x.select(idx) if isinstance(x, ImageRows) else take(x, idx)
 
 
 def take(x: Arrays, idx: np.ndarray | slice) -> np.ndarray | dict[str, np.ndarray]:
