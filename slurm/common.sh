@@ -68,20 +68,62 @@ mpifed_run() {
         scontrol requeue "$job"
         return 0
     fi
+    if [ "$code" != 0 ] && [ "$state" != unknown ] && [ "$state" != finished ]; then
+        local job=${SLURM_JOB_ID}
+        if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi
+        echo "[slurm] the job fails; once the cause is fixed, \`scontrol requeue ${job}\` continues ${runs}/${name} from its last checkpoint" >&2
+    fi
     return "$code"
 }
 
 # mpifed_mps_start N [mpifed arguments...]: start an MPS control daemon for the job when
 # resources.mps asks for one (python -m mpifed.mps; see docs/operations.md) and export its pipe
-# and log folders, which the ranks inherit. mpifed_mps_stop quits it and removes its folder;
-# call it from an EXIT trap so that it runs however the job ends.
+# and log folders, which the ranks inherit. On several nodes, each node decides for its own ranks
+# and keeps its own daemon: one task per node (srun --overlap, beside the ranks' step) runs
+# `python -m mpifed.mps node`, with the pipe in the same node-local folder on every node.
+# mpifed_mps_stop quits the daemons and removes their folders; call it from an EXIT trap so that
+# it runs however the job ends.
 mpifed_mps_start() {
-    local exports
-    exports=$("${PYTHON:-python3}" -m mpifed.mps start -n "$@") || return $?
-    eval "$exports"
+    local python=${PYTHON:-python3} nodes=${SLURM_NNODES:-1}
+    if [ "$nodes" -le 1 ]; then
+        local exports
+        exports=$("$python" -m mpifed.mps start -n "$@") || return $?
+        eval "$exports"
+        return 0
+    fi
+    shift   # each node counts its own ranks, from SLURM_TASKS_PER_NODE
+    local folder="${TMPDIR:-/tmp}/mpifed-mps-${SLURM_JOB_ID}"
+    MPIFED_MPS_REPORT="${folder}.nodes"
+    srun --overlap --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 \
+        "$python" -m mpifed.mps node --folder "$folder" --tasks-per-node "$SLURM_TASKS_PER_NODE" "$@" \
+        > "$MPIFED_MPS_REPORT" &
+    MPIFED_MPS_STEP=$!
+    local lines=0
+    while [ "$lines" -lt "$nodes" ] && kill -0 "$MPIFED_MPS_STEP" 2>/dev/null; do
+        sleep 0.2
+        lines=$(grep -c '^mpifed-mps ' "$MPIFED_MPS_REPORT" || true)
+    done
+    lines=$(grep -c '^mpifed-mps ' "$MPIFED_MPS_REPORT" || true)
+    MPIFED_MPS_STEP_ID=$(sed -n 's/^mpifed-mps [^ ]* started \([0-9]*\)$/\1/p' "$MPIFED_MPS_REPORT" | head -1)
+    if grep -q '^mpifed-mps .* error$' "$MPIFED_MPS_REPORT" || [ "$lines" -lt "$nodes" ]; then
+        echo "[slurm] MPS: $lines of $nodes nodes answered; errors on: $(sed -n 's/^mpifed-mps \(.*\) error$/\1/p' "$MPIFED_MPS_REPORT" | tr '\n' ' ')(see above)" >&2
+        mpifed_mps_stop
+        return 2
+    fi
+    if grep -q '^mpifed-mps [^ ]* started' "$MPIFED_MPS_REPORT"; then
+        echo "[slurm] MPS: a control daemon on $(grep -c '^mpifed-mps [^ ]* started' "$MPIFED_MPS_REPORT") of $nodes nodes ($folder on each)"
+        export CUDA_MPS_PIPE_DIRECTORY="$folder/pipe" CUDA_MPS_LOG_DIRECTORY="$folder/log"
+    fi
 }
 
 mpifed_mps_stop() {
+    if [ -n "${MPIFED_MPS_STEP:-}" ]; then
+        # SIGTERM to each node's task, which quits its daemon (srun, signalled itself, kills them at once)
+        if [ -n "${MPIFED_MPS_STEP_ID:-}" ]; then scancel --signal=TERM "${SLURM_JOB_ID}.${MPIFED_MPS_STEP_ID}" || true; fi
+        wait "$MPIFED_MPS_STEP" 2>/dev/null || true
+        rm -f "$MPIFED_MPS_REPORT"
+        unset MPIFED_MPS_STEP MPIFED_MPS_STEP_ID MPIFED_MPS_REPORT CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
     if [ -n "${MPIFED_MPS_DIR:-}" ]; then
         "${PYTHON:-python3}" -m mpifed.mps stop "$MPIFED_MPS_DIR"
         unset MPIFED_MPS_DIR CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY

@@ -2,6 +2,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -118,7 +119,9 @@ def test_hung_worker_is_named_after_the_timeout(has_mpirun, tmp_path):
     finally:
         kill_left_over(plugin)
     assert took < 60 and proc.returncode != 0
-    assert "rank 0: rank(s) 2 did not reach 'end of local training'" in text and "comm.timeout_s=5" in text, text
+    host = socket.gethostname()       # rank 0 learnt every rank's host at start-up
+    assert f"rank 0 on {host}: rank(s) 2 on {host} did not reach 'end of local training'" in text, text
+    assert "comm.timeout_s=5" in text
     assert "Last checkpoint:" in text and "round_000002.ckpt" in text and "--resume" in text
 
 
@@ -153,4 +156,5 @@ def test_a_rank_hung_in_start_up_is_named_under_the_start_up_phase(has_mpirun, t
     finally:
         kill_left_over(plugin)
     assert proc.returncode != 0
-    assert "rank 0: rank(s) 2 did not reach 'start-up: ranks'" in text and "comm.timeout_s=5" in text, text
+    host = socket.gethostname()       # rank 2's host is not known yet
+    assert f"rank 0 on {host}: rank(s) 2 did not reach 'start-up: ranks'" in text and "comm.timeout_s=5" in text, text

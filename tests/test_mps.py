@@ -1,6 +1,7 @@
 """resources.mps: the job's MPS control daemon, with a stand-in nvidia-cuda-mps-control that records its calls."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -206,3 +207,45 @@ def test_the_shell_functions_of_the_slurm_scripts(standin):
     assert f"ranks see {tmp}/mpifed-mps-" in p.stdout
     assert "started a control daemon" in p.stderr and p.stderr.count("control daemon stopped") == 1
     assert calls(record)[-1].startswith("quit ") and list(tmp.iterdir()) == []
+
+
+def test_tasks_per_node_and_a_node_without_the_server():
+    assert [mps.tasks_on_node("3(x2),1", n) for n in range(3)] == [3, 3, 1]
+    assert mps.tasks_on_node("5", 0) == 5
+    for bad, node in (("3(x2", 0), ("a", 0), ("2,2", 2)):
+        with pytest.raises(ValueError):
+            mps.tasks_on_node(bad, node)
+    gpu = ResourcesConfig()
+    assert mps.decide("auto", 2, 1, gpu, "ctl") == (False, "")                   # the server + 1 worker
+    assert mps.decide("auto", 2, 1, gpu, "ctl", server=False) == (True, "2 ranks share 1 GPU")
+    assert mps.decide("auto", 4, 4, gpu, "ctl", server=False) == (False, "")
+    assert mps.gpu_ranks(1, gpu, 1, server=False) == 1       # one worker alone on a node: not the debug mode
+
+
+def test_a_node_keeps_its_daemon_in_the_given_folder_until_sigterm(standin):
+    record, tmp = standin
+    folder = tmp / "job-7"
+    (folder / "pipe").mkdir(parents=True)           # left by an earlier start of the job on this node
+    (folder / "pipe" / "control").touch()
+    proc = subprocess.Popen([sys.executable, "-m", "mpifed.mps", "node", "--folder", str(folder), "--tasks-per-node",
+                             "2(x2)", "--set", "resources.device=cuda"], env={**env(), "SLURM_NODEID": "1", "SLURM_STEP_ID": "3"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line == f"mpifed-mps {socket.gethostname()} started 3\n"
+    assert f"quit pipe={folder / 'pipe'}" == calls(record)[1]            # the earlier daemon, ended first
+    assert (folder / "pipe" / "server").exists()
+    proc.send_signal(signal.SIGUSR1)                                      # the job's warning: not for it
+    time.sleep(0.3)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "2 ranks share 1 GPU: started" in err and "control daemon stopped" in err
+    assert calls(record)[-1] == f"quit pipe={folder / 'pipe'}" and not folder.exists()
+
+
+def test_a_node_that_cannot_honour_mps_on_reports_an_error(standin):
+    p = subprocess.run([sys.executable, "-m", "mpifed.mps", "node", "--folder", "/nonexistent/x", "--tasks-per-node",
+                        "3", "--set", "resources.mps=on", "resources.device=cpu"], env={**env(), "SLURM_NODEID": "0"},
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == f"mpifed-mps {socket.gethostname()} error\n"
+    assert "no rank uses a GPU" in p.stderr

@@ -1,217 +1,143 @@
-"""The sbatch scripts on a real one-node Slurm cluster started for this test session.
+"""The sbatch scripts on a real Slurm cluster of three nodes started for this test session
+(tests/slurm_cluster.py: a slurmd per network namespace, one slurmctld, munge).
 
-As root, the session installs Debian's slurm-wlm, munge and libpmix-dev when missing,
-starts munged (if not running), slurmctld and slurmd on free ports with a configuration
-in a temporary folder (the node declares 16 CPUs with SlurmdParameters=config_overrides),
-its job ids starting at a random number (a step killed in an earlier session leaves its
-pmix folder in /tmp under its job id, and a later job of that id would fail to start),
-and credentials that expire after 20 s instead of 120 (Slurm holds a requeued job that
-long before starting it again), and stops what it started at the end. Without root or
-apt-get the tests are skipped.
+Every job here trains the quick start's digits; a job's result is compared, metrics.jsonl value by
+value and the final model, with a debug-mode run of the same seed on this host. Without root or
+apt-get the tests are skipped; where namespaces cannot be made, the cluster has one node and the
+tests that need more are skipped, saying why.
 """
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, assert_same_model, final_model, metrics, write_tiny_table
+from mpifed.round.placement import choose_device
+from slurm_cluster import Cluster, install, installed
+from test_mps import STANDIN
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.e2e]
 
-PACKAGES = ["slurm-wlm", "munge", "libpmix-dev"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _installed() -> bool:
-    libpmix = any(Path(d, "libpmix.so").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-                                                           "/usr/lib64", "/usr/lib"))
-    return all(shutil.which(t) for t in ("slurmctld", "slurmd", "sbatch", "munged")) and libpmix
-
-
-def _install() -> None:
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
-    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=True)
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if p.returncode != 0:
-            pytest.skip(f"could not install {' '.join(PACKAGES)}: {p.stderr[-500:]}")
-
-
-class Cluster:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.conf = root / "slurm.conf"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf), PYTHON=sys.executable,
-                        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.started: list[str] = []
-
-    def start(self) -> None:
-        host = socket.gethostname().split(".")[0]
-        for d in ("state", "spool", "log"):
-            (self.root / d).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(f"""ClusterName=mpifedtest
-SlurmctldHost={host}
-AuthType=auth/munge
-AuthInfo=cred_expire=20
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={self.root}/state
-SlurmdSpoolDir={self.root}/spool
-SlurmctldPidFile={self.root}/slurmctld.pid
-SlurmdPidFile={self.root}/slurmd.pid
-SlurmctldLogFile={self.root}/log/slurmctld.log
-SlurmdLogFile={self.root}/log/slurmd.log
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
-ReturnToService=2
-JobRequeue=1
-KillWait=10
-MinJobAge=3600
-FirstJobId={random.randint(1000, 60_000_000)}
-SlurmdParameters=config_overrides
-NodeName={host} CPUs=16 RealMemory=8000 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
-        if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
-            Path("/run/munge").mkdir(parents=True, exist_ok=True)
-            shutil.chown("/run/munge", "munge", "munge")
-            subprocess.run(["munged", "--force"], check=True, capture_output=True)
-            self.started.append("munged")
-        for daemon in ("slurmctld", "slurmd"):
-            subprocess.run([daemon, "-f", str(self.conf)], check=True, env=self.env)
-            self.started.append(daemon)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            p = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True)
-            if p.returncode == 0 and p.stdout.strip() in ("idle", "mix", "alloc"):
-                return
-            time.sleep(1)
-        raise RuntimeError(f"the Slurm node did not come up: {(self.root / 'log' / 'slurmd.log').read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        """Cancel the jobs a failed test left (their slurmstepd outlives slurmd and would clash with the
-        next session's job of the same id), then stop the daemons this session started."""
-        p = subprocess.run(["squeue", "-h", "-o", "%A"], env=self.env, capture_output=True, text=True)
-        jobs = p.stdout.split()
-        if jobs:
-            subprocess.run(["scancel", *jobs], env=self.env, capture_output=True)
-            for jid in jobs:
-                self.wait_for_steps_to_end(jid)
-        for daemon in ("slurmd", "slurmctld"):
-            pid_file = self.root / f"{daemon}.pid"
-            if pid_file.exists():
-                subprocess.run(["kill", pid_file.read_text().strip()], capture_output=True)
-        if "munged" in self.started:
-            subprocess.run(["pkill", "-x", "munged"], capture_output=True)
-
-    def sbatch(self, *args: str, env: dict[str, str] | None = None) -> str:
-        p = subprocess.run(["sbatch", "--parsable", *args], cwd=REPO, env={**self.env, **(env or {})},
-                           capture_output=True, text=True, check=True)
-        return p.stdout.strip().split(";")[0]
-
-    def job(self, jid: str) -> dict[str, str]:
-        p = subprocess.run(["scontrol", "show", "job", jid], env=self.env, capture_output=True, text=True)
-        return dict(f.split("=", 1) for f in p.stdout.split() if "=" in f)
-
-    def wait(self, jid: str, states: tuple[str, ...] = ("COMPLETED",), timeout: float = 300) -> str:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            state = self.job(jid).get("JobState", "")
-            if state in states or state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-                return state
-            time.sleep(1)
-        raise TimeoutError(f"job {jid} still {self.job(jid).get('JobState')} after {timeout} s")
-
-    def log_lines(self, jid: str) -> str:
-        """The lines of slurmctld's and slurmd's logs that name job ``jid`` (for a failed test's message)."""
-        lines = [f"{log}: {line}" for log in ("slurmctld", "slurmd")
-                 for line in (self.root / "log" / f"{log}.log").read_text().splitlines() if jid in line]
-        return "\n".join(lines)
-
-    def start_requeued_when_eligible(self, jid: str, timeout: float = 60) -> None:
-        """Once the requeued job ``jid`` may start again, have the scheduler start it now.
-
-        Slurm keeps a requeued job pending until the old job's credentials have expired
-        (cred_expire). Started sooner with StartTime=now, a restarted job once failed in CI
-        before its script printed anything; after EligibleTime, StartTime=now only saves the
-        wait for the next backfill cycle.
-        """
-        eligible = time.mktime(time.strptime(self.job(jid)["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
-        assert eligible - time.time() < timeout, f"job {jid} is not eligible until {self.job(jid)['EligibleTime']}"
-        self.wait_for_steps_to_end(jid)
-        time.sleep(max(0.0, eligible + 1 - time.time()))
-        self.run("scontrol", "update", f"JobId={jid}", "StartTime=now")
-
-    def wait_for_steps_to_end(self, jid: str, timeout: float = 60) -> None:
-        """Until no slurmstepd of job ``jid`` is left on the node."""
-        deadline = time.time() + timeout
-        while subprocess.run(["pgrep", "-f", rf"slurmstepd: \[{jid}\."], capture_output=True).returncode == 0:
-            assert time.time() < deadline, f"job {jid}'s slurmstepd still there after {timeout} s"
-            time.sleep(0.3)
-
-    def run(self, *cmd: str) -> None:
-        subprocess.run(list(cmd), env=self.env, check=True, capture_output=True)
+# What a site with several interfaces per node sets (docs/operations.md, "Several nodes"); each test
+# node has one link, eth0, besides lo.
+SITE = {"OMPI_MCA_btl_tcp_if_include": "eth0", "OMPI_MCA_oob_tcp_if_include": "eth0"}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("a real Slurm test needs root to install and start slurmctld, slurmd and munged")
-    if not shutil.which("apt-get") and not _installed():
+    if not shutil.which("apt-get") and not installed():
         pytest.skip("Slurm is not installed and apt-get is not available to install it")
-    if not _installed():
-        _install()
-    c = Cluster(tmp_path_factory.mktemp("slurm"))
+    if not installed():
+        install()
+    c = Cluster(tmp_path_factory.mktemp("slurm"), REPO, nodes=3)
     try:
         c.start()
         yield c
     finally:
         c.stop()
+    assert not c.left_over(), f"the test cluster was not torn down: {c.left_over()}"
 
 
 def quick_args(rounds: int) -> list[str]:
     return ["configs/quickstart.yaml", "--set", f"train.rounds={rounds}", "resources.threads=1",
-            "run.checkpoint_every=4"]
+            "run.checkpoint_every=2"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Debug-mode runs (one process on this host) of the quick start for 3 and 10 rounds."""
+    root = tmp_path_factory.mktemp("reference")
+    procs = {rounds: subprocess.Popen(
+        [sys.executable, "-m", "mpifed.main", "--config", *quick_args(rounds), f"run.root={root}",
+         f"run.name=r{rounds}"], cwd=REPO, env={**os.environ, "MPIFED_PROGRESS": "0"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rounds in (3, 10)}
+    done = {}
+
+    def get(rounds: int) -> Path:
+        if rounds not in done:
+            _, err = procs[rounds].communicate(timeout=300)
+            assert procs[rounds].returncode == 0, err
+            done[rounds] = root / f"r{rounds}"
+        return done[rounds]
+    yield get
+    for p in procs.values():
+        p.kill()
+        p.wait()
 
 
 def run_dir(runs: Path, jid: str) -> Path:
     return runs / f"quickstart-{jid}"
 
 
-@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
-def test_quickstart_sbatch_runs(cluster, tmp_path, launcher):
+def assert_same_run(a: Path, b: Path) -> None:
+    assert metrics(a) == metrics(b)
+    assert_same_model(final_model(a), final_model(b))
+
+
+def hosts(cluster: Cluster, nodelist: str) -> list[str]:
+    return cluster.run("scontrol", "show", "hostnames", nodelist).split()
+
+
+def ranks(run: Path, segment: int = -1) -> list[dict]:
+    return json.loads((run / "provenance.json").read_text())["segments"][segment]["ranks"]
+
+
+def assert_placed(run: Path, nodes: list[str], segment: int = -1) -> None:
+    """The server on the first node; on each node the workers numbered 0, 1, ... among themselves,
+    each on the device that number gives it."""
+    placed = ranks(run, segment)
+    assert placed[0]["role"] == "server" and placed[0]["host"] == nodes[0] and placed[0]["node_worker"] == -1
+    per_node = defaultdict(list)
+    for r in placed[1:]:
+        per_node[r["host"]].append(r["node_worker"])
+    assert sorted(per_node) == sorted(nodes), placed
+    assert all(numbers == list(range(len(numbers))) for numbers in per_node.values()), placed
+    for r in placed:
+        assert r["device"] == choose_device(r["role"] == "server", r["node_worker"], "auto", "cpu", r["node_gpus"])
+
+
+def out_file(tmp_path: Path, jid: str) -> str:
+    path = tmp_path / f"{jid}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def wait_for(tmp_path: Path, jid: str, text: str, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while text not in out_file(tmp_path, jid):
+        assert time.time() < deadline, f"job {jid} never printed {text!r}: {out_file(tmp_path, jid)}"
+        time.sleep(0.3)
+
+
+def multi_node(cluster: Cluster, tmp_path: Path, rounds: int, launcher: str = "srun", nodes: int = 2,
+               per_node: int = 2, env: dict[str, str] | None = None, exclude: str = "") -> str:
+    extra = [f"--exclude={exclude}"] if exclude else []
+    return cluster.sbatch(f"--nodes={nodes}", f"--ntasks-per-node={per_node}", "--gres=none", "--cpus-per-task=1",
+                          *extra, "-o", str(tmp_path / "%j.out"), "slurm/multi-node.sbatch", *quick_args(rounds),
+                          env={"MPIFED_RUNS": str(tmp_path / "runs"), "LAUNCHER": launcher, **SITE, **(env or {})})
+
+
+def test_cpu_sbatch_on_one_node(cluster, tmp_path, reference):
     runs = tmp_path / "runs"
-    jid = cluster.sbatch("-n", "3", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(3),
-                         env={"MPIFED_RUNS": str(runs), "LAUNCHER": launcher})
-    assert cluster.wait(jid) == "COMPLETED", (tmp_path / f"{jid}.out").read_text()
-    log = (tmp_path / f"{jid}.out").read_text()
-    assert f"3 ranks via {launcher}" in log and "MPI, 3 ranks (1 server + 2 workers)" in log
+    jid = cluster.sbatch("-n", "4", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(3),
+                         env={"MPIFED_RUNS": str(runs)})
+    assert cluster.wait(jid) == "COMPLETED", out_file(tmp_path, jid)
+    log = out_file(tmp_path, jid)
+    assert "4 ranks via srun" in log and "MPI, 4 ranks (1 server + 3 workers)" in log
     summary = json.loads((run_dir(runs, jid) / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["rounds_done"] == 3 and summary["final_test_acc"] > 0.5
-    assert len(summary["peak_rss_mb_per_rank"]) == 3
+    assert len(summary["peak_rss_mb_per_rank"]) == 4
+    assert len({r["host"] for r in ranks(run_dir(runs, jid))}) == 1
+    assert_same_run(run_dir(runs, jid), reference(3))
 
 
 def test_a_launcher_that_exits_0_without_running_mpifed_fails_the_job(cluster, tmp_path):
@@ -222,31 +148,22 @@ def test_a_launcher_that_exits_0_without_running_mpifed_fails_the_job(cluster, t
     jid = cluster.sbatch("-n", "2", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(3),
                          env={"MPIFED_RUNS": str(tmp_path / "runs"), "PYTHON": str(fake)})
     assert cluster.wait(jid) == "FAILED"
-    log = (tmp_path / f"{jid}.out").read_text()
+    log = out_file(tmp_path, jid)
     assert "exited with code 0; run state: unknown" in log, log
     assert "not finished (state: unknown): failing the job" in log, log
 
 
-def test_warning_signal_requeues_and_resumes_to_the_same_result(cluster, tmp_path):
-    runs = tmp_path / "runs"
-    env = {"MPIFED_RUNS": str(runs)}
-    full = cluster.sbatch("-n", "3", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(10), env=env)
-    cut = cluster.sbatch("-n", "3", "-o", str(tmp_path / "%j.out"), "slurm/cpu.sbatch", *quick_args(10), env=env)
-    out = tmp_path / f"{cut}.out"
-    deadline = time.time() + 180
-    while "round 3/" not in (out.read_text() if out.exists() else ""):
-        assert time.time() < deadline, "the job never reached round 3"
-        time.sleep(0.3)
-    cluster.run("scancel", "--batch", "--signal=USR1", cut)      # what --signal=B:USR1@T sends
-    assert cluster.wait(cut, ("PENDING",), timeout=120) == "PENDING", out.read_text()   # requeued by the script
-    cluster.start_requeued_when_eligible(cut)
-    assert cluster.wait(cut) == "COMPLETED", out.read_text() + "\n" + cluster.log_lines(cut)
-    assert cluster.wait(full) == "COMPLETED"
-    log = out.read_text()
-    assert "warning signal" in log and "requeueing" in log and "(restart 1)" in log and "resuming" in log
-    assert cluster.job(cut)["Restarts"] == "1"
-    assert_same_model(final_model(run_dir(runs, cut)), final_model(run_dir(runs, full)))
-    assert metrics(run_dir(runs, cut)) == metrics(run_dir(runs, full))
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_multi_node_run_equals_the_single_node_run(cluster, tmp_path, reference, launcher):
+    cluster.need_nodes(2)
+    jid = multi_node(cluster, tmp_path, 3, launcher)
+    assert cluster.wait(jid) == "COMPLETED", out_file(tmp_path, jid) + cluster.log_lines(jid)
+    nodes = hosts(cluster, cluster.job(jid)["NodeList"])
+    assert len(nodes) == 2
+    assert f"4 ranks via {launcher}" in out_file(tmp_path, jid)
+    run = run_dir(tmp_path / "runs", jid)
+    assert_placed(run, nodes)
+    assert_same_run(run, reference(3))
 
 
 PLUGIN = """from mpifed.algorithms.base import Algorithm
@@ -259,9 +176,10 @@ class Mine(Algorithm):
 """
 
 
-def test_table_as_array_job(cluster, tmp_path):
-    """One task per run; the table's own method comes from a file outside the repository, which the
-    table names: the tasks need nothing more."""
+def test_table_as_array_job_on_several_nodes(cluster, tmp_path):
+    """One task per run, each on a node of its own (--exclusive); the table's own method comes from a
+    file outside the repository, which the table names: the tasks need nothing more."""
+    cluster.need_nodes(2)
     table = write_tiny_table(tmp_path / "t", tmp_path / "data", seeds="[0]")
     (tmp_path / "mine.py").write_text(PLUGIN)
     (tmp_path / "t" / "b.yaml").write_text("algorithm: slurm_mine\n")
@@ -269,10 +187,140 @@ def test_table_as_array_job(cluster, tmp_path):
     runs_file = tmp_path / "runs.txt"
     subprocess.run([sys.executable, "-m", "mpifed.table", str(table), "--runs-root", str(tmp_path / "runs"),
                     "--write-runs", str(runs_file)], cwd=REPO, env=cluster.env, check=True, capture_output=True)
-    jid = cluster.sbatch("--array=0-1", "-n", "3", "-o", str(tmp_path / "%A_%a.out"), "slurm/array.sbatch",
-                         str(runs_file))
+    jid = cluster.sbatch("--array=0-1", "-n", "3", "--exclusive", "-o", str(tmp_path / "%A_%a.out"),
+                         "slurm/array.sbatch", str(runs_file))
     for task in ("0", "1"):
         assert cluster.wait(f"{jid}_{task}") == "COMPLETED", (tmp_path / f"{jid}_{task}.out").read_text()
+    ran_on = []
     for name in ("s-a-s0", "s-b-s0"):
-        assert json.loads((tmp_path / "runs" / "t-x" / name / "summary.json").read_text())["status"] == "finished"
+        run = tmp_path / "runs" / "t-x" / name
+        assert json.loads((run / "summary.json").read_text())["status"] == "finished"
+        ran_on.append({r["host"] for r in ranks(run)})
     assert json.loads((tmp_path / "runs" / "t-x" / "s-b-s0" / "summary.json").read_text())["algorithm"] == "slurm_mine"
+    assert len(ran_on[0]) == len(ran_on[1]) == 1 and ran_on[0] != ran_on[1], ran_on
+
+
+def test_warning_signal_requeues_onto_other_nodes_and_resumes_to_the_same_result(cluster, tmp_path, reference):
+    cluster.need_nodes(3)
+    jid = multi_node(cluster, tmp_path, 10)
+    wait_for(tmp_path, jid, "round 3/")
+    first = hosts(cluster, cluster.job(jid)["NodeList"])
+    cluster.run("scancel", "--batch", "--signal=USR1", jid)      # what --signal=B:USR1@T sends
+    assert cluster.wait(jid, ("PENDING",), timeout=120) == "PENDING", out_file(tmp_path, jid)   # requeued by the script
+    cluster.run("scontrol", "update", f"JobId={jid}", f"ExcNodeList={first[0]}")    # as if that node were drained
+    cluster.start_requeued_when_eligible(jid)
+    assert cluster.wait(jid) == "COMPLETED", out_file(tmp_path, jid) + "\n" + cluster.log_lines(jid)
+    log = out_file(tmp_path, jid)
+    assert "warning signal" in log and "requeueing" in log and "(restart 1)" in log and "resuming" in log
+    assert cluster.job(jid)["Restarts"] == "1"
+    second = hosts(cluster, cluster.job(jid)["NodeList"])
+    assert first[0] not in second and len(second) == 2
+    run = run_dir(tmp_path / "runs", jid)
+    assert_placed(run, first, segment=0)
+    assert_placed(run, second, segment=1)
+    assert_same_run(run, reference(10))
+
+
+HANGS_ON_PNODE2 = """import os
+import signal
+import socket
+
+from mpifed.algorithms.base import Algorithm, Client
+from mpifed.registry import ALGORITHMS
+
+
+class HangingClient(Client):
+    def loss(self, ctx, batch, out):
+        if socket.gethostname() == "pnode2":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return super().loss(ctx, batch, out)
+
+
+@ALGORITHMS.register("hangs_on_pnode2")
+class Hangs(Algorithm):
+    \"\"\"FedAvg, except that the workers on the host pnode2 stop in their first step.\"\"\"
+
+    Client = HangingClient
+"""
+
+
+def test_a_rank_hung_on_another_node_is_named_with_its_node(cluster, tmp_path):
+    cluster.need_nodes(2)
+    plugin = tmp_path / "hangs.py"
+    plugin.write_text(HANGS_ON_PNODE2)
+    jid = cluster.sbatch("--nodes=2", "--ntasks-per-node=2", "--gres=none", "--cpus-per-task=1",
+                         "--nodelist=pnode1,pnode2", "-o", str(tmp_path / "%j.out"), "slurm/multi-node.sbatch",
+                         *quick_args(3), "algorithm.name=hangs_on_pnode2", "comm.timeout_s=5", "--plugin", str(plugin),
+                         env={"MPIFED_RUNS": str(tmp_path / "runs"), **SITE})
+    assert cluster.wait(jid, timeout=180) == "FAILED"
+    log = out_file(tmp_path, jid)
+    assert "rank 0 on pnode1: rank(s) 2 on pnode2, 3 on pnode2 did not reach 'end of local training'" in log, log
+    assert f"`scontrol requeue {jid}` continues" in log
+
+
+# nvidia-cuda-mps-control on every node: test_mps's stand-in, its record kept per host
+MPS_CONTROL = """#!/bin/bash
+export MPS_STANDIN_LOG="$MPS_RECORDS/$(hostname).txt"
+exec bash "$(dirname "$0")/standin" "$@"
+"""
+# the interpreter the ranks start with records what each rank sees, then runs
+RANK_PYTHON = f"""#!/bin/bash
+case "$*" in *mpifed.main*)
+    up=down; [ -e "$CUDA_MPS_PIPE_DIRECTORY/server" ] && up=up
+    echo "$(hostname) ${{CUDA_MPS_PIPE_DIRECTORY:-none}} $up" >> "$MPS_RECORDS/ranks.txt";;
+esac
+exec {sys.executable} "$@"
+"""
+
+
+def test_each_node_gets_its_own_mps_daemon(cluster, tmp_path):
+    """Three ranks a node on one (stand-in) GPU: both nodes' ranks share it, so each node starts a daemon
+    in its own /tmp, its ranks use that one, and the job's end quits both."""
+    cluster.need_nodes(2)
+    bin_dir, records = tmp_path / "bin", tmp_path / "records"
+    bin_dir.mkdir()
+    records.mkdir()
+    for name, text in (("standin", STANDIN), ("nvidia-cuda-mps-control", MPS_CONTROL), ("python", RANK_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    jid = multi_node(cluster, tmp_path, 2, per_node=3, env={
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "0",
+        "MPS_RECORDS": str(records), "PYTHON": str(bin_dir / "python")})
+    assert cluster.wait(jid) == "COMPLETED", out_file(tmp_path, jid)
+    nodes = hosts(cluster, cluster.job(jid)["NodeList"])
+    folder = f"/tmp/mpifed-mps-{jid}"
+    assert "[slurm] MPS: a control daemon on 2 of 2 nodes" in out_file(tmp_path, jid)
+    for node in nodes:
+        calls = (records / f"{node}.txt").read_text().splitlines()
+        assert calls[0] == "get_server_list pipe=/tmp/nvidia-mps"                 # no daemon of the site's
+        assert f"-d pipe={folder}/pipe log={folder}/log" in calls and calls[-1] == f"quit pipe={folder}/pipe"
+        assert not (cluster.node_tmp(node) / f"mpifed-mps-{jid}").exists()
+        assert not (cluster.node_tmp(node) / f"mpifed-mps-{jid}.nodes").exists()
+    seen = sorted((records / "ranks.txt").read_text().splitlines())
+    assert seen == sorted(f"{node} {folder}/pipe up" for node in nodes for _ in range(3))
+
+
+def test_a_node_that_fails_mid_run_fails_the_job_and_a_requeue_continues_exactly(cluster, tmp_path, reference):
+    """The second node dies (every process on it killed at once). srun ends the step, the job fails
+    (Slurm marks the node down after SlurmdTimeout), and `scontrol requeue`, as the job's log says,
+    resumes the run from its last checkpoint on the nodes still up."""
+    cluster.need_nodes(3)
+    jid = multi_node(cluster, tmp_path, 10)
+    wait_for(tmp_path, jid, "round 5/")
+    first = hosts(cluster, cluster.job(jid)["NodeList"])
+    victim = first[1]
+    try:
+        cluster.crash(victim)
+        assert cluster.wait(jid, ("FAILED",), timeout=180) == "FAILED", out_file(tmp_path, jid)
+        assert f"`scontrol requeue {jid}` continues" in out_file(tmp_path, jid)
+        cluster.run("scontrol", "requeue", jid)
+        cluster.start_requeued_when_eligible(jid)
+        assert cluster.wait(jid) == "COMPLETED", out_file(tmp_path, jid) + "\n" + cluster.log_lines(jid)
+        second = hosts(cluster, cluster.job(jid)["NodeList"])
+        assert victim not in second
+        log = out_file(tmp_path, jid)
+        assert "(restart 1)" in log and "resuming" in log
+        assert_same_run(run_dir(tmp_path / "runs", jid), reference(10))
+    finally:
+        cluster.start_slurmd(victim)
+        cluster.wait_nodes_up(timeout=120)

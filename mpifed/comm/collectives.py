@@ -14,6 +14,7 @@ ends the job.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -44,6 +45,7 @@ class Comm:
         self.timeout_s = timeout_s
         self.poll_s = poll_ms / 1000.0
         self.context: Callable[[], str] = lambda: ""
+        self.hosts: dict[int, str] = {}   # world rank -> host name, for messages (rank 0 learns all at start-up)
         self.on_abort: Callable[[str], None] | None = None  # records why, before an abort ends the job
 
     def fail(self, message: str) -> None:
@@ -58,6 +60,11 @@ class Comm:
 
     def world_rank(self, rank: int) -> int:
         return rank
+
+    def where(self, world_rank: int) -> str:
+        """``rank 2 on n3`` (``rank 2`` while its host is not known here), for messages."""
+        host = self.hosts.get(world_rank)
+        return f"rank {world_rank} on {host}" if host else f"rank {world_rank}"
 
     def sync(self, what: str) -> float:
         """Wait (yielding the CPU) until every rank has arrived here; returns the seconds waited."""
@@ -114,6 +121,7 @@ class MpiComm(Comm):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._world = MPI.COMM_WORLD.Get_group()
+        self.hosts[self.world_rank(self.rank)] = socket.gethostname()
         self._token = np.zeros(max(1, self.size), dtype=np.int64)
         self._go = np.zeros(1, dtype=np.int64)
 
@@ -134,10 +142,10 @@ class MpiComm(Comm):
             # rarely, short ones add little latency
             pause = min(pause * 2, max(50e-6, waited / 200), self.poll_s)
             if waited > limit:
-                lost = ", ".join(str(self.world_rank(r)) for r in missing())
+                lost = ", ".join(self.where(self.world_rank(r)).removeprefix("rank ") for r in missing())
                 extra = self.context()
                 self.fail(
-                    f"\n[mpifed] rank {self.world_rank(self.rank)}: rank(s) {lost} did not reach '{what}' within "
+                    f"\n[mpifed] {self.where(self.world_rank(self.rank))}: rank(s) {lost} did not reach '{what}' within "
                     f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died. Ending the job.{extra}\n")
             time.sleep(pause)
         return time.perf_counter() - start
@@ -167,7 +175,7 @@ class MpiComm(Comm):
         limit = self._limit()
 
         def stuck() -> None:
-            self.fail(f"\n[mpifed] rank {self.world_rank(self.rank)}: '{what}' has not completed after "
+            self.fail(f"\n[mpifed] {self.where(self.world_rank(self.rank))}: '{what}' has not completed after "
                       f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died during "
                       f"the transfer. Ending the job.{self.context()}\n")
 

@@ -22,6 +22,11 @@ For shell scripts::
 
     eval "$(python -m mpifed.mps start -n N [mpifed arguments])"   # exports the folders and MPIFED_MPS_DIR
     python -m mpifed.mps stop "$MPIFED_MPS_DIR"
+
+A job on several nodes needs a daemon on each: ``slurm/common.sh``'s ``mpifed_mps_start`` runs
+``python -m mpifed.mps node`` as one task per node (``srun --overlap``), each deciding for the ranks
+of its own node and keeping its daemon, in the same node-local folder on every node, until the
+job's script ends that step (:func:`serve_node`).
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -103,19 +110,24 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def gpu_ranks(ranks: int, resources: ResourcesConfig, gpus: int) -> int:
-    """How many of the job's processes use a GPU (with ``gpus`` visible; one process with one rank)."""
+def gpu_ranks(ranks: int, resources: ResourcesConfig, gpus: int, server: bool = True) -> int:
+    """How many of ``ranks`` processes use a GPU (with ``gpus`` visible): the job's, or one node's,
+    which holds the server when ``server`` (one process with one rank is the debug mode)."""
     if gpus == 0:
         return 0
+    if not server:
+        return ranks * (resources.device != "cpu")
     if ranks == 1:
         return int(resources.device != "cpu" or resources.server_device == "cuda")
     return (ranks - 1) * (resources.device != "cpu") + (resources.server_device == "cuda")
 
 
-def decide(setting: str, ranks: int, gpus: int, resources: ResourcesConfig, control: str | None) -> tuple[bool, str]:
-    """Whether the job wants a daemon, and why (for the log; empty when there is nothing to say).
-    Raises :class:`MpsError` when ``on`` cannot be honoured."""
-    users = gpu_ranks(ranks, resources, gpus)
+def decide(setting: str, ranks: int, gpus: int, resources: ResourcesConfig, control: str | None,
+           server: bool = True) -> tuple[bool, str]:
+    """Whether the job (or a node of it, with the server when ``server``) wants a daemon, and why
+    (for the log; empty when there is nothing to say). Raises :class:`MpsError` when ``on`` cannot
+    be honoured."""
+    users = gpu_ranks(ranks, resources, gpus, server)
     share = f"{users} ranks share {gpus} GPU{'s' if gpus != 1 else ''}"
     if setting == "off":
         return False, ""
@@ -135,17 +147,22 @@ def decide(setting: str, ranks: int, gpus: int, resources: ResourcesConfig, cont
     return True, share
 
 
-def start(control: str, environ: Mapping[str, str], say: Callable[[str], None], why: str) -> Daemon:
-    """Use the daemon already running, or start the job's own; a daemon that gets no server is
-    stopped again (the job then runs without MPS)."""
+def start(control: str, environ: Mapping[str, str], say: Callable[[str], None], why: str,
+          folder: Path | None = None) -> Daemon:
+    """Use the daemon already running, or start the job's own (in ``folder``, else a new temporary
+    folder); a daemon that gets no server is stopped again (the job then runs without MPS)."""
     if _ask(control, "get_server_list", environ) is not None:
         pipe = environ.get("CUDA_MPS_PIPE_DIRECTORY", "the default pipe folder")
         say(f"MPS: {why}: using the control daemon already running ({pipe})")
         return Daemon()
-    folder = Path(tempfile.mkdtemp(prefix="mpifed-mps-", dir=environ.get("TMPDIR") or None))
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="mpifed-mps-", dir=environ.get("TMPDIR") or None))
+    elif folder.exists():        # left by an earlier start of the same job on this node: end its daemon
+        Daemon(_folder_env(folder), folder, control).stop(lambda _: None)
+        shutil.rmtree(folder, ignore_errors=True)
+    env = _folder_env(folder)
     for sub in ("pipe", "log"):
-        (folder / sub).mkdir()
+        (folder / sub).mkdir(parents=True)
     full = {**environ, **env}
     daemon = Daemon(env, folder, control)
     try:
@@ -165,6 +182,10 @@ def start(control: str, environ: Mapping[str, str], say: Callable[[str], None], 
         return Daemon()
     say(f"MPS: {why}: started a control daemon for this job (pipe and log folders in {folder})")
     return daemon
+
+
+def _folder_env(folder: Path) -> dict[str, str]:
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
 
 
 def _server_started(control: str, env: Mapping[str, str]) -> bool:
@@ -205,15 +226,18 @@ def job_resources(mpifed_args: list[str]) -> ResourcesConfig:
                           base if isinstance(base, dict) else None)
 
 
-def for_job(ranks: int, mpifed_args: list[str], environ: Mapping[str, str], say: Callable[[str], None]) -> Daemon:
-    """The job's daemon under ``resources.mps`` (a :class:`Daemon` that does nothing when none is
-    wanted). A config mpifed cannot read is left for mpifed.main to report. Raises :class:`MpsError`."""
-    wanted, why, control = _planned(ranks, mpifed_args, environ)
+def for_job(ranks: int, mpifed_args: list[str], environ: Mapping[str, str], say: Callable[[str], None],
+            server: bool = True, folder: Path | None = None) -> Daemon:
+    """The daemon under ``resources.mps`` for ``ranks`` processes on this node, the server among them
+    when ``server`` (a :class:`Daemon` that does nothing when none is wanted; a daemon of its own
+    in ``folder`` when given). A config mpifed cannot read is left for mpifed.main to report.
+    Raises :class:`MpsError`."""
+    wanted, why, control = _planned(ranks, mpifed_args, environ, server)
     if not wanted:
         if why:
             say(f"MPS: {why}")
         return Daemon()
-    return start(control, environ, say, why)
+    return start(control, environ, say, why, folder)
 
 
 def plan(ranks: int, mpifed_args: list[str], environ: Mapping[str, str]) -> str:
@@ -224,7 +248,8 @@ def plan(ranks: int, mpifed_args: list[str], environ: Mapping[str, str]) -> str:
     return f"MPS: {why or 'no daemon (resources.mps is off)'}"
 
 
-def _planned(ranks: int, mpifed_args: list[str], environ: Mapping[str, str]) -> tuple[bool, str, str | None]:
+def _planned(ranks: int, mpifed_args: list[str], environ: Mapping[str, str],
+             server: bool = True) -> tuple[bool, str, str | None]:
     try:
         resources = job_resources(mpifed_args)
     except ConfigError:
@@ -232,15 +257,60 @@ def _planned(ranks: int, mpifed_args: list[str], environ: Mapping[str, str]) -> 
     if resources.mps == "off":
         return False, "", None
     control = shutil.which(CONTROL, path=environ.get("PATH"))
-    wanted, why = decide(resources.mps, ranks, visible_gpus(environ), resources, control)
+    wanted, why = decide(resources.mps, ranks, visible_gpus(environ), resources, control, server)
     return wanted, why, control
+
+
+def tasks_on_node(spec: str, node: int) -> int:
+    """The tasks on node ``node`` (from 0) of a job whose ``SLURM_TASKS_PER_NODE`` is ``spec``
+    (``5``, ``5(x3),4``). Raises ValueError for a malformed spec or a node outside it."""
+    nodes: list[int] = []
+    for part in spec.split(","):
+        count, _, repeat = part.strip().partition("(x")
+        if not count.isdigit() or (repeat and not (repeat.endswith(")") and repeat[:-1].isdigit())):
+            raise ValueError(f"SLURM_TASKS_PER_NODE={spec!r} is not a list like 5(x3),4")
+        nodes += [int(count)] * (int(repeat[:-1]) if repeat else 1)
+    if not 0 <= node < len(nodes):
+        raise ValueError(f"node {node} is not among the {len(nodes)} nodes of SLURM_TASKS_PER_NODE={spec!r}")
+    return nodes[node]
+
+
+def serve_node(folder: Path, spec: str, mpifed_args: list[str], environ: Mapping[str, str],
+               say: Callable[[str], None], report: Callable[[str], None]) -> int:
+    """One node's daemon for a job on several nodes (one task per node through srun; ``SLURM_NODEID``
+    says which node, and node 0 holds the server): started in ``folder`` when the node's ranks share
+    a GPU, reported in one line (``started`` and the Slurm step's id, ``none`` or ``error``, after the
+    host name), kept until SIGTERM, SIGINT or SIGHUP (``scancel --signal=TERM JOB.STEP``: srun itself
+    would kill the step's tasks at once), then quit and its folder removed. The exit code: 0, or 2 when
+    ``resources.mps=on`` cannot be honoured on this node."""
+    host = socket.gethostname()
+    ending = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+    signal.pthread_sigmask(signal.SIG_BLOCK, ending)   # from here on, an ending signal waits for sigwait
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)     # the job's warning signal is for the ranks
+    try:
+        node = int(environ.get("SLURM_NODEID", "0"))
+        ranks = tasks_on_node(spec, node)
+        daemon = for_job(ranks, mpifed_args, environ, lambda text: say(f"{host}: {text}"), node == 0, folder)
+    except (MpsError, ValueError) as exc:
+        say(f"{host}: {exc}")
+        report(f"{host} error")
+        return 2
+    if daemon.folder is None:
+        report(f"{host} none")
+        return 0
+    report(f"{host} started {environ.get('SLURM_STEP_ID', '')}".rstrip())
+    signal.sigwait(ending)
+    daemon.stop(lambda text: say(f"{host}: {text}"))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``start -n N [mpifed arguments]``: print shell ``export`` lines for the job's daemon (none when
-    it has none); ``stop DIR``: quit the daemon started in DIR and remove DIR."""
+    it has none); ``stop DIR``: quit the daemon started in DIR and remove DIR; ``node --folder DIR
+    --tasks-per-node SPEC [mpifed arguments]``: :func:`serve_node`."""
     argv = sys.argv[1:] if argv is None else argv
-    usage = "usage: python -m mpifed.mps start -n N [mpifed arguments] | stop DIR"
+    usage = ("usage: python -m mpifed.mps start -n N [mpifed arguments] | stop DIR | "
+             "node --folder DIR --tasks-per-node SPEC [mpifed arguments]")
 
     def say(text: str) -> None:
         print(f"[mpifed.mps] {text}", file=sys.stderr, flush=True)
@@ -250,9 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(argv) == 2 and argv[0] == "stop":
         folder = Path(argv[1])
-        env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
-        Daemon(env, folder, shutil.which(CONTROL)).stop(say)
+        Daemon(_folder_env(folder), folder, shutil.which(CONTROL)).stop(say)
         return 0
+    if len(argv) >= 5 and argv[0] == "node" and argv[1] == "--folder" and argv[3] == "--tasks-per-node":
+        def report(line: str) -> None:
+            print(f"mpifed-mps {line}", flush=True)
+
+        return serve_node(Path(argv[2]), argv[4], argv[5:], os.environ, say, report)
     if len(argv) >= 3 and argv[0] == "start" and argv[1] == "-n" and argv[2].isdigit():
         try:
             daemon = for_job(int(argv[2]), argv[3:], os.environ, say)

@@ -240,7 +240,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 def _refused(comm: Comm, message: str) -> int:
     """End the job on an error that is the user's to fix: its message, no traceback, exit code 2."""
-    sys.stderr.write(f"[mpifed] rank {comm.rank}: {message}\n")
+    sys.stderr.write(f"[mpifed] {comm.where(comm.rank)}: {message}\n")
     if comm.size > 1:
         comm.abort(2)
     return 2
@@ -248,9 +248,9 @@ def _refused(comm: Comm, message: str) -> int:
 
 def _crashed(comm: Comm) -> int:
     """Report an unexpected error with its traceback and end the job."""
-    sys.stderr.write(f"[mpifed] rank {comm.rank} failed:\n{traceback.format_exc()}")
+    sys.stderr.write(f"[mpifed] {comm.where(comm.rank)} failed:\n{traceback.format_exc()}")
     if comm.size > 1:
-        sys.stderr.write(f"[mpifed] rank {comm.rank}: ending the whole job (MPI Abort)\n")
+        sys.stderr.write(f"[mpifed] {comm.where(comm.rank)}: ending the whole job (MPI Abort)\n")
         comm.abort(1)
     return 1
 

@@ -30,6 +30,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
     from mpifed.algorithms.base import Algorithm, Setup
     from mpifed.data.transforms import BatchTransform
+    from mpifed.round.placement import NodeSlot
     from mpifed.round.protocol import Layouts
     from mpifed.round.server import RoundServer
     from mpifed.round.worker import Worker
@@ -98,7 +100,7 @@ class Started:
         except LockLost:
             raise   # another process uses the directory now: nothing more is written into it
         except BaseException as exc:
-            where = "" if self.server else f"rank {self.rank}: "
+            where = "" if self.server else f"rank {self.rank} on {socket.gethostname()}: "
             self.run.mark_failed(f"{where}{type(exc).__name__}: {exc}", checkpoint.latest(self.run.checkpoints),
                                  diverged=isinstance(exc, NonFiniteLoss))
             if self.server:
@@ -136,7 +138,7 @@ class Startup:
 
         manifest = Manifest.load(self._decided("prepare", lambda: prepare(cfg)))
         self._everyone("shards", lambda: verify_blocks(manifest, index, workers) if has_worker else None)
-        device, threads, host = self._everyone("placement", lambda: place(cfg, self.mpi_world, rank, size))
+        device, threads, slot, gpus = self._everyone("placement", lambda: place(cfg, self.mpi_world, rank, size))
 
         algo, setup = make_algorithm(cfg, manifest, device)
         layouts = build_layouts(algo.messages(), setup.num_floats, setup.num_ints, manifest.test_size,
@@ -145,8 +147,9 @@ class Startup:
                                 evaluated_clients=manifest.num_clients if cfg.data.client_holdout else 0)
         transform = make_transform(cfg, manifest, device)
         role = ("server" if is_server else "worker") if size > 1 else "server and worker"
-        ranks = self._gathered("ranks", {"rank": rank, "host": host, "pid": os.getpid(), "device": str(device),
-                                         "threads": threads, "role": role, **provenance.rank_details(device)})
+        ranks = self._gathered("ranks", {"rank": rank, "host": slot.host, "pid": os.getpid(), "device": str(device),
+                                         "threads": threads, "role": role, "node_worker": slot.worker_index,
+                                         "node_gpus": gpus, **provenance.rank_details(device)})
         peers = world.workers()
 
         worker, server = None, None
@@ -158,6 +161,7 @@ class Startup:
             provenance.record(run.path, ranks, server.rounds_done, code)
             log_start(run, cfg, manifest, size, ranks, server.records.tracked(), code, verbose)
             world.context = server.describe_checkpoint
+            world.hosts.update({r["rank"]: r["host"] for r in ranks})
             signals.on_signal(lambda name: announce_stop(server, name))
         return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round), server, run, rank)
 
@@ -255,8 +259,8 @@ def prepare(cfg: config.Config) -> Path:
     return manifest.root
 
 
-def place(cfg: config.Config, mpi_world: Any, rank: int, size: int) -> tuple["torch.device", int, str]:
-    """This rank's device and torch threads (set here), and its host name."""
+def place(cfg: config.Config, mpi_world: Any, rank: int, size: int) -> tuple["torch.device", int, NodeSlot, int]:
+    """This rank's device and torch threads (set here), its place on its node, and the GPUs it sees."""
     import torch
 
     from mpifed.round.placement import choose_device, choose_threads, node_slot, set_deterministic
@@ -270,7 +274,7 @@ def place(cfg: config.Config, mpi_world: Any, rank: int, size: int) -> tuple["to
     torch.backends.cudnn.benchmark = False
     gpus = torch.cuda.device_count()
     device = choose_device(is_server, slot.worker_index, cfg.resources.device, cfg.resources.server_device, gpus)
-    return torch.device(device), threads, slot.host
+    return torch.device(device), threads, slot, gpus
 
 
 def make_algorithm(cfg: config.Config, manifest: Manifest, device: torch.device) -> tuple[Algorithm, Setup]:

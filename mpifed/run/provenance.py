@@ -5,9 +5,11 @@ Rank 0 writes the file when a run starts and adds a segment each time it is resu
     {"segments": [{"started_at": "2026-05-01T12:00:00+0000", "start_round": 0, "mpifed": "0.9.0",
                    "git_commit": "1a2b...", "git_dirty": false, "python": "3.11.9", "torch": "2.14.1",
                    "cuda": null, "ranks": [{"rank": 0, "role": "server", "host": "n1",
-                   "cpu": "AMD EPYC 7763 64-Core Processor", "cpu_id": "family 25 model 1 stepping 1 flags
+                   "node_worker": -1, "node_gpus": 0, "cpu": "AMD EPYC 7763 64-Core Processor", "cpu_id": "family 25 model 1 stepping 1 flags
                    3f2a9c0d1e", "blas": "mkl", "device": "cpu", "gpu": null, "threads": 1}, ...]}]}
 
+``node_worker`` is a rank's number among the workers of its host (-1 for the server), from which
+its device is chosen (``cuda:(node_worker % node_gpus)``, see :mod:`mpifed.round.placement`).
 ``cpu_id`` tells apart machines whose model name a virtual machine masks ("AMD EPYC"): the CPU's
 family, model and stepping and a digest of its feature flags (which decide the vector code BLAS
 and PyTorch run); ``blas`` is the BLAS PyTorch was built with. Both are absent from runs recorded
@@ -122,7 +124,7 @@ def segment(ranks: list[dict[str, Any]], start_round: int,
     :func:`mpifed.settings.plugins.keep_copies`), and each rank's machine."""
     import torch
     commit, dirty = source_commit()
-    keep = ("rank", "role", "host", "cpu", "cpu_id", "blas", "device", "gpu", "threads")
+    keep = ("rank", "role", "host", "node_worker", "node_gpus", "cpu", "cpu_id", "blas", "device", "gpu", "threads")
     return {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_round": start_round, "mpifed": __version__,
             "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "plugins": list(plugins or []),
