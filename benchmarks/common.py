@@ -53,14 +53,16 @@ def run_mpifed(ranks: int, args: list[str], run_root: Path, name: str, timeout: 
     return RunFigures(ranks, rows, summary, wall, summary["first_round_started_at"] - start)
 
 
-def breakdown_table(figs: list[RunFigures], skip_first: int = 1) -> str:
-    """Per-round medians (seconds) of every phase, one line per run, first rounds skipped (warm-up)."""
-    head = f"{'mode':>14} " + " ".join(f"{p:>16}" for p in PHASES) + f" {'startup_s':>10} {'peak_rss_MB':>12}"
+def breakdown_table(figs: list[RunFigures], skip_first: int = 1, labels: list[str] | None = None) -> str:
+    """Per-round medians (seconds) of every phase, one line per run (named by ``labels``, else by its
+    rank count), first rounds skipped (warm-up)."""
+    width = max([14, *(len(label) for label in labels or [])])
+    head = f"{'mode':>{width}} " + " ".join(f"{p:>16}" for p in PHASES) + f" {'startup_s':>10} {'peak_rss_MB':>12}"
     lines = [head]
-    for f in figs:
+    for i, f in enumerate(figs):
         rows = f.rows[skip_first:] or f.rows
         fr = RunFigures(f.ranks, rows, f.summary, f.wall_s, f.startup_s)
-        mode = "debug (1 proc)" if f.ranks == 0 else f"mpirun -n {f.ranks}"
-        lines.append(f"{mode:>14} " + " ".join(f"{fr.median(p):>16.4f}" for p in PHASES)
+        mode = labels[i] if labels else "debug (1 proc)" if f.ranks == 0 else f"mpirun -n {f.ranks}"
+        lines.append(f"{mode:>{width}} " + " ".join(f"{fr.median(p):>16.4f}" for p in PHASES)
                      + f" {f.startup_s:>10.1f} {f.peak_rss_total_mb:>12.0f}")
     return "\n".join(lines)

@@ -51,6 +51,13 @@ mpifed_run() {
     state=$("$python" -c "import json,sys; print(json.load(open(sys.argv[1]))['state'])" "${runs}/${name}/status.json" 2>/dev/null || echo unknown)
     after=$(mpifed_rounds_done "$python" "${runs}/${name}")
     echo "[slurm] mpifed exited with code ${code}; run state: ${state}, rounds done: ${after} (${before} when this job started)"
+    local job=${SLURM_JOB_ID}
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi
+    if [ "$state" = running ] || [ "$state" = failed ]; then
+        # a rank or a node died (mpirun can then exit 0), or mpifed stopped on an error
+        echo "[slurm] the job fails; once the cause is fixed, \`scontrol requeue ${job}\` continues ${runs}/${name} from its last checkpoint" >&2
+        return $(( code == 0 ? 1 : code ))
+    fi
     if [ "$code" = 0 ] && [ "$state" != finished ]; then
         # srun can exit 0 when it fails to start the tasks (seen when an earlier, killed job of the
         # same id had left its pmix folder in /tmp), and the job would show COMPLETED with nothing run
@@ -62,16 +69,9 @@ mpifed_run() {
         return 1
     fi
     if [ "$state" = stopped ] && [ -z "${MPIFED_NO_REQUEUE:-}" ]; then
-        local job=${SLURM_JOB_ID}
-        if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi
         echo "[slurm] requeueing ${job}; it resumes from ${runs}/${name}/checkpoints"
         scontrol requeue "$job"
         return 0
-    fi
-    if [ "$code" != 0 ] && [ "$state" != unknown ] && [ "$state" != finished ]; then
-        local job=${SLURM_JOB_ID}
-        if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi
-        echo "[slurm] the job fails; once the cause is fixed, \`scontrol requeue ${job}\` continues ${runs}/${name} from its last checkpoint" >&2
     fi
     return "$code"
 }

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.e2e]
 
 # What a site with several interfaces per node sets (docs/operations.md, "Several nodes"); each test
 # node has one link, eth0, besides lo.
-SITE = {"OMPI_MCA_btl_tcp_if_include": "eth0", "OMPI_MCA_oob_tcp_if_include": "eth0"}
+SITE = {"OMPI_MCA_btl_tcp_if_include": "eth0", "PRTE_MCA_oob_tcp_if_include": "eth0"}
 
 
 @pytest.fixture(scope="module")
