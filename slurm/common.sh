@@ -106,7 +106,7 @@ mpifed_mps_start() {
     lines=$(grep -c '^mpifed-mps ' "$MPIFED_MPS_REPORT" || true)
     MPIFED_MPS_STEP_ID=$(sed -n 's/^mpifed-mps [^ ]* started \([0-9]*\)$/\1/p' "$MPIFED_MPS_REPORT" | head -1)
     if grep -q '^mpifed-mps .* error$' "$MPIFED_MPS_REPORT" || [ "$lines" -lt "$nodes" ]; then
-        echo "[slurm] MPS: $lines of $nodes nodes answered; errors on: $(sed -n 's/^mpifed-mps \(.*\) error$/\1/p' "$MPIFED_MPS_REPORT" | tr '\n' ' ')(see above)" >&2
+        echo "[slurm] MPS: $lines of $nodes nodes answered; errors on: $(sed -n 's/^mpifed-mps \(.*\) error$/\1/p' "$MPIFED_MPS_REPORT" | sort | tr '\n' ' ')(see above)" >&2
         mpifed_mps_stop
         return 2
     fi

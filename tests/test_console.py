@@ -196,10 +196,10 @@ def test_wandb_offline_holds_the_config_the_group_and_every_round_across_a_resum
     run_debug(["--resume", str(run), "--set", "train.rounds=3"])
     for _ in range(60):       # wandb's service closes a run's file a moment after finish() returns
         files = wandb_records(run)
-        if len(files) == 2 and all(f[-1].WhichOneof("record_type") == "exit" for f in files):
+        if len(files) == 2 and all(f and f[-1].WhichOneof("record_type") == "exit" for f in files):
             break
         time.sleep(0.5)
-    assert len(files) == 2 and all(f[-1].WhichOneof("record_type") == "exit" for f in files)
+    assert len(files) == 2 and all(f and f[-1].WhichOneof("record_type") == "exit" for f in files)
     started = [r.run for records in files for r in records if r.WhichOneof("record_type") == "run"]
     assert {(s.run_id, s.project, s.run_group, s.display_name) for s in started} == {
         (record["id"], "proj", "quickstart", "run")}

@@ -228,8 +228,9 @@ def test_a_node_keeps_its_daemon_in_the_given_folder_until_sigterm(standin):
     (folder / "pipe").mkdir(parents=True)           # left by an earlier start of the job on this node
     (folder / "pipe" / "control").touch()
     proc = subprocess.Popen([sys.executable, "-m", "mpifed.mps", "node", "--folder", str(folder), "--tasks-per-node",
-                             "2(x2)", "--set", "resources.device=cuda"], env={**env(), "SLURM_NODEID": "1", "SLURM_STEP_ID": "3"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "2(x2)", "--set", "resources.device=cuda"],
+                            env={**env(), "SLURM_NODEID": "1", "SLURM_STEP_ID": "3"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line == f"mpifed-mps {socket.gethostname()} started 3\n"
     assert f"quit pipe={folder / 'pipe'}" == calls(record)[1]            # the earlier daemon, ended first

@@ -177,8 +177,9 @@ class Mine(Algorithm):
 
 
 def test_table_as_array_job_on_several_nodes(cluster, tmp_path):
-    """One task per run, each on a node of its own (--exclusive); the table's own method comes from a
-    file outside the repository, which the table names: the tasks need nothing more."""
+    """One task per run, each on a node of its own (--exclusive), each equal to the same table run here in
+    the debug mode; the table's own method comes from a file outside the repository, which the table
+    names: the tasks need nothing more."""
     cluster.need_nodes(2)
     table = write_tiny_table(tmp_path / "t", tmp_path / "data", seeds="[0]")
     (tmp_path / "mine.py").write_text(PLUGIN)
@@ -189,6 +190,9 @@ def test_table_as_array_job_on_several_nodes(cluster, tmp_path):
                     "--write-runs", str(runs_file)], cwd=REPO, env=cluster.env, check=True, capture_output=True)
     jid = cluster.sbatch("--array=0-1", "-n", "3", "--exclusive", "-o", str(tmp_path / "%A_%a.out"),
                          "slurm/array.sbatch", str(runs_file))
+    here = subprocess.run([sys.executable, "-m", "mpifed.table", str(table), "--runs-root", str(tmp_path / "here"),
+                           "--run", "0"], cwd=REPO, env=cluster.env, capture_output=True, text=True)
+    assert here.returncode == 0, here.stderr
     for task in ("0", "1"):
         assert cluster.wait(f"{jid}_{task}") == "COMPLETED", (tmp_path / f"{jid}_{task}.out").read_text()
     ran_on = []
@@ -196,6 +200,7 @@ def test_table_as_array_job_on_several_nodes(cluster, tmp_path):
         run = tmp_path / "runs" / "t-x" / name
         assert json.loads((run / "summary.json").read_text())["status"] == "finished"
         ran_on.append({r["host"] for r in ranks(run)})
+        assert_same_run(run, tmp_path / "here" / "t-x" / name)
     assert json.loads((tmp_path / "runs" / "t-x" / "s-b-s0" / "summary.json").read_text())["algorithm"] == "slurm_mine"
     assert len(ran_on[0]) == len(ran_on[1]) == 1 and ran_on[0] != ran_on[1], ran_on
 
@@ -298,6 +303,19 @@ def test_each_node_gets_its_own_mps_daemon(cluster, tmp_path):
         assert not (cluster.node_tmp(node) / f"mpifed-mps-{jid}.nodes").exists()
     seen = sorted((records / "ranks.txt").read_text().splitlines())
     assert seen == sorted(f"{node} {folder}/pipe up" for node in nodes for _ in range(3))
+
+
+def test_mps_on_that_no_node_can_honour_fails_the_job_before_the_ranks_start(cluster, tmp_path):
+    cluster.need_nodes(2)
+    jid = cluster.sbatch("--nodes=2", "--ntasks-per-node=2", "--gres=none", "--cpus-per-task=1", "-o",
+                         str(tmp_path / "%j.out"), "slurm/multi-node.sbatch", *quick_args(2), "resources.mps=on",
+                         env={"MPIFED_RUNS": str(tmp_path / "runs"), "CUDA_VISIBLE_DEVICES": ""})
+    assert cluster.wait(jid) == "FAILED"
+    log = out_file(tmp_path, jid)
+    nodes = hosts(cluster, cluster.job(jid)["NodeList"])
+    assert f"[slurm] MPS: 2 of 2 nodes answered; errors on: {' '.join(nodes)} " in log, log
+    assert all(f"[mpifed.mps] {node}: resources.mps=on, but no rank uses a GPU" in log for node in nodes), log
+    assert "ranks via" not in log and not (tmp_path / "runs").exists()
 
 
 def test_a_node_that_fails_mid_run_fails_the_job_and_a_requeue_continues_exactly(cluster, tmp_path, reference):

@@ -145,8 +145,9 @@ class MpiComm(Comm):
                 lost = ", ".join(self.where(self.world_rank(r)).removeprefix("rank ") for r in missing())
                 extra = self.context()
                 self.fail(
-                    f"\n[mpifed] {self.where(self.world_rank(self.rank))}: rank(s) {lost} did not reach '{what}' within "
-                    f"{limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died. Ending the job.{extra}\n")
+                    f"\n[mpifed] {self.where(self.world_rank(self.rank))}: rank(s) {lost} did not reach '{what}' "
+                    f"within {limit:.0f} s (comm.timeout_s={self.timeout_s:g}): a rank hung or died. Ending the "
+                    f"job.{extra}\n")
             time.sleep(pause)
         return time.perf_counter() - start
 

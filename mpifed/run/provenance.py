@@ -5,8 +5,9 @@ Rank 0 writes the file when a run starts and adds a segment each time it is resu
     {"segments": [{"started_at": "2026-05-01T12:00:00+0000", "start_round": 0, "mpifed": "0.9.0",
                    "git_commit": "1a2b...", "git_dirty": false, "python": "3.11.9", "torch": "2.14.1",
                    "cuda": null, "ranks": [{"rank": 0, "role": "server", "host": "n1",
-                   "node_worker": -1, "node_gpus": 0, "cpu": "AMD EPYC 7763 64-Core Processor", "cpu_id": "family 25 model 1 stepping 1 flags
-                   3f2a9c0d1e", "blas": "mkl", "device": "cpu", "gpu": null, "threads": 1}, ...]}]}
+                   "node_worker": -1, "node_gpus": 0, "cpu": "AMD EPYC 7763 64-Core Processor",
+                   "cpu_id": "family 25 model 1 stepping 1 flags 3f2a9c0d1e", "blas": "mkl", "device": "cpu",
+                   "gpu": null, "threads": 1}, ...]}]}
 
 ``node_worker`` is a rank's number among the workers of its host (-1 for the server), from which
 its device is chosen (``cuda:(node_worker % node_gpus)``, see :mod:`mpifed.round.placement`).
