@@ -152,6 +152,36 @@ def test_a_label_either_way_needs_holms_adjustment_as_well_as_the_interval():
     assert Tested(claim, "s", stats.Paired(5, 1.0, -0.5, 2.5, 4, 1, 0.2), 0.2).label == "inconclusive"
 
 
+def test_claim_seeds_hold_a_claim_back_until_it_has_them_and_name_a_count_without_a_sign_flip_test():
+    from mpifed.tables.summary import Claim, Tested
+    claim = Claim("b", "a")
+    ahead = {n: stats.Paired(n, 2.0, 0.5, 3.5, n, 0, 0.01) for n in (4, 5, 6)}
+    assert Tested(claim, "s", ahead[4], 0.01, needs=6).label == "not tested yet: 4 of the 6 seeds its claims need"
+    assert Tested(claim, "s", ahead[6], 0.01, needs=6).label == "supported"
+    assert Tested(claim, "s", ahead[5], 0.01, needs=5).label == (
+        "supported, by the t-test's normality alone (5 seeds cannot reach a sign-flip p < 0.05)")
+    assert Tested(claim, "s", ahead[5], 0.01).label == "supported"           # not declared: as before
+
+
+def test_claim_seeds_in_a_table(tmp_path):
+    table = _table(tmp_path, 'claims: ["b > a"]\nclaim_seeds: 6\n', seeds="[0, 1, 2, 3, 4, 5]")
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in range(5):
+        fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
+        fake_run(t.root / f"s-b-s{seed}", resolved_config(table, seed, method="b.yaml"),
+                 [0.5, (REFERENCE[seed] + 2.0) / 100])
+    resolve(t, [])
+    s = summarize(t)
+    assert t.claim_seeds == 6 and s.claims[0].label == "not tested yet: 5 of the 6 seeds its claims need"
+    assert "the table declares that its claims need 6 seeds (claim_seeds)" in s.markdown()
+    for extra, message in (('claims: ["b > a"]\nclaim_seeds: 9\n', "need 9 seeds .* lists 6"),
+                           ('claims: ["b > a"]\nclaim_seeds: 1\n', "whole number >= 2"),
+                           ("claim_seeds: 6\n", "declares no claims")):
+        bad = _table(tmp_path / "bad", extra, seeds="[0, 1, 2, 3, 4, 5]")
+        with pytest.raises(config.ConfigError, match=message):
+            load_table(bad, str(tmp_path / "runs"))
+
+
 def test_a_filtered_summary_adjusts_over_the_whole_tables_claims(tmp_path, capsys):
     table = _table(tmp_path, 'claims: ["b > a", "c > a", "c > b"]\n', methods="[a.yaml, b.yaml, c.yaml]")
     (table.parent / "c.yaml").write_text((table.parent / "b.yaml").read_text())
@@ -652,6 +682,34 @@ def test_summary_flags_runs_from_more_than_one_machine(tmp_path):
     resolve(t, [])
     text = summarize(t).markdown()
     assert "WARNING: these runs come from 2 machines" in text and "AMD EPYC 7763" in text and "Intel Xeon 8380" in text
+
+
+def _machine(run: Path, host: str, cpu_id: str | None) -> None:
+    (run / "provenance.json").write_text(json.dumps({"segments": [
+        {"torch": "2.14.1", "ranks": [{"rank": 0, "host": host, "cpu": "AMD EPYC", "cpu_id": cpu_id, "blas": "mkl"}]}]}))
+
+
+def test_runs_of_one_seed_from_different_machines_are_not_paired_unless_told(tmp_path):
+    table = _table(tmp_path, 'claims: ["b > a"]\n')
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in range(5):
+        a = fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, REFERENCE[seed] / 100])
+        b = fake_run(t.root / f"s-b-s{seed}", resolved_config(table, seed, method="b.yaml"),
+                     [0.5, (REFERENCE[seed] + 2.0) / 100])
+        _machine(a, "n1", "family 25 model 1 stepping 1 flags 3f2a")
+        # another host of the same hardware pairs; seed 3's b ran on other hardware; seed 4's b on a run
+        # from before cpu_id was recorded, which pairs with anything
+        _machine(b, "n2", {3: "family 6 model 106 stepping 6 flags 9e1b", 4: None}.get(
+            seed, "family 25 model 1 stepping 1 flags 3f2a"))
+    resolve(t, [])
+    s = summarize(t)
+    why = ("seed 3's runs of b and a come from different machines (cpu_id family 6 model 106 stepping 6 flags 9e1b "
+           "against family 25 model 1 stepping 1 flags 3f2a)")
+    assert s.unpaired[("s", "b")].startswith(why) and "--mixed-machines" in s.unpaired[("s", "b")]
+    assert s.claims[0].result is None and s.claims[0].label.startswith(f"not paired: {why}")
+    assert f"not paired: {why}" in s.markdown()
+    told = summarize(t, mixed_machines=True)
+    assert told.unpaired == {} and told.claims[0].label == "supported" and told.claims[0].result.n == 5
 
 
 def test_values_that_go_together_are_one_grid_entry(tmp_path, capsys):

@@ -76,11 +76,13 @@ from mpifed.tables.tuning import grid_cells
 LEAVE_OUT = "out"      # --diverged out: leave diverged runs out, whatever the table declares
 
 
-def summarize(table: Table, reference: str | None = None, diverged_as: float | str | None = None) -> Summary:
+def summarize(table: Table, reference: str | None = None, diverged_as: float | str | None = None,
+              mixed_machines: bool = False) -> Summary:
     """The table in its metric from the finished runs of the resolved configuration (see
     :func:`resolve`), with each method against ``reference`` (default: the table's, else FedAvg's row).
     A diverged final run counts as the table declares (its ``diverged`` value, else left out), or,
-    as a sensitivity check, as ``diverged_as`` (a value, or :data:`LEAVE_OUT`)."""
+    as a sensitivity check, as ``diverged_as`` (a value, or :data:`LEAVE_OUT`). Runs of one seed made
+    on machines that differ are not paired unless ``mixed_machines``."""
     if diverged_as is None:
         counted_as = table.diverged_value
     else:
@@ -100,8 +102,9 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
         left_out.append(f"diverged runs left out by --diverged {LEAVE_OUT} (a sensitivity check: the table counts them "
                         f"as {table.diverged_value:g})")
     title = table.title + (f" (with --set {' '.join(table.added)})" if table.added else "")
-    claims = ClaimFamily(table.claims, list(dict.fromkeys(r.setting for r in whole.runs)), family)
-    return tabulate(title, table.metric, Runs(groups, left_out, not_run, counted_at=counted, counted_why=why),
+    claims = ClaimFamily(table.claims, list(dict.fromkeys(r.setting for r in whole.runs)), family, table.claim_seeds)
+    return tabulate(title, table.metric, Runs(groups, left_out, not_run, counted_at=counted, counted_why=why,
+                                              mixed_machines=mixed_machines),
                     paper_metric=table.paper_metric, reference=reference or table.reference,
                     declared_seeds=len(table.seeds), notes=_search_notes(table), claims=claims)
 
@@ -154,12 +157,14 @@ def search_table(table: Table) -> str:
 
 
 def summary_table(table: Table, reference: str | None = None, by_seed: bool = False,
-                  diverged_as: float | str | None = None, family: list[Table] | None = None) -> str:
+                  diverged_as: float | str | None = None, family: list[Table] | None = None,
+                  mixed_machines: bool = False) -> str:
     """The table's summary (``by_seed``: with the search's scores and every seed's values); with
     ``family``, the other tables of a report, each claim also adjusted over all their claims."""
-    s = summarize(table, reference, diverged_as)
+    s = summarize(table, reference, diverged_as, mixed_machines)
     if family:
-        s.with_report_family([summarize(other, diverged_as=diverged_as) for other in family])
+        s.with_report_family([summarize(other, diverged_as=diverged_as, mixed_machines=mixed_machines)
+                              for other in family])
     if not by_seed:
         return s.markdown()
     return "\n\n".join(part for part in (s.markdown(), search_table(table), s.seed_tables()) if part)
@@ -537,6 +542,9 @@ def _parser() -> argparse.ArgumentParser:
                    "arguments, instead of the grid")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
+    p.add_argument("--mixed-machines", action="store_true",
+                   help="--summary: pair runs of one seed even where they come from machines whose CPU, BLAS, GPU or "
+                        "torch differ (refused by default: CPU numbers differ by more than rounding across machines)")
     p.add_argument("--diverged", type=_diverged_arg, metavar="VALUE",
                    help=f"--summary: count each diverged final run as VALUE in the primary metric (e.g. 10 for chance "
                         f"on ten classes), or '{LEAVE_OUT}' to leave them out: a check beside what the table declares "
@@ -586,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
             mine = find_config(a.table).resolve() if a.table else None
             family = [_family_table(path, a, added) for path in dict.fromkeys(a.family or [])
                       if find_config(path).resolve() != mine]          # the table itself is in the family already
-            return _print(summary_table(table, a.reference, a.by_seed, a.diverged, family))
+            return _print(summary_table(table, a.reference, a.by_seed, a.diverged, family, a.mixed_machines))
         if a.archive:
             return _archive(table, a, added)
         if a.prune:

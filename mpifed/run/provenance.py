@@ -160,6 +160,29 @@ def recorded_plugins(run_dir: Path) -> list[dict[str, Any]]:
         if isinstance(listed, list) else []
 
 
+HARDWARE = ("cpu_id", "blas", "gpu")    # what makes a run's numbers differ between machines, with torch
+
+
+def hardware(provenance: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """What of a run's machine(s) its numbers depend on, field by field: the CPUs' :func:`cpu_id`, the
+    BLAS, the GPUs' names and the torch versions, each the set of values recorded (empty where not
+    recorded, as in runs from before mpifed recorded it). Host names are left out: identical nodes of
+    a cluster are one machine here."""
+    segments = provenance.get("segments", [])
+    ranks = [r for s in segments for r in s.get("ranks", [])]
+    found = {k: frozenset(str(r[k]) for r in ranks if r.get(k)) for k in HARDWARE}
+    found["torch"] = frozenset(str(s["torch"]) for s in segments if s.get("torch"))
+    return found
+
+
+def hardware_conflict(a: dict[str, frozenset[str]], b: dict[str, frozenset[str]]) -> str | None:
+    """Where two runs' :func:`hardware` differ in a field both recorded (``cpu_id A against B``), else None."""
+    for k in (*HARDWARE, "torch"):
+        if a.get(k) and b.get(k) and a[k] != b[k]:
+            return f"{k} {' + '.join(sorted(a[k]))} against {' + '.join(sorted(b[k]))}"
+    return None
+
+
 def machine(provenance: dict[str, Any]) -> str:
     """The machine(s) a run ran on, in one stable line: host names, CPUs (the model name, with the
     :func:`cpu_id` where recorded), GPU names, torch versions (each sorted, several joined by " + "),

@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from mpifed.run import provenance, results
 from mpifed.files import safe_yaml
-from mpifed.tables.stats import Paired, holm, paired
+from mpifed.tables.stats import Paired, holm, paired, smallest_sign_flip_p
 
 ALPHA = 0.05
 
@@ -50,18 +51,31 @@ class Tested:
     setting: str
     result: Paired | None
     holm_p: float
+    needs: int | None = None      # the seeds the table declares its claims need (claim_seeds)
+    unpaired: str = ""            # why its two methods' runs were not paired (e.g. other machines)
 
     @property
     def label(self) -> str:
-        return claim_label(self.result, self.holm_p)
+        return claim_label(self.result, self.holm_p, self.needs, self.unpaired)
 
 
-def claim_label(result: Paired | None, holm_p: float) -> str:
-    """A claim's label from its paired comparison and its Holm-adjusted p."""
+def claim_label(result: Paired | None, holm_p: float, needs: int | None = None, unpaired: str = "") -> str:
+    """A claim's label from its paired comparison and its Holm-adjusted p. Where the table declares
+    the seeds its claims ``needs``, a claim paired over fewer is not tested yet, and one supported at
+    a seed count whose exact sign-flip p cannot go below 0.05 says that it rests on the t-test alone."""
+    if unpaired:
+        return f"not paired: {unpaired}"
     if result is None:
         return "no result (fewer than 2 common seeds in the runs summarised)"
+    if needs is not None and result.n < needs:
+        return f"not tested yet: {result.n} of the {needs} seeds its claims need"
     if result.verdict == "higher":
-        return "supported" if holm_p < ALPHA else "supported by its interval alone, not after Holm"
+        if holm_p >= ALPHA:
+            return "supported by its interval alone, not after Holm"
+        if needs is not None and smallest_sign_flip_p(result.n) >= ALPHA:
+            return (f"supported, by the t-test's normality alone ({result.n} seeds cannot reach a sign-flip "
+                    f"p < {ALPHA})")
+        return "supported"
     if result.verdict == "lower":
         if holm_p < ALPHA:
             return "not supported (the other way)"
@@ -69,14 +83,16 @@ def claim_label(result: Paired | None, holm_p: float) -> str:
     return "inconclusive"
 
 
-def check_claims(claims: list[Claim], settings: list[str],
-                values: dict[tuple[str, str], dict[int, float]]) -> list[Tested]:
+def check_claims(claims: list[Claim], settings: list[str], values: dict[tuple[str, str], dict[int, float]],
+                 needs: int | None = None, conflict: "Conflict | None" = None) -> list[Tested]:
     """Each claim in each setting from the values by seed per (setting, method); the family for
-    Holm's adjustment is all of them, those without results counting with p = 1."""
-    compared = [(c, s, paired(values.get((s, c.above), {}), values.get((s, c.below), {})))
+    Holm's adjustment is all of them, those without results counting with p = 1 (``needs``: the
+    seeds the table declares its claims need; ``conflict``: why two methods' runs cannot be paired)."""
+    why = {(c, s): (conflict(s, c.above, c.below) if conflict else None) or "" for c in claims for s in settings}
+    compared = [(c, s, None if why[(c, s)] else paired(values.get((s, c.above), {}), values.get((s, c.below), {})))
                 for c in claims for s in settings]
     adjusted = holm([r.p if r is not None else 1.0 for _, _, r in compared])
-    return [Tested(c, s, r, q) for (c, s, r), q in zip(compared, adjusted)]
+    return [Tested(c, s, r, q, needs, why[(c, s)]) for (c, s, r), q in zip(compared, adjusted)]
 
 
 @dataclass
@@ -157,7 +173,9 @@ class Summary:
                           f"difference without the t-test's normality: the exact sign-flip p (unadjusted) and a "
                           f"bootstrap 95% interval"
                           + (f"; the report's columns adjust over all {self.report_family} claims of the report's "
-                             f"tables (--family)" if self.report_holm else ""), ""]
+                             f"tables (--family)" if self.report_holm else "")
+                          + (f"; the table declares that its claims need {self.claims[0].needs} seeds (claim_seeds)"
+                             if self.claims[0].needs else ""), ""]
             wide = " report-wide Holm p | report-wide label |" if self.report_holm else ""
             lines += ["| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |" + wide
                       + " without normality |", "| --- | --- | --- | --- | --- |" + " --- |" * (3 if wide else 1)]
@@ -165,7 +183,8 @@ class Summary:
                 shown = t.result.text(verdict=False) if t.result is not None else "-"
                 free = t.result.distribution_free() if t.result is not None else "-"
                 claim = f"{self.name(t.claim.above)} > {self.name(t.claim.below)}"
-                report = (f" {self.report_holm[id(t)]:.3f} | {claim_label(t.result, self.report_holm[id(t)])} |"
+                report = (f" {self.report_holm[id(t)]:.3f} | "
+                          f"{claim_label(t.result, self.report_holm[id(t)], t.needs, t.unpaired)} |"
                           if self.report_holm else "")
                 lines.append(f"| {claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |{report} {free} |")
         if self.notes:
@@ -222,6 +241,7 @@ class Runs:
     starts: dict[Path, str] = field(default_factory=dict)    # each run's initial model, where known
     counted_at: dict[Path, float] = field(default_factory=dict)   # diverged runs counted at a value of the metric
     counted_why: str = "the table's declared value"
+    mixed_machines: bool = False    # pair runs of one seed made on different machines (else: refused)
 
 
 @dataclass
@@ -232,6 +252,7 @@ class ClaimFamily:
     claims: list[Claim]
     settings: list[str]
     groups: dict[tuple[str, str], list[Path]]
+    needs: int | None = None      # the table's claim_seeds
 
 
 def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: results.Metric | None = None,
@@ -258,12 +279,16 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
     settings = list(dict.fromkeys(s for s, _ in groups))
     methods = list(dict.fromkeys(m for _, m in groups))
     reference = reference if reference is not None else _fedavg_row(groups, runs)
-    compared, unpaired = _compared(groups, primary, reference, shown.starts) if reference is not None else ({}, {})
+    conflict = (lambda s, a, b: None) if shown.mixed_machines else _conflicts(groups, runs)
+    compared, unpaired = (_compared(groups, primary, reference, shown.starts, conflict) if reference is not None
+                          else ({}, {}))
     notes = (list(notes or []) + _provenance_notes(metric, paper_metric, runs)
              + _counted_notes(metric, counted_at, shown.counted_why, runs))
     family = claims or ClaimFamily([], settings, groups)
     values = primary if family.groups is groups else _primary_values(metric, family.groups, runs, counted_at)
-    tested = check_claims(family.claims, family.settings or settings, values)
+    family_conflict = conflict if family.groups is groups or shown.mixed_machines else _conflicts(family.groups, {
+        path: runs.get(path) or _RunValues(path) for paths in family.groups.values() for path in paths})
+    tested = check_claims(family.claims, family.settings or settings, values, family.needs, family_conflict)
     on_view = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(shown.left_out), shown.not_run, percent,
                    compared, reference if reference in methods else None, declared_seeds, notes, on_view, primary,
@@ -297,11 +322,31 @@ def _cells(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_RunValu
     return cells
 
 
+Conflict = Callable[[str, str, str], "str | None"]
+
+
+def _conflicts(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_RunValues"]) -> Conflict:
+    """For a setting and two methods: why their runs cannot be paired, seed by seed (a seed whose two
+    runs were made on machines that differ, :func:`mpifed.run.provenance.hardware_conflict`), or None."""
+    def by_seed(setting: str, method: str) -> dict[int, _RunValues]:
+        return {runs[p].seed: runs[p] for p in groups.get((setting, method), []) if runs[p].seed is not None}
+
+    def conflict(setting: str, a: str, b: str) -> str | None:
+        mine, theirs = by_seed(setting, a), by_seed(setting, b)
+        for seed in sorted(set(mine) & set(theirs)):
+            differ = provenance.hardware_conflict(mine[seed].hardware, theirs[seed].hardware)
+            if differ:
+                return (f"seed {seed}'s runs of {a} and {b} come from different machines ({differ}), whose CPU numbers differ by "
+                        f"more than rounding; re-run on one machine, or pass --mixed-machines to pair them anyway")
+        return None
+    return conflict
+
+
 def _compared(groups: dict[tuple[str, str], list[Path]], primary: dict[tuple[str, str], dict[int, float]],
-              reference: str, starts: dict[Path, str]
+              reference: str, starts: dict[Path, str], conflict: Conflict
               ) -> tuple[dict[tuple[str, str], Paired | None], dict[tuple[str, str], str]]:
     """Each method's paired comparison with ``reference`` per setting, and the (setting, method)s left
-    unpaired because their runs start from another initial model, with why."""
+    unpaired because their runs start from another initial model or come from other machines, with why."""
     compared, unpaired = {}, {}
     for s in dict.fromkeys(s for s, _ in groups):
         for m in dict.fromkeys(m for _, m in groups):
@@ -311,6 +356,10 @@ def _compared(groups: dict[tuple[str, str], list[Path]], primary: dict[tuple[str
             if starts and mine and theirs and mine != theirs:
                 unpaired[(s, m)] = (f"its runs start from {' / '.join(sorted(mine))}, {reference}'s from "
                                     f"{' / '.join(sorted(theirs))}: the seeds do not share their initial model")
+                continue
+            why = conflict(s, m, reference)
+            if why:
+                unpaired[(s, m)] = why
                 continue
             compared[(s, m)] = paired(primary.get((s, m), {}), primary.get((s, reference), {}))
     return compared, unpaired
@@ -381,6 +430,7 @@ class _RunValues:
         self.test_subset = data.get("test_subset") or 0
         found = provenance.read(path)
         self.machine = provenance.machine(found) if found else None
+        self.hardware = provenance.hardware(found) if found else {}
 
     def values(self, metric: results.Metric, group_names: list[str]) -> list[float | None]:
         out: list[float | None] = [results.value(metric, self.rows, self.summary)]
@@ -412,7 +462,9 @@ def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | Non
     unknown = sum(1 for rv in runs.values() if not rv.machine)
     if len(machines) > 1:
         notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than "
-                     f"rounding across machines: compare methods on runs of one machine ({'; '.join(machines)}).")
+                     f"rounding across machines: compare methods on runs of one machine ({'; '.join(machines)}). "
+                     f"Two runs of one seed whose CPU, BLAS, GPU or torch differ are not paired (--mixed-machines "
+                     f"pairs them).")
     elif machines:
         notes.append(f"Machine: {machines[0]}.")
     if unknown and runs:

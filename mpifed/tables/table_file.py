@@ -22,7 +22,7 @@ from mpifed.tables.tuning import (Candidate, SearchChoice, ChoiceBook, Tuning, c
                                   score_candidate, search_digest)
 
 TOP_KEYS = ("title", "plugins", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims",
-            "tuning", "diverged")
+            "claim_seeds", "tuning", "diverged")
 
 
 @dataclass
@@ -88,6 +88,7 @@ class Table:
     plugins: list[str] = field(default_factory=list)          # loaded before its configs: its own and --plugin's
     whole: Table | None = None                                 # the table before select() kept a part
     diverged_value: float | None = None   # the primary metric's value a diverged final run counts as (None: left out)
+    claim_seeds: int | None = None        # the seeds its claims need, as declared (None: not declared)
 
     def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
         """Keep only the runs of the given settings, methods and seeds (None: all), and the searches of those
@@ -150,6 +151,7 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
         raise config.ConfigError(f"table {path}: reference {reference!r} is not one of its methods "
                                  f"({', '.join(methods.values())})")
     claims = _claims(spec.get("claims"), list(methods.values()), path)
+    claim_seeds = _claim_seeds(spec.get("claim_seeds"), claims, seeds, path)
     counted = spec.get("diverged")
     if counted is not None and (isinstance(counted, bool) or not isinstance(counted, (int, float))
                                 or not math.isfinite(counted)):
@@ -161,7 +163,24 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
     runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}", plugins=specs)
             for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
     return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root,
-                 diverged_value=None if counted is None else float(counted), plugins=specs)
+                 diverged_value=None if counted is None else float(counted), plugins=specs, claim_seeds=claim_seeds)
+
+
+def _claim_seeds(spec: Any, claims: list[Claim], seeds: list[int], path: Path) -> int | None:
+    """``claim_seeds``: the paired seeds each claim needs before it is tested (at least 2, and no more
+    than the table's seeds)."""
+    if spec is None:
+        return None
+    if isinstance(spec, bool) or not isinstance(spec, int) or spec < 2:
+        raise config.ConfigError(f"table {path}: claim_seeds is the number of paired seeds each claim needs, a whole "
+                                 f"number >= 2 (6 is the fewest whose exact sign-flip p can go below 0.05), "
+                                 f"got {spec!r}")
+    if not claims:
+        raise config.ConfigError(f"table {path}: claim_seeds is declared but the table declares no claims")
+    if spec > len(seeds):
+        raise config.ConfigError(f"table {path}: its claims need {spec} seeds (claim_seeds) but it lists "
+                                 f"{len(seeds)}: add seeds, or lower claim_seeds")
+    return spec
 
 
 def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:
