@@ -94,24 +94,38 @@ mpifed_mps_start() {
     shift   # each node counts its own ranks, from SLURM_TASKS_PER_NODE
     local folder="${TMPDIR:-/tmp}/mpifed-mps-${SLURM_JOB_ID}"
     MPIFED_MPS_REPORT="${folder}.nodes"
-    srun --overlap --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 \
+    : > "$MPIFED_MPS_REPORT"
+    srun --overlap --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         "$python" -m mpifed.mps node --folder "$folder" --tasks-per-node "$SLURM_TASKS_PER_NODE" "$@" \
         > "$MPIFED_MPS_REPORT" &
     MPIFED_MPS_STEP=$!
-    local lines=0
-    while [ "$lines" -lt "$nodes" ] && kill -0 "$MPIFED_MPS_STEP" 2>/dev/null; do
-        sleep 0.2
+    local lines=0 waited=0
+    # every node answers within MPIFED_MPS_WAIT seconds, or the job fails (a node whose Python cannot start)
+    while [ "$lines" -lt "$nodes" ] && kill -0 "$MPIFED_MPS_STEP" 2>/dev/null && [ "$waited" -lt "${MPIFED_MPS_WAIT:-300}" ]; do
+        sleep 1
+        waited=$((waited + 1))
         lines=$(grep -c '^mpifed-mps ' "$MPIFED_MPS_REPORT" || true)
     done
     lines=$(grep -c '^mpifed-mps ' "$MPIFED_MPS_REPORT" || true)
-    MPIFED_MPS_STEP_ID=$(sed -n 's/^mpifed-mps [^ ]* started \([0-9]*\)$/\1/p' "$MPIFED_MPS_REPORT" | head -1)
-    if grep -q '^mpifed-mps .* error$' "$MPIFED_MPS_REPORT" || [ "$lines" -lt "$nodes" ]; then
-        echo "[slurm] MPS: $lines of $nodes nodes answered; errors on: $(sed -n 's/^mpifed-mps \(.*\) error$/\1/p' "$MPIFED_MPS_REPORT" | sort | tr '\n' ' ')(see above)" >&2
+    MPIFED_MPS_STEP_ID=$(sed -n 's/^mpifed-mps [^ ]* [a-z]* \([0-9][0-9]*\)$/\1/p' "$MPIFED_MPS_REPORT" | head -1 || true)
+    if grep -q '^mpifed-mps [^ ]* error' "$MPIFED_MPS_REPORT" || [ "$lines" -lt "$nodes" ]; then
+        local failed="" host
+        for host in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+            grep -q "^mpifed-mps ${host} \(started\|none\)" "$MPIFED_MPS_REPORT" || failed="$failed $host"
+        done
+        echo "[slurm] MPS: failed on${failed} (an error above, or no answer within ${MPIFED_MPS_WAIT:-300} s); $lines of $nodes nodes answered" >&2
+        # end the step, a silent node's task included (SIGTERM, which the others answer by quitting
+        # their daemons, then SIGKILL after KillWait)
+        if [ -n "$MPIFED_MPS_STEP_ID" ]; then
+            scancel "${SLURM_JOB_ID}.${MPIFED_MPS_STEP_ID}" || true
+        else
+            kill -TERM "$MPIFED_MPS_STEP" 2>/dev/null || true
+        fi
         mpifed_mps_stop
         return 2
     fi
     if grep -q '^mpifed-mps [^ ]* started' "$MPIFED_MPS_REPORT"; then
-        echo "[slurm] MPS: a control daemon on $(grep -c '^mpifed-mps [^ ]* started' "$MPIFED_MPS_REPORT") of $nodes nodes ($folder on each)"
+        echo "[slurm] MPS: a control daemon on $(grep -c '^mpifed-mps [^ ]* started' "$MPIFED_MPS_REPORT") of $nodes nodes ($folder on each of them)"
         export CUDA_MPS_PIPE_DIRECTORY="$folder/pipe" CUDA_MPS_LOG_DIRECTORY="$folder/log"
     fi
 }

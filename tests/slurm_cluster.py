@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -170,10 +171,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         next session's job of the same id), stop the daemons, remove the namespaces and links."""
         p = subprocess.run(["squeue", "-h", "-o", "%A"], env=self.env, capture_output=True, text=True)
         jobs = p.stdout.split()
+        stuck = []
         if jobs:
             subprocess.run(["scancel", *jobs], env=self.env, capture_output=True)
             for jid in jobs:
-                self.wait_for_steps_to_end(jid)
+                try:
+                    self.wait_for_steps_to_end(jid)
+                except AssertionError as exc:        # the rest of the teardown still runs
+                    stuck.append(str(exc))
         for pid_file in [*self.root.glob("slurmd-*.pid"), self.root / "slurmctld.pid"]:
             if pid_file.exists():
                 _sh("kill", pid_file.read_text().strip())
@@ -186,13 +191,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         deadline = time.time() + 10
         while self.left_over() and time.time() < deadline:     # the kernel removes veth pairs shortly after
             time.sleep(0.2)
+        assert not stuck, "; ".join(stuck)
 
     def left_over(self) -> list[str]:
         """What of this cluster is still there: its daemons, namespaces and links."""
         left = [line for line in _sh("pgrep", "-a", "-f", f"slurm(ctld|d) -f {self.conf}").stdout.splitlines()]
         left += [line for line in _sh("ip", "netns", "list").stdout.splitlines() if f"{PREFIX}-{self.tag}-" in line]
         left += [line for line in _sh("ip", "-o", "link").stdout.splitlines()
-                 if self.tag and (f"mft{self.tag}" in line or f"mfb{self.tag}" in line)]
+                 if f"mft{self.tag}" in line or f"mfb{self.tag}" in line]
         return left
 
     # --- hosts -----------------------------------------------------------------------------------
@@ -209,7 +215,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 _sh("ip", "netns", "del", name)
         for line in _sh("ip", "-o", "link", "show", "type", "bridge").stdout.splitlines():
             name = line.split(":")[1].strip().split("@")[0]
-            if name.startswith("mfb") and not _sh(
+            if re.fullmatch(r"mfb[0-9a-f]{4}", name) and not _sh(
                     "ip", "link", "show", "master", name).stdout.strip():
                 _sh("ip", "link", "del", name)
 
@@ -219,6 +225,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             raise RuntimeError("it needs root and ip, nsenter and unshare")
         routes = _sh("ip", "route").stdout
         subnet = next((f"10.213.{k}" for k in random.sample(range(1, 255), 254) if f"10.213.{k}." not in routes), None)
+        if subnet is None:
+            raise RuntimeError("every 10.213.x.0/24 subnet is routed already")
         self.bridge = f"mfb{self.tag}"
 
         def ip(*args: str) -> None:

@@ -20,6 +20,7 @@ STANDIN = """#!/bin/bash
 pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 if [ "$1" = -d ]; then
     echo "-d pipe=$pipe log=$CUDA_MPS_LOG_DIRECTORY" >> "$MPS_STANDIN_LOG"
+    grep -E '^Sig(Blk|Ign):' /proc/$$/status > "$MPS_STANDIN_LOG.signals"   # what the daemon would inherit
     touch "$pipe/control"; echo "daemon started" > "$CUDA_MPS_LOG_DIRECTORY/control.log"; exit 0
 fi
 read -r cmd
@@ -220,6 +221,12 @@ def test_tasks_per_node_and_a_node_without_the_server():
     assert mps.decide("auto", 2, 1, gpu, "ctl", server=False) == (True, "2 ranks share 1 GPU")
     assert mps.decide("auto", 4, 4, gpu, "ctl", server=False) == (False, "")
     assert mps.gpu_ranks(1, gpu, 1, server=False) == 1       # one worker alone on a node: not the debug mode
+    assert mps.gpu_ranks(1, gpu, 1, server=True) == 0        # the server alone on the first node, on the CPU
+    assert mps.gpu_ranks(1, ResourcesConfig(server_device="cuda"), 1, server=True) == 1
+    assert mps.decide("on", 1, 1, gpu, "ctl", server=True) == (False, "no rank of this node uses its GPU "
+                                                                        "(resources.mps=on)")
+    with pytest.raises(mps.MpsError, match="no rank uses a GPU"):
+        mps.decide("on", 3, 0, gpu, "ctl", server=False)
 
 
 def test_a_node_keeps_its_daemon_in_the_given_folder_until_sigterm(standin):
@@ -242,11 +249,16 @@ def test_a_node_keeps_its_daemon_in_the_given_folder_until_sigterm(standin):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "2 ranks share 1 GPU: started" in err and "control daemon stopped" in err
     assert calls(record)[-1] == f"quit pipe={folder / 'pipe'}" and not folder.exists()
+    # the daemon starts with the signals the node's task handles neither blocked nor ignored: Slurm's
+    # SIGTERM can end it
+    masks = dict(line.split(":") for line in Path(f"{record}.signals").read_text().splitlines())
+    handled = sum(1 << (s - 1) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1))
+    assert int(masks["SigBlk"], 16) & handled == 0 and int(masks["SigIgn"], 16) & handled == 0, masks
 
 
 def test_a_node_that_cannot_honour_mps_on_reports_an_error(standin):
     p = subprocess.run([sys.executable, "-m", "mpifed.mps", "node", "--folder", "/nonexistent/x", "--tasks-per-node",
-                        "3", "--set", "resources.mps=on", "resources.device=cpu"], env={**env(), "SLURM_NODEID": "0"},
-                       capture_output=True, text=True)
+                        "3", "--set", "resources.mps=on"], capture_output=True, text=True,
+                       env={**env(), "SLURM_NODEID": "0", "CUDA_VISIBLE_DEVICES": ""})
     assert p.returncode == 2 and p.stdout == f"mpifed-mps {socket.gethostname()} error\n"
     assert "no rank uses a GPU" in p.stderr

@@ -313,7 +313,7 @@ def test_mps_on_that_no_node_can_honour_fails_the_job_before_the_ranks_start(clu
     assert cluster.wait(jid) == "FAILED"
     log = out_file(tmp_path, jid)
     nodes = hosts(cluster, cluster.job(jid)["NodeList"])
-    assert f"[slurm] MPS: 2 of 2 nodes answered; errors on: {' '.join(nodes)} " in log, log
+    assert f"[slurm] MPS: failed on {' '.join(nodes)} (an error above" in log and "2 of 2 nodes answered" in log, log
     assert all(f"[mpifed.mps] {node}: resources.mps=on, but no rank uses a GPU" in log for node in nodes), log
     assert "ranks via" not in log and not (tmp_path / "runs").exists()
 

@@ -3,8 +3,8 @@
 Processes on one GPU normally take turns on it; under NVIDIA's Multi-Process Service their
 kernels run side by side, which is what several small workers per GPU need (FedNTD's CIFAR-10
 setting, 10 workers on one H100: 2.7x faster rounds). The launcher (``mpifed launch``,
-``launch/local.sh``) and ``slurm/gpu-node.sbatch`` call :func:`for_job` before the ranks start
-and :meth:`Daemon.stop` when the job ends, however it ends (normally, Ctrl-C, a failure):
+``launch/local.sh``) and the sbatch scripts of ``slurm/`` call :func:`for_job` before the ranks
+start and :meth:`Daemon.stop` when the job ends, however it ends (normally, Ctrl-C, a failure):
 
 * ``auto`` (default): a daemon when two or more ranks share a GPU and
   ``nvidia-cuda-mps-control`` is installed; ``on``: whenever ranks use a GPU (an error without
@@ -22,6 +22,7 @@ For shell scripts::
 
     eval "$(python -m mpifed.mps start -n N [mpifed arguments])"   # exports the folders and MPIFED_MPS_DIR
     python -m mpifed.mps stop "$MPIFED_MPS_DIR"
+    srun --overlap --ntasks-per-node=1 python -m mpifed.mps node --folder DIR --tasks-per-node SPEC [...]
 
 A job on several nodes needs a daemon on each: ``slurm/common.sh``'s ``mpifed_mps_start`` runs
 ``python -m mpifed.mps node`` as one task per node (``srun --overlap``), each deciding for the ranks
@@ -110,28 +111,32 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def gpu_ranks(ranks: int, resources: ResourcesConfig, gpus: int, server: bool = True) -> int:
-    """How many of ``ranks`` processes use a GPU (with ``gpus`` visible): the job's, or one node's,
-    which holds the server when ``server`` (one process with one rank is the debug mode)."""
+def gpu_ranks(ranks: int, resources: ResourcesConfig, gpus: int, server: bool | None = None) -> int:
+    """How many of ``ranks`` processes use a GPU (with ``gpus`` visible): the whole job's (``server``
+    None; a job of one process is the debug mode), or one node's of a job on several, the server
+    among them when ``server``."""
     if gpus == 0:
         return 0
-    if not server:
-        return ranks * (resources.device != "cpu")
+    if server is not None:
+        return (ranks - server) * (resources.device != "cpu") + (server and resources.server_device == "cuda")
     if ranks == 1:
         return int(resources.device != "cpu" or resources.server_device == "cuda")
     return (ranks - 1) * (resources.device != "cpu") + (resources.server_device == "cuda")
 
 
 def decide(setting: str, ranks: int, gpus: int, resources: ResourcesConfig, control: str | None,
-           server: bool = True) -> tuple[bool, str]:
-    """Whether the job (or a node of it, with the server when ``server``) wants a daemon, and why
-    (for the log; empty when there is nothing to say). Raises :class:`MpsError` when ``on`` cannot
-    be honoured."""
+           server: bool | None = None) -> tuple[bool, str]:
+    """Whether the job (or, with ``server`` given, a node of it) wants a daemon, and why (for the log;
+    empty when there is nothing to say). Raises :class:`MpsError` when ``on`` cannot be honoured (on
+    a node: no GPU visible there, or no control program; a node with GPUs that its ranks do not use,
+    the server's on the CPU, simply gets none)."""
     users = gpu_ranks(ranks, resources, gpus, server)
     share = f"{users} ranks share {gpus} GPU{'s' if gpus != 1 else ''}"
     if setting == "off":
         return False, ""
     if setting == "on":
+        if users == 0 and server is not None and gpus > 0:
+            return False, f"no rank of this node uses its GPU{'s' if gpus != 1 else ''} (resources.mps=on)"
         if users == 0:
             raise MpsError(f"resources.mps=on, but no rank uses a GPU ({gpus} visible; resources.device="
                            f"{resources.device}, server_device={resources.server_device}). Use auto or off")
@@ -227,10 +232,10 @@ def job_resources(mpifed_args: list[str]) -> ResourcesConfig:
 
 
 def for_job(ranks: int, mpifed_args: list[str], environ: Mapping[str, str], say: Callable[[str], None],
-            server: bool = True, folder: Path | None = None) -> Daemon:
-    """The daemon under ``resources.mps`` for ``ranks`` processes on this node, the server among them
-    when ``server`` (a :class:`Daemon` that does nothing when none is wanted; a daemon of its own
-    in ``folder`` when given). A config mpifed cannot read is left for mpifed.main to report.
+            server: bool | None = None, folder: Path | None = None) -> Daemon:
+    """The daemon under ``resources.mps`` for the job's ``ranks`` processes (or, with ``server`` given,
+    one node's, the server among them when True): a :class:`Daemon` that does nothing when none is
+    wanted; a daemon of its own in ``folder`` when given. A config mpifed cannot read is left for mpifed.main to report.
     Raises :class:`MpsError`."""
     wanted, why, control = _planned(ranks, mpifed_args, environ, server)
     if not wanted:
@@ -249,7 +254,7 @@ def plan(ranks: int, mpifed_args: list[str], environ: Mapping[str, str]) -> str:
 
 
 def _planned(ranks: int, mpifed_args: list[str], environ: Mapping[str, str],
-             server: bool = True) -> tuple[bool, str, str | None]:
+             server: bool | None = None) -> tuple[bool, str, str | None]:
     try:
         resources = job_resources(mpifed_args)
     except ConfigError:
@@ -279,27 +284,34 @@ def serve_node(folder: Path, spec: str, mpifed_args: list[str], environ: Mapping
                say: Callable[[str], None], report: Callable[[str], None]) -> int:
     """One node's daemon for a job on several nodes (one task per node through srun; ``SLURM_NODEID``
     says which node, and node 0 holds the server): started in ``folder`` when the node's ranks share
-    a GPU, reported in one line (``started`` and the Slurm step's id, ``none`` or ``error``, after the
-    host name), kept until SIGTERM, SIGINT or SIGHUP (``scancel --signal=TERM JOB.STEP``: srun itself
-    would kill the step's tasks at once), then quit and its folder removed. The exit code: 0, or 2 when
-    ``resources.mps=on`` cannot be honoured on this node."""
-    host = socket.gethostname()
-    ending = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
-    signal.pthread_sigmask(signal.SIG_BLOCK, ending)   # from here on, an ending signal waits for sigwait
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)     # the job's warning signal is for the ranks
+    a GPU, reported in one line (``mpifed-mps HOST started|none|error STEP``, the Slurm step's id), kept
+    until SIGTERM, SIGINT or SIGHUP (``scancel --signal=TERM JOB.STEP``: srun itself, signalled, would
+    kill the step's tasks at once), then quit and its folder removed. The exit code: 0, or 2 when
+    this node could not decide or start (``resources.mps=on`` it cannot honour, a bad spec, ...)."""
+    host, step = socket.gethostname(), environ.get("SLURM_STEP_ID", "")
+    ending: list[int] = []
+
+    def end(signum: int, _frame: object) -> None:
+        ending.append(signum)
+
+    # handlers, not a blocked mask or SIG_IGN, which the daemon would inherit and keep
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, end)
+    signal.signal(signal.SIGUSR1, lambda *_: None)     # the job's warning signal is for the ranks
     try:
         node = int(environ.get("SLURM_NODEID", "0"))
         ranks = tasks_on_node(spec, node)
         daemon = for_job(ranks, mpifed_args, environ, lambda text: say(f"{host}: {text}"), node == 0, folder)
-    except (MpsError, ValueError) as exc:
+    except Exception as exc:      # every failure must reach the job's script, which waits for each node's line
         say(f"{host}: {exc}")
-        report(f"{host} error")
+        report(f"{host} error {step}".rstrip())
         return 2
     if daemon.folder is None:
-        report(f"{host} none")
+        report(f"{host} none {step}".rstrip())
         return 0
-    report(f"{host} started {environ.get('SLURM_STEP_ID', '')}".rstrip())
-    signal.sigwait(ending)
+    report(f"{host} started {step}".rstrip())
+    while not ending:
+        time.sleep(0.2)
     daemon.stop(lambda text: say(f"{host}: {text}"))
     return 0
 
@@ -315,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(f"[mpifed.mps] {text}", file=sys.stderr, flush=True)
 
-    if argv in (["-h"], ["--help"]):
+    if argv[:1] in (["-h"], ["--help"]) or argv[1:2] in (["-h"], ["--help"]):
         print(f"{usage}\n\n{__doc__}")
         return 0
     if len(argv) == 2 and argv[0] == "stop":
