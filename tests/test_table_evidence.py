@@ -686,7 +686,8 @@ def test_summary_flags_runs_from_more_than_one_machine(tmp_path):
 
 def _machine(run: Path, host: str, cpu_id: str | None) -> None:
     (run / "provenance.json").write_text(json.dumps({"segments": [
-        {"torch": "2.14.1", "ranks": [{"rank": 0, "host": host, "cpu": "AMD EPYC", "cpu_id": cpu_id, "blas": "mkl"}]}]}))
+        {"torch": "2.14.1", "ranks": [{"rank": 0, "host": host, "cpu": "AMD EPYC", "cpu_id": cpu_id,
+                                       "blas": "mkl"}]}]}))
 
 
 def test_runs_of_one_seed_from_different_machines_are_not_paired_unless_told(tmp_path):
@@ -710,6 +711,25 @@ def test_runs_of_one_seed_from_different_machines_are_not_paired_unless_told(tmp
     assert f"not paired: {why}" in s.markdown()
     told = summarize(t, mixed_machines=True)
     assert told.unpaired == {} and told.claims[0].label == "supported" and told.claims[0].result.n == 5
+
+
+def test_the_summary_gives_each_settings_local_steps_beside_the_papers(tmp_path):
+    table = _table(tmp_path, "paper_local_steps: 50\n", seeds="[0, 1]")
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in range(2):
+        for method in ("a", "b"):
+            run = fake_run(t.root / f"s-{method}-s{seed}", resolved_config(table, seed, method=f"{method}.yaml"),
+                           [0.5, 0.6])
+            (run / "clients.jsonl").write_text("".join(json.dumps({"round": r, "clients": [
+                {"cid": 0, "steps": 4}, {"cid": 1, "steps": 6 + seed}]}) + "\n" for r in (1, 2)))
+    resolve(t, [])
+    assert t.paper_local_steps == {"*": 50.0}
+    assert ("Local work, steps per client a round (the mean over every client-round of the runs' clients.jsonl): "
+            "s 5.2 (the paper's 50: 0.1x).") in summarize(t).markdown()
+    for extra, message in (("paper_local_steps: {nope: 5}\n", "not its settings"),
+                           ("paper_local_steps: 0\n", "a number > 0")):
+        with pytest.raises(config.ConfigError, match=message):
+            load_table(_table(tmp_path / "bad", extra), str(tmp_path / "runs"))
 
 
 def test_values_that_go_together_are_one_grid_entry(tmp_path, capsys):

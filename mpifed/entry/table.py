@@ -106,7 +106,8 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
     return tabulate(title, table.metric, Runs(groups, left_out, not_run, counted_at=counted, counted_why=why,
                                               mixed_machines=mixed_machines),
                     paper_metric=table.paper_metric, reference=reference or table.reference,
-                    declared_seeds=len(table.seeds), notes=_search_notes(table), claims=claims)
+                    declared_seeds=len(table.seeds), notes=_search_notes(table), claims=claims,
+                    paper_local_steps=table.paper_local_steps)
 
 
 def _search_notes(table: Table) -> list[str]:

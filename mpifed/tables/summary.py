@@ -8,6 +8,7 @@ folders of runs.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,7 +258,7 @@ class ClaimFamily:
 
 def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: results.Metric | None = None,
              reference: str | None = None, declared_seeds: int | None = None, notes: list[str] | None = None,
-             claims: ClaimFamily | None = None) -> Summary:
+             claims: ClaimFamily | None = None, paper_local_steps: dict[str, float] | None = None) -> Summary:
     """A table in ``metric`` (and ``paper_metric`` beside it) of the runs ``shown``, with each method's
     paired comparison against ``reference`` (a method label; default: the row whose algorithm is
     FedAvg, if any), and the ``claims`` whose setting and methods the table shows. A run of
@@ -265,7 +266,8 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
     as the value given there in ``metric``, in the unit shown, and as missing in every other column;
     a note says so, and why. Where ``shown.starts`` describes each run's initial model, a method
     whose runs start from another model than the reference's in a setting is not paired with it
-    (its seeds do not share their initialisation)."""
+    (its seeds do not share their initialisation). ``paper_local_steps``: the paper's local steps per
+    client a round, by setting (``*``: every setting), for the note on each setting's local work."""
     groups, counted_at = shown.groups, shown.counted_at
     percent = _in_points(metric)
     paper = paper_metric is not None and paper_metric != metric
@@ -283,6 +285,7 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
     compared, unpaired = (_compared(groups, primary, reference, shown.starts, conflict) if reference is not None
                           else ({}, {}))
     notes = (list(notes or []) + _provenance_notes(metric, paper_metric, runs)
+             + _local_work_notes(groups, runs, paper_local_steps)
              + _counted_notes(metric, counted_at, shown.counted_why, runs))
     family = claims or ClaimFamily([], settings, groups)
     values = primary if family.groups is groups else _primary_values(metric, family.groups, runs, counted_at)
@@ -336,8 +339,9 @@ def _conflicts(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_Run
         for seed in sorted(set(mine) & set(theirs)):
             differ = provenance.hardware_conflict(mine[seed].hardware, theirs[seed].hardware)
             if differ:
-                return (f"seed {seed}'s runs of {a} and {b} come from different machines ({differ}), whose CPU numbers differ by "
-                        f"more than rounding; re-run on one machine, or pass --mixed-machines to pair them anyway")
+                return (f"seed {seed}'s runs of {a} and {b} come from different machines ({differ}), whose CPU "
+                        f"numbers differ by more than rounding; re-run on one machine, or pass --mixed-machines to "
+                        f"pair them anyway")
         return None
     return conflict
 
@@ -448,6 +452,42 @@ def _fedavg_row(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, _Run
         if method == "fedavg" or any(runs[p].algorithm == "fedavg" for p in paths):
             return method
     return None
+
+
+def _local_steps(path: Path) -> tuple[int, int]:
+    """A run's local steps summed over its clients' rounds, and the number of those (clients.jsonl)."""
+    steps = count = 0
+    try:
+        lines = (path / "clients.jsonl").read_text().splitlines()
+    except OSError:
+        return 0, 0
+    for line in lines:
+        try:
+            clients = json.loads(line).get("clients", [])
+        except (ValueError, AttributeError):
+            continue
+        for c in clients:
+            if isinstance(c, dict) and isinstance(c.get("steps"), int):
+                steps, count = steps + c["steps"], count + 1
+    return steps, count
+
+
+def _local_work_notes(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_RunValues"],
+                      paper: dict[str, float] | None) -> list[str]:
+    """Each setting's local steps per client a round, over its runs' clients.jsonl, beside the paper's."""
+    parts = []
+    for setting in dict.fromkeys(s for s, _ in groups):
+        totals = [_local_steps(p) for (s, _), paths in groups.items() if s == setting for p in paths if p in runs]
+        steps, count = sum(t[0] for t in totals), sum(t[1] for t in totals)
+        if not count:
+            continue
+        mean = steps / count
+        theirs = (paper or {}).get(setting, (paper or {}).get("*"))
+        parts.append(f"{setting} {mean:.1f}" + (f" (the paper's {theirs:g}: {mean / theirs:.2g}x)" if theirs else ""))
+    if not parts:
+        return []
+    return [f"Local work, steps per client a round (the mean over every client-round of the runs' clients.jsonl): "
+            f"{'; '.join(parts)}."]
 
 
 def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | None,

@@ -22,7 +22,7 @@ from mpifed.tables.tuning import (Candidate, SearchChoice, ChoiceBook, Tuning, c
                                   score_candidate, search_digest)
 
 TOP_KEYS = ("title", "plugins", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims",
-            "claim_seeds", "tuning", "diverged")
+            "claim_seeds", "paper_local_steps", "tuning", "diverged")
 
 
 @dataclass
@@ -89,6 +89,7 @@ class Table:
     whole: Table | None = None                                 # the table before select() kept a part
     diverged_value: float | None = None   # the primary metric's value a diverged final run counts as (None: left out)
     claim_seeds: int | None = None        # the seeds its claims need, as declared (None: not declared)
+    paper_local_steps: dict[str, float] | None = None   # the paper's local steps per client a round, by setting
 
     def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
         """Keep only the runs of the given settings, methods and seeds (None: all), and the searches of those
@@ -152,6 +153,7 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
                                  f"({', '.join(methods.values())})")
     claims = _claims(spec.get("claims"), list(methods.values()), path)
     claim_seeds = _claim_seeds(spec.get("claim_seeds"), claims, seeds, path)
+    paper_steps = _paper_local_steps(spec.get("paper_local_steps"), list(settings.values()), path)
     counted = spec.get("diverged")
     if counted is not None and (isinstance(counted, bool) or not isinstance(counted, (int, float))
                                 or not math.isfinite(counted)):
@@ -163,7 +165,26 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
     runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}", plugins=specs)
             for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
     return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root,
-                 diverged_value=None if counted is None else float(counted), plugins=specs, claim_seeds=claim_seeds)
+                 diverged_value=None if counted is None else float(counted), plugins=specs, claim_seeds=claim_seeds,
+                 paper_local_steps=paper_steps)
+
+
+def _paper_local_steps(spec: Any, settings: list[str], path: Path) -> dict[str, float] | None:
+    """``paper_local_steps``: the paper's local steps per client a round (epochs x samples / batch),
+    one number for every setting or a mapping by setting label; ``*`` stands for every setting."""
+    if spec is None:
+        return None
+    given = spec if isinstance(spec, dict) else {"*": spec}
+    unknown = set(given) - set(settings) - {"*"}
+    if unknown:
+        raise config.ConfigError(f"table {path}: paper_local_steps names {', '.join(sorted(map(str, unknown)))}, "
+                                 f"which are not its settings ({', '.join(settings)})")
+    for label, v in given.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise config.ConfigError(f"table {path}: paper_local_steps is the paper's local steps per client a "
+                                     f"round (epochs x samples per client / batch size, e.g. 5 x 500 / 50 = 50), "
+                                     f"a number > 0 or a mapping of them by setting; got {label}: {v!r}")
+    return {str(k): float(v) for k, v in given.items()}
 
 
 def _claim_seeds(spec: Any, claims: list[Claim], seeds: list[int], path: Path) -> int | None:
