@@ -127,3 +127,20 @@ def test_the_opening_summary_lists_the_claims_that_survive_one_adjustment_over_t
     assert f"all {family} claims" in opening and f"{len(rows)} of them survive" in opening
     quoted = [line for line in opening.splitlines() if line.startswith("| ") and " > " in line]
     assert sorted(quoted) == sorted(rows), "the opening table is not what --summary --family gives"
+
+
+def test_the_local_work_table_is_what_the_archived_runs_measure():
+    """Every row of the report's local-work table, recomputed from results/ by --summary's own code."""
+    report = (REPO / REPRODUCTION).read_text().splitlines()
+    declared = 0
+    for folder, (table_file, _) in ARCHIVED.items():
+        t = load_table(REPO / table_file, str(REPO / "results"))
+        resolve(t, [])
+        for setting, mean, theirs in summarize(t).local_work:
+            if theirs is None:
+                continue
+            declared += 1
+            row = (f"| `{table_file.removeprefix('configs/repro/')}` | {setting} | {mean:.1f} | {theirs:g} | "
+                   f"{mean / theirs:.2g}x |")
+            assert row in report, f"results/{folder}: {REPRODUCTION} lacks {row}"
+    assert declared == 11

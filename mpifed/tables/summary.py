@@ -123,6 +123,7 @@ class Summary:
     all_claims: list[Tested] = field(default_factory=list)   # every claim of the family (``claims``: those shown)
     report_holm: dict[int, float] = field(default_factory=dict)   # id of a shown claim -> its report-wide Holm p
     report_family: int = 0         # the claims of the report-wide family (see :func:`with_report_family`)
+    local_work: list[tuple[str, float, float | None]] = field(default_factory=list)   # see :func:`local_work`
 
     def with_report_family(self, others: list["Summary"]) -> None:
         """Holm's adjustment once more, over this table's claims and those of the ``others`` (the
@@ -284,8 +285,9 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
     conflict = (lambda s, a, b: None) if shown.mixed_machines else _conflicts(groups, runs)
     compared, unpaired = (_compared(groups, primary, reference, shown.starts, conflict) if reference is not None
                           else ({}, {}))
+    work = local_work(groups, paper_local_steps)
     notes = (list(notes or []) + _provenance_notes(metric, paper_metric, runs)
-             + _local_work_notes(groups, runs, paper_local_steps)
+             + _local_work_notes(work)
              + _counted_notes(metric, counted_at, shown.counted_why, runs))
     family = claims or ClaimFamily([], settings, groups)
     values = primary if family.groups is groups else _primary_values(metric, family.groups, runs, counted_at)
@@ -297,7 +299,7 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
                    compared, reference if reference in methods else None, declared_seeds, notes, on_view, primary,
                    len(tested),
                    {(*key, runs[p].seed) for key, paths in groups.items() for p in paths if p in counted_at}, unpaired,
-                   all_claims=tested)
+                   all_claims=tested, local_work=work)
 
 
 def _cells(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_RunValues"],
@@ -472,18 +474,23 @@ def _local_steps(path: Path) -> tuple[int, int]:
     return steps, count
 
 
-def _local_work_notes(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, "_RunValues"],
-                      paper: dict[str, float] | None) -> list[str]:
-    """Each setting's local steps per client a round, over its runs' clients.jsonl, beside the paper's."""
-    parts = []
+def local_work(groups: dict[tuple[str, str], list[Path]],
+               paper: dict[str, float] | None) -> list[tuple[str, float, float | None]]:
+    """Each setting's local steps per client a round (the mean over every client-round of its runs'
+    clients.jsonl; settings without one left out), and the paper's where ``paper`` gives it."""
+    found = []
     for setting in dict.fromkeys(s for s, _ in groups):
-        totals = [_local_steps(p) for (s, _), paths in groups.items() if s == setting for p in paths if p in runs]
+        totals = [_local_steps(p) for (s, _), paths in groups.items() if s == setting for p in paths]
         steps, count = sum(t[0] for t in totals), sum(t[1] for t in totals)
-        if not count:
-            continue
-        mean = steps / count
-        theirs = (paper or {}).get(setting, (paper or {}).get("*"))
-        parts.append(f"{setting} {mean:.1f}" + (f" (the paper's {theirs:g}: {mean / theirs:.2g}x)" if theirs else ""))
+        if count:
+            found.append((setting, steps / count, (paper or {}).get(setting, (paper or {}).get("*"))))
+    return found
+
+
+def _local_work_notes(work: list[tuple[str, float, float | None]]) -> list[str]:
+    """The note on each setting's local steps, beside the paper's."""
+    parts = [f"{setting} {mean:.1f}" + (f" (the paper's {theirs:g}: {mean / theirs:.2g}x)" if theirs else "")
+             for setting, mean, theirs in work]
     if not parts:
         return []
     return [f"Local work, steps per client a round (the mean over every client-round of the runs' clients.jsonl): "
