@@ -357,6 +357,60 @@ def _search_runs(t):
     return {(r.method, r.candidate): r for r in t.search}
 
 
+EXTENDED = "tuning: {grid: {train.lr: [0.01, 0.1]}, rounds: 3, extend: {train.lr: {factor: 3, bounds: [0.001, 0.5]}}}\n"
+
+
+def test_a_choice_at_an_extended_keys_end_searches_one_step_beyond_until_inside_or_at_the_bound(tmp_path):
+    table = _table(tmp_path, EXTENDED, methods="[a.yaml]", seeds="[0]")
+    val = {"lr=0.01": 0.5, "lr=0.1": 0.7, "lr=0.3": 0.8}     # 0.1 wins, then 0.3; 0.9 would leave the bounds
+
+    def step() -> object:
+        t = load_table(table, str(tmp_path / "runs"))
+        resolve(t, [], record=True)
+        for key, r in _search_runs(t).items():
+            if key[1] in val and not (r.path / "summary.json").exists():
+                _write(r.path, r.resolved, [{"round": i + 1, "val_acc": val[key[1]]} for i in range(3)])
+        return t
+
+    first = step()
+    assert sorted(c for _, c in _search_runs(first)) == ["lr=0.01", "lr=0.1"] and first.pending == {("s", "a")}
+    second = step()       # 0.1 was the largest of 2: the search adds 0.3
+    assert sorted(c for _, c in _search_runs(second)) == ["lr=0.01", "lr=0.1", "lr=0.3"]
+    assert second.pending == {("s", "a")}
+    done = step()         # 0.3 is the largest of 3, and 0.9 lies beyond 0.5: the choice stands
+    choice = done.choices[("s", "a")]
+    assert choice.chosen == {"train.lr": 0.3} and not done.pending
+    assert choice.record["extended"] == ["train.lr=0.1 was the largest of 2: tried 0.3"]
+    text = summarize(done).markdown()
+    assert "the grid extended (tuning.extend): train.lr=0.1 was the largest of 2: tried 0.3" in text
+    assert "the next value would leave its bounds" in text
+    for extend, words in (("{algorithm.mu: {factor: 3, bounds: [0.1, 1]}}", "not a key of the search's grids"),
+                          ("{train.lr: {factor: 1, bounds: [0.001, 1]}}", "factor must be a number > 1"),
+                          ("{train.lr: {factor: 2, bounds: [0.05, 1]}}", "outside its bounds"),
+                          ("{train.lr: {factor: 2}}", "must give factor and bounds")):
+        bad = _table(tmp_path / "bad", f"tuning: {{grid: {{train.lr: [0.01, 0.1]}}, extend: {extend}}}\n",
+                     methods="[a.yaml]", seeds="[0]")
+        with pytest.raises(config.ConfigError, match=words):
+            load_table(bad, str(tmp_path / "runs"))
+
+
+def test_tune_runs_the_extended_candidates_as_they_appear(tmp_path, capsys, monkeypatch):
+    table = _table(tmp_path, EXTENDED, methods="[a.yaml]", seeds="[0]")
+    val = {"lr=0.01": 0.5, "lr=0.1": 0.7, "lr=0.3": 0.8}
+    passes = []
+
+    def run_all(runs, *rest):
+        passes.append(sorted(r.candidate for r in runs if not (r.path / "summary.json").exists()))
+        for r in runs:
+            if not (r.path / "summary.json").exists():
+                _write(r.path, r.resolved, [{"round": i + 1, "val_acc": val[r.candidate]} for i in range(3)])
+        return 0, 0
+    monkeypatch.setattr("mpifed.entry.table.run_all", run_all)
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--tune", "0"]) == 0
+    assert passes == [["lr=0.01", "lr=0.1"], ["lr=0.3"]]
+    assert "the grid extended (tuning.extend): train.lr=0.1 was the largest of 2: tried 0.3" in capsys.readouterr().out
+
+
 def test_search_chooses_on_validation_and_the_choice_is_part_of_the_runs_identity(tmp_path, capsys):
     table = _table(tmp_path, GRID, seeds="[0, 1]", metric="{kind: last_k, k: 2}")
     root = ["--runs-root", str(tmp_path / "runs")]

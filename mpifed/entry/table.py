@@ -121,8 +121,12 @@ def _search_notes(table: Table) -> list[str]:
             lines.append(f"  {setting} x {method}: nothing to search (no grid)")
             continue
         edges = choice.edges()
-        lines.append(f"  {setting} x {method}: {choice.text(percent)}" + (
-            f"; at the grid's edge ({'; '.join(edges)}): a value beyond it was not tried" if edges else ""))
+        grown = choice.record.get("extended", [])
+        lines.append(f"  {setting} x {method}: {choice.text(percent)}"
+                     + (f"; the grid extended (tuning.extend): {'; '.join(grown)}" if grown else "")
+                     + (f"; at the grid's edge ({'; '.join(edges)}): a value beyond it was not tried"
+                        + (" (for an extended key: the next value would leave its bounds)" if grown else "")
+                        if edges else ""))
     for setting, method in sorted(table.pending):
         partial = table.searching.get((setting, method), [])
         lines.append(f"  {setting} x {method}: search not finished, {sum(c.settled for c in partial)} of "
@@ -425,10 +429,14 @@ def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> i
     ranks = a.tune if a.tune is not None else a.run
     skipped = 0
     if table.tuning is not None and (table.pending or a.tune is not None):
-        code, skipped = run_all(table.search, ranks, added, again, a.parallel)
-        if code != 0:
-            return code
-        table = _loaded(a, added, record=True)
+        while True:
+            code, skipped = run_all(table.search, ranks, added, again, a.parallel)
+            if code != 0:
+                return code
+            table = _loaded(a, added, record=True)
+            # a choice at an end of an extended key (tuning.extend) adds candidates: run those too
+            if skipped or not table.pending or all(settled(r.path) for r in table.search):
+                break
         for line in _search_notes(table):
             print(f"[mpifed.table] {line}", flush=True)
         if a.tune is not None or table.pending:

@@ -352,20 +352,29 @@ def _resolve_search(table: Table, added: list[str], loader: _Loader, record: boo
         if not tuning.keys_for(method, algorithm):
             table.choices[(setting, method)] = SearchChoice(setting, method, "", {}, {"candidates": []})
             continue
-        group = _candidate_runs(table, setting, method, list(configs), algorithm, loader)
-        table.search += [r for _, runs in group for r in runs]
-        digest = search_digest([r.identity for _, runs in group for r in runs], tuning.select)
-        choice = book.find(setting, method, digest)
-        if choice is None:
+        grid, extended = tuning.keys_for(method, algorithm), []
+        while True:       # a choice at an end of a key under tuning.extend grows the grid and searches on
+            group = _candidate_runs(table, setting, method, list(configs), algorithm, loader, grid)
+            digest = search_digest([r.identity for _, runs in group for r in runs], tuning.select)
+            choice = book.find(setting, method, digest)
+            if choice is not None:
+                break
             candidates = [score_candidate(values, [(r.path, status(r)) for r in runs], tuning.select)
                           for values, runs in group]
             chosen = _chosen(setting, method, candidates, tuning)
             if chosen is None:
-                table.pending.add((setting, method))
-                table.searching[(setting, method)] = candidates
-                continue
-            choice = book.add(setting, method, digest, chosen, tuning, candidates, table.root)
-            changed = True
+                break
+            grid, added = tuning.extended(grid, chosen)
+            if not added:
+                choice = book.add(setting, method, digest, chosen, tuning, candidates, table.root, extended)
+                changed = True
+                break
+            extended += added
+        table.search += [r for _, runs in group for r in runs]
+        if choice is None:
+            table.pending.add((setting, method))
+            table.searching[(setting, method)] = candidates
+            continue
         table.choices[(setting, method)] = choice
     if changed and record:
         book.save()
@@ -391,11 +400,12 @@ def _check_per_method(tuning: Tuning, methods: set[str], algorithms: set[str]) -
 
 
 def _candidate_runs(table: Table, setting: str, method: str, configs: list[str], algorithm: str,
-                    loader: _Loader) -> list[tuple[dict[str, Any], list[TableRun]]]:
-    """Each candidate of the (setting, method)'s search with its runs (one per search seed), placed."""
+                    loader: _Loader, grid: dict[str, list[Any]]) -> list[tuple[dict[str, Any], list[TableRun]]]:
+    """Each candidate of the (setting, method)'s search over ``grid`` with its runs (one per search
+    seed), placed."""
     tuning = table.tuning
     group = []
-    for values in tuning.candidates(method, algorithm):
+    for values in tuning.candidates(method, algorithm, grid):
         runs = [TableRun(setting, method, seed, configs, table.root / "tuning", "", tuning.overrides(values),
                          candidate_label(values), table.plugins) for seed in tuning.seeds]
         for r in runs:

@@ -9,12 +9,17 @@ A table may declare a search (see :mod:`mpifed.entry.table`)::
       seeds: [0]                                          # default: the table's first seed
       rounds: 20                                          # the search horizon; default: the setting's
       select: {kind: last_k, k: 5, column: val_acc}       # default: the table's metric, on val_acc
+      extend: {train.lr: {factor: 3, bounds: [0.0001, 1.0]}}   # a choice at an end: search one step beyond
 
 Each (setting, method) tries every combination of its grid values (the candidates) on the
 search seeds and horizon; the candidate with the best mean ``select`` value wins (the first
 listed on ties; a candidate whose loss diverged, or that failed, cannot win). The selection
 reads the validation columns only: a metric on the test set is reported, never used to choose.
-The choice is recorded in ``choices.yaml`` beside the table's runs, keyed by a digest of the
+A key under ``extend`` (a grid key whose values are positive numbers) does not leave a choice at
+an end of its values: when the winner sits at the smallest (largest), the grid gains that value
+divided (multiplied) by ``factor`` and the search goes on with the new candidates, until the winner
+is inside the grid or the next value would leave ``bounds`` (:meth:`Tuning.extended`). The choice
+records each step taken. The choice is recorded in ``choices.yaml`` beside the table's runs, keyed by a digest of the
 search's run configurations and its selection metric, so that a changed grid, setting or
 override makes a new search rather than reusing a stale choice.
 """
@@ -35,7 +40,16 @@ from mpifed.settings.config import ConfigError, digest
 from mpifed.run.rundir import atomic_write
 
 CHOICES = "choices.yaml"
-KEYS = ("grid", "per_method", "seeds", "rounds", "select")
+KEYS = ("grid", "per_method", "seeds", "rounds", "select", "extend")
+
+
+@dataclass(frozen=True)
+class Extend:
+    """How a search grows a key past the end its choice sits at: by ``factor``, within ``bounds``."""
+
+    factor: float
+    low: float
+    high: float
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class Tuning:
     seeds: tuple[int, ...]
     rounds: int | None
     select: results.Metric
+    extend: dict[str, Extend] = field(default_factory=dict)
 
     @staticmethod
     def parse(spec: Any, table_seeds: list[int], primary: results.Metric, source: str) -> "Tuning":
@@ -83,7 +98,28 @@ class Tuning:
             raise ConfigError(f"{source}: tuning.select must read a validation column with kind final, best or "
                               f"last_k (e.g. {{kind: last_k, k: 5, column: val_acc}}), got {select.to_spec()!r}: "
                               f"a choice made on the test set would make the test numbers optimistic")
-        return Tuning(grid, per_method, tuple(seeds), rounds, select)
+        extend = _extend(spec.get("extend", {}), [grid, *per_method.values()], f"{source}: tuning.extend")
+        return Tuning(grid, per_method, tuple(seeds), rounds, select, extend)
+
+    def extended(self, grid: dict[str, list[Any]], chosen: dict[str, Any]) -> tuple[dict[str, list[Any]], list[str]]:
+        """``grid`` with one value more past each end that ``chosen`` sits at, for the keys under
+        ``extend`` (none where the next value would leave the key's bounds), and what was added."""
+        grown, said = dict(grid), []
+        for key, rule in self.extend.items():
+            values = grid.get(key)
+            if not values or key not in chosen or len(values) < 2:
+                continue
+            low, high = min(values), max(values)
+            if chosen[key] == low:
+                new, end = float(f"{low / rule.factor:.3g}"), "smallest"
+            elif chosen[key] == high:
+                new, end = float(f"{high * rule.factor:.3g}"), "largest"
+            else:
+                continue
+            if rule.low <= new <= rule.high and new not in values:
+                grown[key] = sorted([*values, new])
+                said.append(f"{key}={_yaml(chosen[key])} was the {end} of {len(values)}: tried {_yaml(new)}")
+        return grown, said
 
     def keys_for(self, method: str, algorithm: str) -> dict[str, list[Any]]:
         """The grid of one method: the table-wide grid and the method's own (by label, else by
@@ -91,9 +127,9 @@ class Tuning:
         own = self.per_method.get(method, self.per_method.get(algorithm, {}))
         return {**self.grid, **own}
 
-    def candidates(self, method: str, algorithm: str) -> list[dict[str, Any]]:
-        """Every combination of the method's grid values, in the order the grid lists them."""
-        grid = self.keys_for(method, algorithm)
+    def candidates(self, method: str, algorithm: str, grid: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
+        """Every combination of the method's grid values (or of ``grid``'s), in the order the grid lists them."""
+        grid = self.keys_for(method, algorithm) if grid is None else grid
         return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
     def overrides(self, candidate: dict[str, Any]) -> list[str]:
@@ -132,6 +168,32 @@ def _grid(spec: Any, where: str) -> dict[str, list[Any]]:
         if len({_yaml(v) for v in values}) != len(values):
             raise ConfigError(f"{where}.{key} lists a value twice: {values}")
         out[key] = values
+    return out
+
+
+def _extend(spec: Any, grids: list[dict[str, list[Any]]], where: str) -> dict[str, Extend]:
+    example = "e.g. extend: {train.lr: {factor: 3, bounds: [0.0001, 1.0]}}"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where} must map a grid key to {{factor, bounds}}, {example}")
+    out = {}
+    for key, rule in spec.items():
+        values = [v for g in grids for v in g.get(key, [])]
+        if not values:
+            raise ConfigError(f"{where}: {key!r} is not a key of the search's grids")
+        if not all(_numeric(v) and v > 0 for v in values):
+            raise ConfigError(f"{where}: {key}'s values must all be numbers > 0 (learning rates, positive "
+                              f"coefficients) to be extended by a factor, got {values}")
+        if not isinstance(rule, dict) or set(rule) != {"factor", "bounds"}:
+            raise ConfigError(f"{where}.{key} must give factor and bounds, {example}")
+        factor, bounds = rule["factor"], rule["bounds"]
+        if not _numeric(factor) or not factor > 1:
+            raise ConfigError(f"{where}.{key}.factor must be a number > 1, got {factor!r}")
+        if (not isinstance(bounds, list) or len(bounds) != 2 or not all(_numeric(b) and b > 0 for b in bounds)
+                or not bounds[0] < bounds[1]):
+            raise ConfigError(f"{where}.{key}.bounds must be [low, high] with 0 < low < high, got {bounds!r}")
+        if not all(bounds[0] <= v <= bounds[1] for v in values):
+            raise ConfigError(f"{where}.{key}: the grid's values {values} lie outside its bounds {bounds}")
+        out[str(key)] = Extend(float(factor), float(bounds[0]), float(bounds[1]))
     return out
 
 
@@ -320,7 +382,7 @@ class ChoiceBook:
         return None
 
     def add(self, setting: str, method: str, search: str, chosen: dict[str, Any], tuning: Tuning,
-            candidates: list[Candidate], table_root: Path) -> SearchChoice:
+            candidates: list[Candidate], table_root: Path, extended: list[str] | None = None) -> SearchChoice:
         record = {
             "setting": setting, "method": method, "search": search, "chosen": chosen,
             "select": tuning.select.to_spec(), "seeds": list(tuning.seeds), "rounds": tuning.rounds,
@@ -329,6 +391,7 @@ class ChoiceBook:
                                      for r in c.runs]}
                            for c in candidates],
             "chosen_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"extended": list(extended)} if extended else {}),
         }
         self.entries = [e for e in self.entries
                         if (e["setting"], e["method"], e["search"]) != (setting, method, search)]
