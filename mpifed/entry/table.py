@@ -429,13 +429,15 @@ def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> i
     ranks = a.tune if a.tune is not None else a.run
     skipped = 0
     if table.tuning is not None and (table.pending or a.tune is not None):
+        tried: set[Path] = set()
         while True:
+            tried |= {r.path for r in table.search}
             code, skipped = run_all(table.search, ranks, added, again, a.parallel)
             if code != 0:
                 return code
             table = _loaded(a, added, record=True)
             # a choice at an end of an extended key (tuning.extend) adds candidates: run those too
-            if skipped or not table.pending or all(settled(r.path) for r in table.search):
+            if skipped or not table.pending or {r.path for r in table.search} <= tried:
                 break
         for line in _search_notes(table):
             print(f"[mpifed.table] {line}", flush=True)
