@@ -5,8 +5,10 @@ munged (if not running). Its nodes are separate hosts on this machine: each slur
 network namespace of its own, linked to a bridge in the root namespace by a veth pair, with its
 own host name (a UTS namespace), its own ``/etc/hosts`` naming every node, and a node-local
 ``/tmp`` (a mount namespace; pytest's folders stay visible in it, as a cluster's shared file
-system is). Ranks on different nodes talk over TCP on those links, as on a cluster. slurmctld
-runs in the root namespace on the bridge's address. Where namespaces cannot be made, the
+system is). Ranks on different nodes talk over TCP on those links, as on a cluster. The bridge
+and slurmctld are in a namespace of their own too, and every Slurm command of the tests runs in
+it: the root namespace gains no interface or address, so an mpirun of another test, which lists
+the host's interfaces as it starts, never sees the cluster's come and go. Where namespaces cannot be made, the
 cluster is one slurmd on this host and :meth:`Cluster.need_nodes` skips the multi-node tests.
 
 Each node declares 16 CPUs (SlurmdParameters=config_overrides); job ids start at a random
@@ -59,6 +61,23 @@ def _sh(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), capture_output=True, text=True)
 
 
+def _links() -> set[str]:
+    """The names of the root network namespace's interfaces."""
+    return {line.split(":")[1].strip().split("@")[0] for line in _sh("ip", "-o", "link").stdout.splitlines()}
+
+
+def _kill_all(ns: str, remove: bool = False) -> None:
+    """Kill every process in the network namespace ``ns`` at once (and then remove it)."""
+    for _ in range(50):
+        pids = _sh("ip", "netns", "pids", ns).stdout.split()
+        if not pids:
+            break
+        _sh("kill", "-9", *pids)
+        time.sleep(0.1)
+    if remove:
+        _sh("ip", "netns", "del", ns)
+
+
 class Cluster:
     """``nodes`` slurmd hosts (or one on this host, see :attr:`single_reason`)."""
 
@@ -75,7 +94,8 @@ class Cluster:
         self.addr: dict[str, str] = {}
         self.nodes: list[str] = []
         self.single_reason = ""                   # why the cluster is one node, when it is
-        self.bridge = ""
+        self.ctl_ns = ""                          # the namespace of the bridge and slurmctld
+        self.ctl: list[str] = []                  # the prefix that runs a command there
 
     # --- start and stop ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -131,7 +151,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             shutil.chown("/run/munge", "munge", "munge")
             subprocess.run(["munged", "--force"], check=True, capture_output=True)
             self.started_munged = True
-        subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=self.env)
+        subprocess.run([*self.ctl, "slurmctld", "-f", str(self.conf)], check=True, env=self.env)
         for node in self.nodes:
             self.start_slurmd(node)
         self.wait_nodes_up()
@@ -139,7 +159,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def wait_nodes_up(self, timeout: float = 60) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True)
+            p = subprocess.run([*self.ctl, "sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True,
+                               text=True)
             states = dict(line.split() for line in p.stdout.splitlines() if line.strip())
             if p.returncode == 0 and len(states) == len(self.nodes) and \
                     all(s in ("idle", "mix", "alloc") for s in states.values()):
@@ -169,11 +190,11 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def stop(self) -> None:
         """Cancel the jobs a failed test left (their slurmstepd outlives slurmd and would clash with the
         next session's job of the same id), stop the daemons, remove the namespaces and links."""
-        p = subprocess.run(["squeue", "-h", "-o", "%A"], env=self.env, capture_output=True, text=True)
+        p = subprocess.run([*self.ctl, "squeue", "-h", "-o", "%A"], env=self.env, capture_output=True, text=True)
         jobs = p.stdout.split()
         stuck = []
         if jobs:
-            subprocess.run(["scancel", *jobs], env=self.env, capture_output=True)
+            subprocess.run([*self.ctl, "scancel", *jobs], env=self.env, capture_output=True)
             for jid in jobs:
                 try:
                     self.wait_for_steps_to_end(jid)
@@ -182,10 +203,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for pid_file in [*self.root.glob("slurmd-*.pid"), self.root / "slurmctld.pid"]:
             if pid_file.exists():
                 _sh("kill", pid_file.read_text().strip())
-        for node in self.netns:
-            self.crash(node, remove=True)
-        if self.bridge:
-            _sh("ip", "link", "del", self.bridge)
+        for ns in [*self.netns.values(), *([self.ctl_ns] if self.ctl_ns else [])]:
+            _kill_all(ns, remove=True)
         if self.started_munged:
             _sh("pkill", "-x", "munged")
         deadline = time.time() + 10
@@ -197,8 +216,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """What of this cluster is still there: its daemons, namespaces and links."""
         left = [line for line in _sh("pgrep", "-a", "-f", f"slurm(ctld|d) -f {self.conf}").stdout.splitlines()]
         left += [line for line in _sh("ip", "netns", "list").stdout.splitlines() if f"{PREFIX}-{self.tag}-" in line]
-        left += [line for line in _sh("ip", "-o", "link").stdout.splitlines()
-                 if f"mft{self.tag}" in line or f"mfb{self.tag}" in line]
         return left
 
     # --- hosts -----------------------------------------------------------------------------------
@@ -211,39 +228,36 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """Namespaces of an earlier session that ended without removing them, with nothing left inside."""
         for line in _sh("ip", "netns", "list").stdout.splitlines():
             name = line.split()[0] if line.strip() else ""
-            if name.startswith(PREFIX + "-") and not _sh("ip", "netns", "pids", name).stdout.strip():
+            stale = re.fullmatch(rf"{PREFIX}-[0-9a-f]{{4}}-\d+", name)
+            if stale and not _sh("ip", "netns", "pids", name).stdout.strip():
                 _sh("ip", "netns", "del", name)
-        for line in _sh("ip", "-o", "link", "show", "type", "bridge").stdout.splitlines():
-            name = line.split(":")[1].strip().split("@")[0]
-            if re.fullmatch(r"mfb[0-9a-f]{4}", name) and not _sh(
-                    "ip", "link", "show", "master", name).stdout.strip():
-                _sh("ip", "link", "del", name)
 
     def _make_hosts(self, host: str) -> str:
         """Create the nodes' namespaces and links; the SlurmctldHost line's value. Raises RuntimeError."""
         if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "nsenter", "unshare")):
             raise RuntimeError("it needs root and ip, nsenter and unshare")
-        routes = _sh("ip", "route").stdout
-        subnet = next((f"10.213.{k}" for k in random.sample(range(1, 255), 254) if f"10.213.{k}." not in routes), None)
-        if subnet is None:
-            raise RuntimeError("every 10.213.x.0/24 subnet is routed already")
-        self.bridge = f"mfb{self.tag}"
+        subnet = f"10.213.{random.randrange(1, 255)}"     # it exists only inside the cluster's namespaces
+        host_links = _links()
 
         def ip(*args: str) -> None:
             p = _sh("ip", *args)
             if p.returncode != 0:
                 raise RuntimeError(f"`ip {' '.join(args)}`: {p.stderr.strip()}")
 
+        ctl = f"{PREFIX}-{self.tag}-0"
         try:
-            ip("link", "add", self.bridge, "type", "bridge")
-            ip("addr", "add", f"{subnet}.1/24", "dev", self.bridge)
-            ip("link", "set", self.bridge, "up")
+            ip("netns", "add", ctl)
+            self.ctl_ns, self.ctl = ctl, ["nsenter", f"--net=/run/netns/{ctl}"]
+            ip("-n", ctl, "link", "set", "lo", "up")
+            ip("-n", ctl, "link", "add", "br0", "type", "bridge")
+            ip("-n", ctl, "addr", "add", f"{subnet}.1/24", "dev", "br0")
+            ip("-n", ctl, "link", "set", "br0", "up")
             for i in range(1, self.want + 1):
-                node, ns, veth = f"pnode{i}", f"{PREFIX}-{self.tag}-{i}", f"mft{self.tag}{i}"
+                node, ns, veth = f"pnode{i}", f"{PREFIX}-{self.tag}-{i}", f"veth{i}"
                 ip("netns", "add", ns)
                 self.netns[node] = ns
-                ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-                ip("link", "set", veth, "master", self.bridge, "up")
+                ip("link", "add", veth, "netns", ctl, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                ip("-n", ctl, "link", "set", veth, "master", "br0", "up")
                 ip("-n", ns, "addr", "add", f"{subnet}.{10 + i}/24", "dev", "eth0")
                 ip("-n", ns, "link", "set", "lo", "up")
                 ip("-n", ns, "link", "set", "eth0", "up")
@@ -253,11 +267,12 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 if shutil.which("ping") else None
             if probe is not None and probe.returncode != 0:
                 raise RuntimeError(f"a node cannot reach the bridge: {probe.stdout.strip()} {probe.stderr.strip()}")
+            if _links() != host_links:
+                raise RuntimeError(f"the machine's own interfaces changed: {sorted(_links() ^ host_links)}")
         except RuntimeError:
-            for ns in self.netns.values():
+            for ns in [*self.netns.values(), *([self.ctl_ns] if self.ctl_ns else [])]:
                 _sh("ip", "netns", "del", ns)
-            _sh("ip", "link", "del", self.bridge)
-            self.netns, self.addr, self.nodes, self.bridge = {}, {}, [], ""
+            self.netns, self.addr, self.nodes, self.ctl_ns, self.ctl = {}, {}, [], "", []
             raise
         original = [line for line in Path("/etc/hosts").read_text().splitlines()
                     if host not in line.split()[1:] and not any(n in line.split()[1:] for n in self.nodes)]
@@ -271,17 +286,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             pytest.skip(f"this test needs {count} Slurm nodes; the test cluster has {len(self.nodes)}: "
                         f"{self.single_reason}")
 
-    def crash(self, node: str, remove: bool = False) -> None:
+    def crash(self, node: str) -> None:
         """``node`` fails: every process on it is killed at once (slurmd, slurmstepd, the ranks)."""
-        ns = self.netns[node]
-        for _ in range(50):
-            pids = _sh("ip", "netns", "pids", ns).stdout.split()
-            if not pids:
-                break
-            _sh("kill", "-9", *pids)
-            time.sleep(0.1)
-        if remove:
-            _sh("ip", "netns", "del", ns)
+        _kill_all(self.netns[node])
 
     def node_tmp(self, node: str) -> Path:
         """The folder that is ``node``'s /tmp."""
@@ -289,13 +296,13 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     # --- jobs ------------------------------------------------------------------------------------
     def sbatch(self, *args: str, env: dict[str, str] | None = None) -> str:
-        p = subprocess.run(["sbatch", "--parsable", *args], cwd=self.repo, env={**self.env, **(env or {})},
+        p = subprocess.run([*self.ctl, "sbatch", "--parsable", *args], cwd=self.repo, env={**self.env, **(env or {})},
                            capture_output=True, text=True)
         assert p.returncode == 0, f"sbatch {' '.join(args)}: {p.stderr.strip()}"
         return p.stdout.strip().split(";")[0]
 
     def job(self, jid: str) -> dict[str, str]:
-        p = subprocess.run(["scontrol", "show", "job", jid], env=self.env, capture_output=True, text=True)
+        p = subprocess.run([*self.ctl, "scontrol", "show", "job", jid], env=self.env, capture_output=True, text=True)
         return dict(f.split("=", 1) for f in p.stdout.split() if "=" in f)
 
     def wait(self, jid: str, states: tuple[str, ...] = ("COMPLETED",), timeout: float = 300) -> str:
@@ -325,8 +332,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         assert eligible - time.time() < timeout, f"job {jid} is not eligible until {self.job(jid)['EligibleTime']}"
         self.wait_for_steps_to_end(jid)
         time.sleep(max(0.0, eligible + 1 - time.time()))
-        p = subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], env=self.env, capture_output=True,
-                           text=True)
+        p = subprocess.run([*self.ctl, "scontrol", "update", f"JobId={jid}", "StartTime=now"], env=self.env,
+                           capture_output=True, text=True)
         state = self.job(jid).get("JobState")
         # an error is fine when the scheduler has just started the job itself
         assert p.returncode == 0 or state != "PENDING", f"job {jid} {state}: {p.stderr.strip()}"
@@ -339,6 +346,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.3)
 
     def run(self, *cmd: str) -> str:
-        p = subprocess.run(list(cmd), env=self.env, capture_output=True, text=True)
+        """A Slurm command (``scontrol ...``), run where slurmctld can be reached."""
+        p = subprocess.run([*self.ctl, *cmd], env=self.env, capture_output=True, text=True)
         assert p.returncode == 0, f"{' '.join(cmd)}: {p.stderr.strip()}"
         return p.stdout
