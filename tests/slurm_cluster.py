@@ -2,14 +2,15 @@
 
 As root, the cluster installs Debian's slurm-wlm, munge and libpmix-dev when missing and starts
 munged (if not running). Its nodes are separate hosts on this machine: each slurmd runs in a
-network namespace of its own, linked to a bridge in the root namespace by a veth pair, with its
+network namespace of its own, linked to a bridge by a veth pair, with its
 own host name (a UTS namespace), its own ``/etc/hosts`` naming every node, and a node-local
 ``/tmp`` (a mount namespace; pytest's folders stay visible in it, as a cluster's shared file
 system is). Ranks on different nodes talk over TCP on those links, as on a cluster. The bridge
 and slurmctld are in a namespace of their own too, and every Slurm command of the tests runs in
 it: the root namespace gains no interface or address, so an mpirun of another test, which lists
-the host's interfaces as it starts, never sees the cluster's come and go. Where namespaces cannot be made, the
-cluster is one slurmd on this host and :meth:`Cluster.need_nodes` skips the multi-node tests.
+the host's interfaces as it starts, never sees the cluster's come and go. Where namespaces cannot
+be made, the cluster is one slurmd on this host and :meth:`Cluster.need_nodes` skips the
+multi-node tests.
 
 Each node declares 16 CPUs (SlurmdParameters=config_overrides); job ids start at a random
 number (a step killed in an earlier session leaves its pmix folder under its job id, and a
