@@ -134,10 +134,11 @@ class Metric:
                 + (["forgetting"] if self.forgetting else []))
 
 
-def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of a run's metrics.jsonl (a line cut short by a crash is skipped)."""
+def read_rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    """The rows of a run's metrics.jsonl (or another JSON-lines file of it, such as clients.jsonl; a
+    line cut short by a crash is skipped)."""
     try:
-        lines = read_text(Path(run_dir) / "metrics.jsonl").splitlines()
+        lines = read_text(Path(run_dir) / name).splitlines()
     except (FileNotFoundError, LinkRefused, UnicodeDecodeError):
         return []
     rows = []

@@ -8,7 +8,6 @@ folders of runs.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,9 +289,12 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
              + _local_work_notes(work)
              + _counted_notes(metric, counted_at, shown.counted_why, runs))
     family = claims or ClaimFamily([], settings, groups)
-    values = primary if family.groups is groups else _primary_values(metric, family.groups, runs, counted_at)
-    family_conflict = conflict if family.groups is groups or shown.mixed_machines else _conflicts(family.groups, {
-        path: runs.get(path) or _RunValues(path) for paths in family.groups.values() for path in paths})
+    if family.groups is groups:
+        values, family_conflict = primary, conflict
+    else:       # the whole table's runs, each read once, for the claims of a view of part of it
+        known = {path: runs.get(path) or _RunValues(path) for paths in family.groups.values() for path in paths}
+        values = _primary_values(metric, family.groups, known, counted_at)
+        family_conflict = conflict if shown.mixed_machines else _conflicts(family.groups, known)
     tested = check_claims(family.claims, family.settings or settings, values, family.needs, family_conflict)
     on_view = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(shown.left_out), shown.not_run, percent,
@@ -459,16 +461,9 @@ def _fedavg_row(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, _Run
 def _local_steps(path: Path) -> tuple[int, int]:
     """A run's local steps summed over its clients' rounds, and the number of those (clients.jsonl)."""
     steps = count = 0
-    try:
-        lines = (path / "clients.jsonl").read_text().splitlines()
-    except OSError:
-        return 0, 0
-    for line in lines:
-        try:
-            clients = json.loads(line).get("clients", [])
-        except (ValueError, AttributeError):
-            continue
-        for c in clients:
+    for row in results.read_rows(path, "clients.jsonl"):
+        clients = row.get("clients", []) if isinstance(row, dict) else []
+        for c in clients if isinstance(clients, list) else []:
             if isinstance(c, dict) and isinstance(c.get("steps"), int):
                 steps, count = steps + c["steps"], count + 1
     return steps, count

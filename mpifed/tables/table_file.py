@@ -354,7 +354,7 @@ def _resolve_search(table: Table, added: list[str], loader: _Loader, record: boo
             continue
         grid, extended = tuning.keys_for(method, algorithm), []
         while True:       # a choice at an end of a key under tuning.extend grows the grid and searches on
-            group = _candidate_runs(table, setting, method, list(configs), algorithm, loader, grid)
+            group = _candidate_runs(table, setting, method, list(configs), loader, grid)
             digest = search_digest([r.identity for _, runs in group for r in runs], tuning.select)
             choice = book.find(setting, method, digest)
             if choice is not None:
@@ -399,13 +399,13 @@ def _check_per_method(tuning: Tuning, methods: set[str], algorithms: set[str]) -
                                  f"({', '.join(sorted(methods))}) nor the algorithm of one")
 
 
-def _candidate_runs(table: Table, setting: str, method: str, configs: list[str], algorithm: str,
-                    loader: _Loader, grid: dict[str, list[Any]]) -> list[tuple[dict[str, Any], list[TableRun]]]:
+def _candidate_runs(table: Table, setting: str, method: str, configs: list[str], loader: _Loader,
+                    grid: dict[str, list[Any]]) -> list[tuple[dict[str, Any], list[TableRun]]]:
     """Each candidate of the (setting, method)'s search over ``grid`` with its runs (one per search
     seed), placed."""
     tuning = table.tuning
     group = []
-    for values in tuning.candidates(method, algorithm, grid):
+    for values in tuning.candidates(grid):
         runs = [TableRun(setting, method, seed, configs, table.root / "tuning", "", tuning.overrides(values),
                          candidate_label(values), table.plugins) for seed in tuning.seeds]
         for r in runs:

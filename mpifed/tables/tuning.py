@@ -127,9 +127,10 @@ class Tuning:
         own = self.per_method.get(method, self.per_method.get(algorithm, {}))
         return {**self.grid, **own}
 
-    def candidates(self, method: str, algorithm: str, grid: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
-        """Every combination of the method's grid values (or of ``grid``'s), in the order the grid lists them."""
-        grid = self.keys_for(method, algorithm) if grid is None else grid
+    @staticmethod
+    def candidates(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+        """Every combination of ``grid``'s values (a method's :meth:`keys_for`, perhaps :meth:`extended`),
+        in the order the grid lists them."""
         return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
     def overrides(self, candidate: dict[str, Any]) -> list[str]:
