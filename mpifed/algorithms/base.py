@@ -22,7 +22,8 @@ protocol (:mod:`mpifed.round.protocol`) carries between them. One round, in orde
             use_statistics(totals)       before local training (Messages.statistics)
     client  local_round(ctx)             per client, these hooks in this order:
             begin_client(ctx)            before its local training: the client inputs its loss reads
-            train(ctx)                   E epochs, one step per batch, minimising loss(ctx, batch, out);
+            train(ctx)                   E epochs (or train.local_steps steps), one step per batch,
+                                           minimising loss(ctx, batch, out);
             on_batch(ctx, batch, out)      after each batch's forward pass: per-client sums
             end_client(ctx)              -> the client's new Messages.client_state (ctx.new_state)
             uplink(ctx)                  -> Messages.up entries, summed or one row per client (no side effects)
@@ -271,7 +272,7 @@ class ClientContext:
     # the Messages.client_state it starts with
     state: Fields = field(default_factory=lambda: Fields("the client state", {}))
     new_state: Fields = field(default_factory=lambda: Fields("the client state", {}))   # what it keeps: end_client's
-    epoch: int = 0                  # the local epoch being trained (0-based)
+    epoch: int = 0                  # the local epoch (pass over the data) being trained (0-based)
     steps: int = 0
     loss_sum: float = 0.0
     seen: int = 0
@@ -291,14 +292,27 @@ class ClientContext:
         """The client's weight in the server's average: n_k, or 1 with ``train.client_weights: uniform``."""
         return 1.0 if self.train_cfg.client_weights == "uniform" else float(self.num_samples)
 
+    @property
+    def batches_per_epoch(self) -> int:
+        """How many mini-batches :meth:`batches` yields."""
+        n, size = self.num_samples, self.train_cfg.batch_size
+        return -(-n // size) - (1 if n > 1 and size > 1 and n % size == 1 else 0)
+
+    @property
+    def epochs(self) -> int:
+        """The passes over its data this client makes this round: train.local_epochs, or with
+        train.local_steps as many as its steps need (the last one cut short where they end)."""
+        steps = self.train_cfg.local_steps
+        return -(-steps // self.batches_per_epoch) if steps else self.train_cfg.local_epochs
+
     def batches(self) -> Iterator[Batch]:
-        """One epoch of shuffled, augmented mini-batches (a trailing single sample is dropped:
-        BatchNorm cannot train on it)."""
+        """One epoch of shuffled, augmented mini-batches (a trailing single sample is dropped when
+        the batch size is larger: BatchNorm cannot train on it)."""
         n, size = self.num_samples, self.train_cfg.batch_size
         perm = torch.randperm(n, generator=self.generator, device=self.generator.device).to(self.data.labels.device)
         for start in range(0, n, size):
             idx = perm[start: start + size]
-            if len(idx) == 1 and n > 1:
+            if len(idx) == 1 and n > 1 and size > 1:
                 return
             yield Batch(self.transform.train(take(self.data.inputs, idx), self.generator), self.data.labels[idx], idx)
 
@@ -499,15 +513,16 @@ class Client:
         this client (from ``ctx.state``, ``ctx.global_weights``, its data), on ``self``."""
 
     def train(self, ctx: ClientContext) -> None:
-        """E epochs of local training, one :meth:`step` per batch; fills ctx.steps/loss_sum/seen.
+        """E epochs of local training (``ctx.epochs`` passes, ``train.local_steps`` steps where set), one
+        :meth:`step` per batch; fills ctx.steps/loss_sum/seen.
 
         A fresh optimiser (and momentum) for every client in every round, as the papers do.
         """
-        cfg = self.setup.train
+        limit = self.setup.train.local_steps
         ctx.model.train()
         opt = self.optimizer(ctx)
         seen_by_step = ctx if self.eager_reason() else StepView(ctx)
-        for epoch in range(cfg.local_epochs):
+        for epoch in range(ctx.epochs):
             ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
             for batch in ctx.batches():
@@ -515,6 +530,8 @@ class Client:
                 epoch_loss += loss.detach() * len(batch.y)
                 ctx.steps += 1
                 ctx.seen += len(batch.y)
+                if ctx.steps == limit:
+                    break
             value = float(epoch_loss)
             if not math.isfinite(value):
                 raise NonFiniteLoss(

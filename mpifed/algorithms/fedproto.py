@@ -40,7 +40,7 @@ class FedProtoClient(Client):
         self.inputs.active = self.options.lam > 0 and bool(down.known.any())
 
     def on_batch(self, ctx, batch, out):
-        if ctx.epoch == self.setup.train.local_epochs - 1:
+        if ctx.epoch == ctx.epochs - 1:
             sums, counts = class_sums(out.features.double(), batch.y, self.setup.num_classes)
             self.inputs.feature_sums += sums
             self.inputs.counts += counts
@@ -92,7 +92,8 @@ class FedProto(Algorithm):
     (github.com/yuetan031/FedProto, ``update_weights_het``) does: L_R is the mean squared error over
     the batch and the feature dimensions, samples of classes without a global prototype
     contributing 0; the local prototypes are the features computed on the last local epoch's
-    training batches (train mode, augmented); a global prototype comes from the last round's
+    training batches (train mode, augmented; under ``train.local_steps``, the last pass, cut short
+    where the steps end); a global prototype comes from the last round's
     clients only (a class none of them held has none); the first round has no prototypes and
     trains as FedAvg. Clients send the per-class feature sums and counts, summed over clients,
     so the global prototype is the sample-weighted mean of the paper's aggregation (the official

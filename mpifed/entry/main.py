@@ -210,6 +210,8 @@ def dry_run(args: argparse.Namespace, resolved: Resolved, size: int) -> str:
         prepared = (f"not prepared yet, and its raw data is missing: expects {missing}" if missing else
                     "not prepared yet: the run prepares it first")
     mode = f"{size} ranks (1 server + {size - 1} workers)" if size > 1 else "one process (debug mode)"
+    local = (count(cfg.train.local_steps, "local step") if cfg.train.local_steps else
+             count(cfg.train.local_epochs, "local epoch"))
     trackers = [name for name, on in (("TensorBoard", cfg.run.tensorboard), ("MLflow", cfg.run.mlflow),
                                       ("W&B", cfg.run.wandb)) if on]
     return "\n".join([
@@ -218,7 +220,7 @@ def dry_run(args: argparse.Namespace, resolved: Resolved, size: int) -> str:
         f"# data: {data} ({prepared})",
         f"# would run: {cfg.algorithm.name} on {cfg.data.dataset.name}, {count(cfg.data.num_clients, 'client')} "
         f"({cfg.train.participation:.0%} of them each round), {count(cfg.train.rounds, 'round')} of "
-        f"{count(cfg.train.local_epochs, 'local epoch')}, seed {cfg.run.seed}; {mode}"
+        f"{local}, seed {cfg.run.seed}; {mode}"
         + (f"; tracked in {', '.join(trackers)}" if trackers else "")])
 
 

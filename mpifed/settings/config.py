@@ -203,7 +203,11 @@ class DataConfig:
 class TrainConfig:
     rounds: int = opt(30, "communication rounds", min=1, math=False)
     participation: float = opt(1.0, "fraction of clients sampled each round", min=0, max=1, exclusive_min=True)
-    local_epochs: int = opt(2, "local epochs per client per round", min=1)
+    local_epochs: int = opt(2, "local epochs per client per round (unused with train.local_steps)", min=1)
+    local_steps: int = opt(0, "local steps (mini-batches) per client per round instead of epochs, the same for every "
+                              "client: it passes over its data, reshuffled each pass, until it has taken them. The "
+                              "papers state their local work as E x n_k / B steps; 0: train.local_epochs epochs",
+                           min=0)
     batch_size: int = opt(32, "local mini-batch size", min=1)
     optimizer: Literal["sgd", "adam", "adamw"] = opt("sgd", "local optimiser, rebuilt for every client every round: "
                                                             "SGD (with momentum), Adam (L2 weight decay) or AdamW "
@@ -815,13 +819,15 @@ def load_resources(paths: list[str] | None = None, overrides: list[str] | None =
 
 
 def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
-    """The part of a config dict that changes a run's numbers (keys marked ``math=True``; and
-    train.rounds when the learning-rate schedule depends on it; and the keys the chosen method
-    declares it depends on, ``Algorithm.depends_on``)."""
+    """The part of a config dict that changes a run's numbers (keys marked ``math=True``, less
+    train.local_epochs under train.local_steps; and train.rounds when the learning-rate schedule
+    depends on it; and the keys the chosen method declares it depends on, ``Algorithm.depends_on``)."""
     out = _filter_math(Config, d)
     train = d.get("train", {})
     if isinstance(train, dict) and train.get("lr_schedule") == "cosine":
         out.setdefault("train", {})["rounds"] = train.get("rounds")
+    if isinstance(train, dict) and isinstance(train.get("local_steps"), int) and train["local_steps"] > 0:
+        out.get("train", {}).pop("local_epochs", None)     # unused: runs that differ in it alone are the same run
     for key in _method_depends_on(d):
         _put(out, key, lookup(d, key))
     return out
