@@ -24,7 +24,7 @@ from mpifed.run import results
 from mpifed.tables import stats
 from mpifed.run.rundir import RunDir
 from mpifed.entry.table import main as table_main, search_table, summarize
-from mpifed.tables.table_file import load_table, resolve
+from mpifed.tables.table_file import load_table, resolve, settled
 from mpifed.tables.tuning import SearchChoice
 
 
@@ -392,6 +392,25 @@ def test_a_choice_at_an_extended_keys_end_searches_one_step_beyond_until_inside_
                      methods="[a.yaml]", seeds="[0]")
         with pytest.raises(config.ConfigError, match=words):
             load_table(bad, str(tmp_path / "runs"))
+
+
+def test_a_choice_made_before_the_table_declared_extend_extends_too(tmp_path):
+    plain = "tuning: {grid: {train.lr: [0.01, 0.1]}, rounds: 3}\n"
+    table = _table(tmp_path, plain, methods="[a.yaml]", seeds="[0]")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [], record=True)
+    for r in t.search:
+        _write(r.path, r.resolved, [{"round": i + 1, "val_acc": 0.7 if r.candidate == "lr=0.1" else 0.5}
+                                    for i in range(3)])
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [], record=True)
+    assert t.choices[("s", "a")].chosen == {"train.lr": 0.1} and not t.pending       # at the edge, recorded
+    table.write_text(table.read_text().replace(plain, EXTENDED))
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [], record=True)
+    assert t.pending == {("s", "a")} and ("s", "a") not in t.choices
+    assert sorted(c for _, c in _search_runs(t)) == ["lr=0.01", "lr=0.1", "lr=0.3"]
+    assert [(r.candidate, settled(r.path)) for r in t.search if r.candidate == "lr=0.3"] == [("lr=0.3", False)]
 
 
 def test_tune_runs_the_extended_candidates_as_they_appear(tmp_path, capsys, monkeypatch):

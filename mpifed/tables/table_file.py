@@ -353,22 +353,27 @@ def _resolve_search(table: Table, added: list[str], loader: _Loader, record: boo
             table.choices[(setting, method)] = SearchChoice(setting, method, "", {}, {"candidates": []})
             continue
         grid, extended = tuning.keys_for(method, algorithm), []
-        while True:       # a choice at an end of a key under tuning.extend grows the grid and searches on
+        # A choice at an end of a key under tuning.extend grows the grid and searches on, a choice
+        # recorded before the table declared tuning.extend too.
+        while True:
             group = _candidate_runs(table, setting, method, list(configs), loader, grid)
             digest = search_digest([r.identity for _, runs in group for r in runs], tuning.select)
             choice = book.find(setting, method, digest)
             if choice is not None:
-                break
-            candidates = [score_candidate(values, [(r.path, status(r)) for r in runs], tuning.select)
-                          for values, runs in group]
-            chosen = _chosen(setting, method, candidates, tuning)
-            if chosen is None:
-                break
+                chosen = choice.chosen
+            else:
+                candidates = [score_candidate(values, [(r.path, status(r)) for r in runs], tuning.select)
+                              for values, runs in group]
+                chosen = _chosen(setting, method, candidates, tuning)
+                if chosen is None:
+                    break
             grid, added = tuning.extended(grid, chosen)
             if not added:
-                choice = book.add(setting, method, digest, chosen, tuning, candidates, table.root, extended)
-                changed = True
+                if choice is None:
+                    choice = book.add(setting, method, digest, chosen, tuning, candidates, table.root, extended)
+                    changed = True
                 break
+            choice = None
             extended += added
         table.search += [r for _, runs in group for r in runs]
         if choice is None:
