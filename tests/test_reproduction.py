@@ -23,6 +23,7 @@ ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml",
             "fedntd-epochs": ("configs/repro/fedntd/epochs.table.yaml", REPRODUCTION),
             "fedcad-table1": ("configs/repro/fedcad/table1.table.yaml", REPRODUCTION),
             "fedcsd-table1": ("configs/repro/fedcsd/table1.table.yaml", REPRODUCTION),
+            "fedcsd-tuned": ("configs/repro/fedcsd/tuned.table.yaml", REPRODUCTION),
             "fedntd-long": ("configs/repro/fedntd/long.table.yaml", REPRODUCTION),
             "fedgkd-table4": ("configs/repro/fedgkd/table4.table.yaml", REPRODUCTION),
             "bench-methods": ("configs/bench/methods.table.yaml", "benchmarks/RESULTS.md")}
