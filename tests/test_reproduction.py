@@ -25,6 +25,7 @@ ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml",
             "fedcsd-table1": ("configs/repro/fedcsd/table1.table.yaml", REPRODUCTION),
             "fedcsd-tuned": ("configs/repro/fedcsd/tuned.table.yaml", REPRODUCTION),
             "fedntd-long": ("configs/repro/fedntd/long.table.yaml", REPRODUCTION),
+            "fedgkd-table3": ("configs/repro/fedgkd/table3.table.yaml", REPRODUCTION),
             "fedgkd-table4": ("configs/repro/fedgkd/table4.table.yaml", REPRODUCTION),
             "bench-methods": ("configs/bench/methods.table.yaml", "benchmarks/RESULTS.md")}
 
