@@ -20,7 +20,9 @@ STANDIN = """#!/bin/bash
 pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 if [ "$1" = -d ]; then
     echo "-d pipe=$pipe log=$CUDA_MPS_LOG_DIRECTORY" >> "$MPS_STANDIN_LOG"
-    grep -E '^Sig(Blk|Ign):' /proc/$$/status > "$MPS_STANDIN_LOG.signals"   # what the daemon would inherit
+    # what the daemon would inherit: grep's own masks (bash gives a child the masks it started with; its own
+    # /proc/$$ can show the signals it blocks for a moment while it forks)
+    grep -E '^Sig(Blk|Ign):' /proc/self/status > "$MPS_STANDIN_LOG.signals"
     touch "$pipe/control"; echo "daemon started" > "$CUDA_MPS_LOG_DIRECTORY/control.log"; exit 0
 fi
 read -r cmd
