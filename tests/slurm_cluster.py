@@ -4,8 +4,9 @@ As root, the cluster installs Debian's slurm-wlm, munge and libpmix-dev when mis
 munged (if not running). Its nodes are separate hosts on this machine: each slurmd runs in a
 network namespace of its own, linked to a bridge by a veth pair, with its
 own host name (a UTS namespace), its own ``/etc/hosts`` naming every node, and a node-local
-``/tmp`` (a mount namespace; pytest's folders stay visible in it, as a cluster's shared file
-system is). Ranks on different nodes talk over TCP on those links, as on a cluster. The bridge
+``/tmp`` (a mount namespace; pytest's folders, and the repository and Python where they are under
+/tmp, stay visible in it, as a cluster's shared file system is). Ranks on different nodes talk
+over TCP on those links, as on a cluster. The bridge
 and slurmctld are in a namespace of their own too, and every Slurm command of the tests runs in
 it: the root namespace gains no interface or address, so an mpirun of another test, which lists
 the host's interfaces as it starts, never sees the cluster's come and go. Where namespaces cannot
@@ -178,11 +179,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             return
         node_tmp = self.root / "nodes" / node / "tmp"
         node_tmp.mkdir(parents=True, exist_ok=True)
-        shared = self._shared_tmp()
         keep = ""
-        if shared is not None:       # pytest's folder, seen through the node's own /tmp
+        for shared in self._shared_tmp():       # seen through the node's own /tmp
             (node_tmp / shared.name).mkdir(exist_ok=True)
-            keep = f"mount --bind {shared} {node_tmp / shared.name} && "
+            keep += f"mount --bind {shared} {node_tmp / shared.name} && "
         script = (f"hostname {node} && mount --bind {self.root / 'hosts'} /etc/hosts && {keep}"
                   f"mount --rbind {node_tmp} /tmp && exec {' '.join(cmd)} -N {node}")
         subprocess.run(["nsenter", f"--net=/run/netns/{self.netns[node]}", "unshare", "--uts", "--mount",
@@ -220,10 +220,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return left
 
     # --- hosts -----------------------------------------------------------------------------------
-    def _shared_tmp(self) -> Path | None:
-        """The folder directly under /tmp that holds this session's files (pytest's), if any."""
-        parts = self.root.resolve().parts
-        return Path("/tmp", parts[2]) if len(parts) > 2 and parts[1] == "tmp" else None
+    def _shared_tmp(self) -> list[Path]:
+        """The folders directly under /tmp that hold what a job needs: pytest's files, the repository,
+        the Python that runs it (a clone or a virtual environment under /tmp)."""
+        found = []
+        for path in (self.root, self.repo, Path(sys.prefix)):
+            parts = path.resolve().parts
+            if len(parts) > 2 and parts[1] == "tmp" and Path("/tmp", parts[2]) not in found:
+                found.append(Path("/tmp", parts[2]))
+        return found
 
     def _remove_stale_namespaces(self) -> None:
         """Namespaces of an earlier session that ended without removing them, with nothing left inside."""
