@@ -784,6 +784,8 @@ def test_runs_of_one_seed_from_different_machines_are_not_paired_unless_told(tmp
     assert f"not paired: {why}" in s.markdown()
     told = summarize(t, mixed_machines=True)
     assert told.unpaired == {} and told.claims[0].label == "supported" and told.claims[0].result.n == 5
+    assert ("1 of 10 runs record no CPU family, model and flags (made before mpifed recorded them): whether they "
+            "share a machine with the others cannot be checked, so they are paired with them.") in s.markdown()
 
 
 def test_the_summary_gives_each_settings_local_steps_beside_the_papers(tmp_path):

@@ -507,6 +507,11 @@ def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | Non
                      f"rounding across machines: compare methods on runs of one machine ({'; '.join(machines)}). "
                      f"Two runs of one seed whose CPU, BLAS, GPU or torch differ are not paired (--mixed-machines "
                      f"pairs them).")
+        unchecked = sum(1 for rv in runs.values() if rv.machine and not rv.hardware.get("cpu_id"))
+        if unchecked:
+            notes.append(f"{unchecked} of {len(runs)} runs record no CPU family, model and flags (made before mpifed "
+                         f"recorded them): whether they share a machine with the others cannot be checked, so they "
+                         f"are paired with them.")
     elif machines:
         notes.append(f"Machine: {machines[0]}.")
     if unknown and runs:
