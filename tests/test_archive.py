@@ -108,6 +108,23 @@ def test_an_archive_continues_as_a_runs_root_and_cannot_be_written_over_its_sour
     assert "--by-seed goes with --summary" in capsys.readouterr().err
 
 
+def test_an_archive_never_overwrites_an_archived_run_of_another_configuration(tmp_path, capsys):
+    """A fresh runs folder whose new runs took the plain names that the archive's earlier runs (of
+    another configuration) hold: --archive refuses, naming the run, and writes nothing."""
+    table, root = _settled_table(tmp_path)
+    results = tmp_path / "results"
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--archive", str(results)]) == 0
+    capsys.readouterr()
+    held = results / root.name / "s-a-s0"          # the archive's earlier run of that name: other data
+    (held / "config.yaml").write_text((held / "config.yaml").read_text().replace("train_samples: 140",
+                                                                                  "train_samples: 150"))
+    before = (held / "config.yaml").read_bytes()
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--archive", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert f"{held} holds a settled run of another configuration" in err and f"cp -r {results / root.name} " in err
+    assert (held / "config.yaml").read_bytes() == before
+
+
 def test_reuse_takes_identical_runs_from_another_tables_folder_and_nothing_else(tmp_path, capsys):
     table, root = _settled_table(tmp_path)
     other = tmp_path / "u"
