@@ -21,13 +21,13 @@ def archive_table(table: Table, dest: Path, summary_command: str) -> str:
         raise config.ConfigError(f"--archive {dest}: that is where the table's runs are; name another folder")
     every = table.search + table.runs
     kept = [r.path for r in every if settled(r.path)]
-    clash = [p for p in kept if settled(target / p.relative_to(table.root))
-             and stored_identity(target / p.relative_to(table.root)) != stored_identity(p)]
+    places = [(p, target / p.relative_to(table.root)) for p in kept]
+    clash = [(p, held) for p, held in places if settled(held) and stored_identity(held) != stored_identity(p)]
     if clash:
-        held = target / clash[0].relative_to(table.root)
+        run, held = clash[0]
         raise config.ConfigError(
             f"--archive {dest}: {held} holds a settled run of another configuration, which archiving "
-            f"{clash[0]} would overwrite ({len(clash)} runs like it): archive into another folder, or, to keep "
+            f"{run} would overwrite ({len(clash)} runs like it): archive into another folder, or, to keep "
             f"both, copy the archive's runs into the table's before making the new ones (cp -r {target} "
             f"{table.root.parent}/), so that the new runs take names of their own beside them")
     choices = [table.root / CHOICES] if (table.root / CHOICES).is_file() else []
