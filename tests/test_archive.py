@@ -188,6 +188,25 @@ def test_reuse_gives_a_table_run_a_run_that_evaluated_the_test_set_and_skips_hid
     assert "--set run.eval_test: a table's runs report the test set" in capsys.readouterr().err
 
 
+def test_reuse_takes_a_table_run_that_diverged_before_it_evaluated_the_test_set(tmp_path, capsys):
+    """A final run whose loss became NaN before its first test evaluation is settled: reused, not run again."""
+    table, root = _settled_table(tmp_path)
+    diverged = root / "s-a-s2"
+    (diverged / "metrics.jsonl").write_text(json.dumps({"round": 1, "train_loss": 2.3}) + "\n")
+    (diverged / "status.json").write_text(json.dumps(
+        {"state": "failed", "error": "NonFiniteLoss: client 0, round 2, epoch 1: the local loss is nan"}))
+    other = tmp_path / "u"
+    shutil.copytree(table.parent, other)
+    u_table = str(other / "t.table.yaml")
+    assert table_main([u_table, "--runs-root", str(tmp_path / "again"), "--reuse", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    u = load_table(u_table, str(tmp_path / "again"))
+    assert f"reused {diverged} as {u.root / 's-a-s2'}" in out
+    assert RunDir(u.root / "s-a-s2").state() == "diverged"
+    assert table_main([u_table, "--runs-root", str(tmp_path / "again"), "--list", "--commands"]) == 0
+    assert capsys.readouterr().out.count(" diverged ") == 2        # the search's candidate and this run
+
+
 def test_prune_frees_the_settled_runs_resume_state_and_keeps_their_record(tmp_path, capsys):
     table, root = _settled_table(tmp_path)
     runs = ["--runs-root", str(tmp_path / "runs")]

@@ -59,20 +59,23 @@ def settled_runs_under(folder: Path) -> dict[str, list[Path]]:
     return found
 
 
-def _evaluated_test(path: Path) -> bool:
-    return any("test_acc" in row for row in results.read_rows(path))
+def _counts_as_table_run(path: Path) -> bool:
+    """Whether a settled run can stand for a table run of its configuration: it evaluated the test set
+    (not a search's), or it diverged, before any evaluation perhaps (a run of its configuration diverges
+    the same way)."""
+    return RunDir(path).state() == "diverged" or any("test_acc" in row for row in results.read_rows(path))
 
 
 def reuse_runs(table: Table, found: dict[str, list[Path]]) -> list[tuple[Path, TableRun]]:
     """Copy into the table, for each of its runs not made yet (search runs, and runs whose choice is
     made), the record of the first run in ``found`` (settled runs by identity) of its configuration
-    (for a table run, one that evaluated the test set: not a search's); (source, run) copied."""
+    (for a table run, one that evaluated the test set, not a search's, or diverged); (source, run) copied."""
     copied = []
     for r in table.search + table.runs:
         if ((r.setting, r.method) in table.pending and r.candidate is None) or status(r) != "new":
             continue
         sources = found.get(config.digest(r.identity), [])
-        source = next((p for p in sources if r.candidate is not None or _evaluated_test(p)), None)
+        source = next((p for p in sources if r.candidate is not None or _counts_as_table_run(p)), None)
         if source is not None:
             archive.copy_record(source, r.path)
             copied.append((source, r))
