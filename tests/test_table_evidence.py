@@ -25,7 +25,7 @@ from mpifed.tables import stats
 from mpifed.run.rundir import RunDir
 from mpifed.entry.table import main as table_main, search_table, summarize
 from mpifed.tables.table_file import load_table, resolve, settled
-from mpifed.tables.tuning import SearchChoice
+from mpifed.tables.tuning import SearchChoice, grid_columns
 
 
 # ------------------------------------------------------------------ paired statistics, by hand
@@ -392,6 +392,24 @@ def test_a_choice_at_an_extended_keys_end_searches_one_step_beyond_until_inside_
                      methods="[a.yaml]", seeds="[0]")
         with pytest.raises(config.ConfigError, match=words):
             load_table(bad, str(tmp_path / "runs"))
+
+
+def test_the_search_table_orders_an_extensions_columns_by_value(tmp_path):
+    """A step below the grid (lr 0.00333, added after 0.01 won) is the first column, not the last."""
+    table = _table(tmp_path, EXTENDED, methods="[a.yaml]", seeds="[0]")
+    val = {"lr=0.01": 0.7, "lr=0.1": 0.5, "lr=0.00333": 0.6}
+    for _ in range(3):
+        t = load_table(table, str(tmp_path / "runs"))
+        resolve(t, [], record=True)
+        for r in t.search:
+            if not (r.path / "summary.json").exists():
+                _write(r.path, r.resolved, [{"round": i + 1, "val_acc": val[r.candidate]} for i in range(3)])
+    assert not t.pending and search_table(t).splitlines()[2:] == [
+        "| setting | method | lr=0.00333 | lr=0.01 | lr=0.1 |", "| --- | --- | --- | --- | --- |",
+        "| s | a | 60.00 | **70.00** | 50.00 |"]
+    assert grid_columns([{"values": {"train.lr": 0.1, "algorithm.kind": k}} for k in ("b", "a")] +
+                        [{"values": {"train.lr": 0.01, "algorithm.kind": "b"}}], ["train.lr", "algorithm.kind"]) \
+        == ["lr=0.01+kind=b", "lr=0.1+kind=b", "lr=0.1+kind=a"]          # numbers ascending, the rest as first seen
 
 
 def test_a_choice_made_before_the_table_declared_extend_extends_too(tmp_path):

@@ -57,6 +57,7 @@ import math
 import shlex
 import statistics
 import sys
+from typing import Any
 from pathlib import Path
 
 from mpifed import __version__
@@ -69,7 +70,7 @@ from mpifed.tables.summary import ClaimFamily, Runs, Summary, run_value, tabulat
 from mpifed.tables.sweep import DEFAULT_METRIC, load_sweep
 from mpifed.tables.table_file import Table, TableRun, finished_runs, load_table, resolve, settled, status
 from mpifed.tables.table_store import archive_table, prune, reuse_runs, settled_runs_under
-from mpifed.tables.tuning import grid_cells
+from mpifed.tables.tuning import grid_cells, grid_columns
 
 
 # ------------------------------------------------------------------ summarizing
@@ -143,17 +144,21 @@ def search_table(table: Table) -> str:
     grid = list(table.tuning.grid)
     percent = "acc" in table.tuning.select.column
     rows: dict[tuple[str, str], dict[str, str]] = {}
+    shown: list[dict[str, Any]] = []
     for pair in dict.fromkeys((r.setting, r.method) for r in table.runs):
         choice, partial = table.choices.get(pair), table.searching.get(pair, [])
         if choice is not None and choice.search:
             rows[pair] = choice.grid_cells(grid, percent)
+            shown += choice.record.get("candidates", [])
         elif any(c.settled for c in partial):
             done = sum(c.settled for c in partial)
+            entries = [c.entry() for c in partial]
             rows[(pair[0], f"{pair[1]} (search not finished: {done} of {len(partial)} candidates)")] = grid_cells(
-                [c.entry() for c in partial], None, grid, percent)
+                entries, None, grid, percent)
+            shown += entries
     if not rows:
         return ""
-    columns = list(dict.fromkeys(k for cells in rows.values() for k in cells))
+    columns = grid_columns(shown, grid)
     lines = [f"The search ({table.tuning.describe()}{', in %' if percent else ''}); the choice in bold", "",
              "| setting | method | " + " | ".join(columns) + " |", "| --- | --- |" + " --- |" * len(columns)]
     lines += [f"| {s} | {m} | " + " | ".join(cells.get(c, "-") for c in columns) + " |"

@@ -339,6 +339,26 @@ def grid_cells(entries: list[dict[str, Any]], chosen: dict[str, Any] | None, gri
     return {k: "; ".join(v) for k, v in cells.items()}
 
 
+def grid_columns(entries: list[dict[str, Any]], grid: list[str]) -> list[str]:
+    """The labels :func:`grid_cells` gives ``entries`` (recorded candidates, of any number of methods), in
+    the order of their values of the ``grid`` keys, key by key: numbers ascending, so that a value an
+    extension added sits beside its neighbours, other values as first seen."""
+    seen: dict[str, dict[str, Any]] = {}
+    for c in entries:
+        values = {k: v for k, v in c["values"].items() if k in grid}
+        seen.setdefault(label(values), values)
+    first: dict[str, list[str]] = {}
+    for values in seen.values():
+        for k, v in values.items():
+            if not _numeric(v) and repr(v) not in first.setdefault(k, []):
+                first[k].append(repr(v))
+
+    def rank(values: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+        return tuple((2, 0.0) if k not in values else (0, float(values[k])) if _numeric(values[k])
+                     else (1, float(first[k].index(repr(values[k])))) for k in grid)
+    return sorted(seen, key=lambda name: rank(seen[name]))
+
+
 def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
