@@ -10,6 +10,7 @@
     python -m mpifed.table TABLE --summary --diverged 10              # ... a diverged run counted at chance (or 'out')
     python -m mpifed.table TABLE --archive results                    # settled runs without weights (tables/archive.py)
     python -m mpifed.table TABLE --reuse results                      # take identical runs from another table's folder
+    python -m mpifed.table TABLE --recheck /tmp/here --runs-root results   # a search across machines, on this one
     python -m mpifed.table TABLE --prune                              # free the disk: settled runs' checkpoints, state
     ... --methods fedavg fedntd --seeds 0 1 --settings fmnist-shard2  # any command, on part of the table
     ... --run 3 --dry-run                                             # what --run would run, writing nothing
@@ -65,6 +66,7 @@ from mpifed.settings import config
 from mpifed.run import results
 from mpifed.files.packaged import find_config
 from mpifed.files.pipes import quiet_when_pipe_closes
+from mpifed.tables import machine_check
 from mpifed.tables.run_queue import Job, launcher, run_jobs
 from mpifed.tables.summary import ClaimFamily, Runs, Summary, run_value, tabulate
 from mpifed.tables.sweep import DEFAULT_METRIC, load_sweep
@@ -434,6 +436,21 @@ def _reuse(table: Table, a: argparse.Namespace, added: list[str]) -> int:
     return 0
 
 
+def _recheck(table: Table, a: argparse.Namespace, added: list[str], again: str) -> int:
+    """--recheck: each mixed-machine search's other machines' best candidates run here, then the verdicts."""
+    folder = Path(a.recheck)
+    if folder.resolve() == table.root.parent.resolve():
+        raise config.ConfigError(f"--recheck {folder}: that is the table's own runs folder; name another")
+    here = machine_check.this_machine()
+    checks = machine_check.plan(table, folder, here)
+    reruns = [r for check in checks for g in check.groups for r in g.reruns]
+    if reruns:
+        code, _ = run_all(reruns, 0, added, again, a.parallel)
+        if code != 0:
+            return code
+    return _print(machine_check.report(checks, table, here))
+
+
 def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> int:
     """--tune and --run: the search first (where the table has one still to choose, or with --tune),
     then (--run) the table's runs and its summary."""
@@ -555,6 +572,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--reuse", metavar="FOLDER", nargs="+", help="copy into the table the records of the settled runs "
                    "under FOLDER (another table's runs, an archive) whose configuration is one of this table's runs "
                    "(the search's too), instead of making them again")
+    g.add_argument("--recheck", metavar="FOLDER", help="for each search whose candidates ran on different machines: "
+                   "run the best candidate of each other machine again here, into FOLDER, and say whether the search "
+                   "chooses the same from this machine's scores alone (the table's runs are not touched; "
+                   "mpifed.tables.machine_check)")
     g.add_argument("--prune", action="store_true", help="delete the checkpoints and per-client state of the settled "
                    "runs (finished or diverged), keeping their record and final model: gigabytes a run for methods "
                    "with per-client state over many clients (FedCurv, SCAFFOLD, MOON)")
@@ -623,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
             return _print(prune(table))
         if a.reuse:
             return _reuse(table, a, added)
+        if a.recheck:
+            return _recheck(table, a, added, again)
         return _run(table, a, added, again)
     except (config.ConfigError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
