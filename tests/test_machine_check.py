@@ -72,7 +72,9 @@ def test_each_other_machines_best_candidate_is_run_here_and_the_choice_is_made_f
     old = groups[OLD].reruns[0]
     _write(old.path, old.resolved, [{"round": i + 1, "val_acc": 0.5} for i in range(3)])
     text = machine_check.report(machine_check.plan(t, tmp_path / "here", HERE), t, HERE)
-    assert "lr=0.1 (unrecorded): 70.00 -> 55.00" in text and "lr=0.3 (this machine): 60.00" in text
+    assert "lr=0.1 (unrecorded): 70.00 -> 55.00;" in text and "lr=0.3 (this machine): 60.00" in text
+    assert f"lr=0.01 ({OLD}): 50.00 -> 50.00, every round identical" in text     # the same metrics, round by round
+    assert "; 1 of the 2 re-run candidates trained identically, round by round, on both machines" in text
     assert text.splitlines()[4].endswith("| **lr=0.3** |")
     assert "0 choose the same on this machine, 1 another" in text
     t = load_table(table, str(tmp_path / "runs"))

@@ -6,8 +6,9 @@ rounding: CPU kernels differ with the CPU's vector units. ``--recheck FOLDER`` g
 search's scored candidates by the machine their runs recorded (:func:`mpifed.run.provenance.hardware`;
 runs recorded before mpifed wrote the CPU's identity form one group, ``unrecorded``), runs the best
 candidate of every group but this machine's again here, into ``FOLDER``, and says whether the
-search, with this machine's scores only, chooses what it chose. The table's runs and choices are
-not touched; the re-runs resume like any run, so the command can be repeated.
+search, with this machine's scores only, chooses what it chose; a re-run whose metrics repeat its
+run's round by round says that the two machines computed that candidate identically. The table's
+runs and choices are not touched; the re-runs resume like any run, so the command can be repeated.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mpifed.run import provenance
+from mpifed.run import provenance, results
 from mpifed.run.rundir import RunDir
 from mpifed.tables.table_file import Table, TableRun
 from mpifed.tables.tuning import Candidate, SearchChoice, choose, label, score_candidate
@@ -56,6 +57,7 @@ class Group:
     best: dict[str, Any]
     score: float
     reruns: list[TableRun] = field(default_factory=list)
+    sources: list[Path] = field(default_factory=list)     # the runs there, one per re-run
 
 
 @dataclass
@@ -100,9 +102,18 @@ def plan(table: Table, folder: Path, here: dict[str, frozenset[str]]) -> list[Re
                 missing.append(label(best["values"]))
                 continue
             found.append(Group(machine, best["values"], best["score"],
-                               [dataclasses.replace(r, root=target) for r in runs if r is not None]))
+                               [dataclasses.replace(r, root=target) for r in runs if r is not None],
+                               [table.root / p for p in best["runs"]]))
         out.append(Recheck(choice, found, here_scores, missing))
     return out
+
+
+def _trained_alike(group: Group) -> bool:
+    """Whether every re-run wrote the same metrics, round by round, as its run there (timings aside):
+    the two machines computed this candidate identically."""
+    def rows(path: Path) -> list[dict[str, Any]]:
+        return [{k: v for k, v in row.items() if k != "time"} for row in results.read_rows(path)]
+    return all(rows(r.path) == rows(src) for r, src in zip(group.reruns, group.sources))
 
 
 def _rescored(group: Group, table: Table) -> Candidate:
@@ -130,9 +141,10 @@ def report(checks: list[Recheck], table: Table, here: dict[str, frozenset[str]])
              f"({' + '.join(sorted(here['cpu_id'])) or 'CPU identity unknown'}):", "",
              "| setting | method | chosen | each machine's best: there -> here | chosen on this machine |",
              "| --- | --- | --- | --- | --- |"]
-    held = moved = waiting = 0
+    held = moved = waiting = identical = reran = 0
     for check in checks:
         one_machine = [Candidate(values, [], [score]) for values, score in check.here_scores]
+        reran += sum(g.machine != HERE for g in check.groups)
         cells, settled = [], True
         for g in check.groups:
             if g.machine == HERE:
@@ -140,8 +152,11 @@ def report(checks: list[Recheck], table: Table, here: dict[str, frozenset[str]])
                 continue
             again = _rescored(g, table)
             settled = settled and again.settled
+            alike = again.settled and _trained_alike(g)
             cells.append(f"{label(g.best)} ({g.machine}): {shown(g.score)} -> "
-                         f"{shown(again.score) if again.score is not None else ('diverged' if again.failed else '-')}")
+                         f"{shown(again.score) if again.score is not None else ('diverged' if again.failed else '-')}"
+                         + (", every round identical" if alike else ""))
+            identical += alike
             one_machine.append(again)
         cells += [f"{name}: its runs are not in the table any more, not re-run" for name in check.missing]
         if not settled:
@@ -155,5 +170,6 @@ def report(checks: list[Recheck], table: Table, here: dict[str, frozenset[str]])
         lines.append(f"| {check.choice.setting} | {check.choice.method} | {label(check.choice.chosen)} | "
                      f"{'; '.join(cells)} | {verdict} |")
     lines += ["", f"{len(checks)} searches compared candidates from more than one machine: {held} choose the same "
-                  f"on this machine, {moved} another" + (f", {waiting} wait for their re-runs" if waiting else "")]
+                  f"on this machine, {moved} another" + (f", {waiting} wait for their re-runs" if waiting else "")
+              + f"; {identical} of the {reran} re-run candidates trained identically, round by round, on both machines"]
     return "\n".join(lines)
