@@ -99,6 +99,12 @@ def test_recheck_runs_the_reruns_and_prints_the_verdicts(tmp_path, capsys, monke
     assert "lr=0.1 (unrecorded): 70.00 -> 65.00" in out and out.splitlines()[4].endswith("| the same |")
     assert "1 choose the same on this machine, 0 another" in out
 
+    held = made[0][0]                                   # a run of another configuration in its place
+    config = held / "config.yaml"
+    config.write_text(config.read_text().replace("train_samples: 140", "train_samples: 150"))
+    assert table_main([str(table), *runs, "--recheck", str(tmp_path / "here")]) == 2     # not read as the re-run
+    assert f"{held} holds a run of another configuration than s-a-lr=0.1-s0's" in capsys.readouterr().err
+
     assert table_main([str(table), *runs, "--recheck", str(tmp_path / "runs")]) == 2
     assert "that is the table's own runs folder" in capsys.readouterr().err
     monkeypatch.setattr(machine_check, "this_machine", lambda: {**HERE, "cpu_id": frozenset([OLD])})

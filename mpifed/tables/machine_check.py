@@ -19,7 +19,8 @@ from typing import Any
 
 from mpifed.run import provenance, results
 from mpifed.run.rundir import RunDir
-from mpifed.tables.table_file import Table, TableRun
+from mpifed.settings.config import ConfigError
+from mpifed.tables.table_file import Table, TableRun, stored_identity
 from mpifed.tables.tuning import Candidate, SearchChoice, choose, label, score_candidate
 
 HERE = "this machine"
@@ -101,8 +102,13 @@ def plan(table: Table, folder: Path, here: dict[str, frozenset[str]]) -> list[Re
             if any(r is None for r in runs):
                 missing.append(label(best["values"]))
                 continue
-            found.append(Group(machine, best["values"], best["score"],
-                               [dataclasses.replace(r, root=target) for r in runs if r is not None],
+            reruns = [dataclasses.replace(r, root=target) for r in runs if r is not None]
+            for r in reruns:
+                held = stored_identity(r.path)
+                if held is not None and held != r.identity:
+                    raise ConfigError(f"--recheck {folder}: {r.path} holds a run of another configuration than "
+                                      f"{r.name}'s; give --recheck a folder of its own for this table")
+            found.append(Group(machine, best["values"], best["score"], reruns,
                                [table.root / p for p in best["runs"]]))
         out.append(Recheck(choice, found, here_scores, missing))
     return out
