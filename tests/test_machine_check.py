@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from test_table_evidence import EXTENDED, _table, _write
+from test_table_evidence import EXTENDED, _table, _write, search_extended
 
 from mpifed.entry.table import main as table_main
 from mpifed.tables import machine_check
@@ -32,14 +32,9 @@ def _searched(tmp_path: Path, monkeypatch) -> Path:
     the grid's edge), the extension's 0.3 made on this machine (it loses)."""
     monkeypatch.setattr(machine_check, "this_machine", lambda: HERE)
     table = _table(tmp_path, EXTENDED, methods="[a.yaml]", seeds="[0]")
-    val = {"lr=0.01": 0.5, "lr=0.1": 0.7, "lr=0.3": 0.6}
-    for _ in range(3):
-        t = load_table(table, str(tmp_path / "runs"))
-        resolve(t, [], record=True)
-        for r in t.search:
-            if not (r.path / "summary.json").exists():
-                _write(r.path, r.resolved, [{"round": i + 1, "val_acc": val[r.candidate]} for i in range(3)])
-                _record(r.path, next(iter(HERE["cpu_id"])) if r.candidate == "lr=0.3" else None)
+    t = search_extended(table, tmp_path / "runs", {"lr=0.01": 0.5, "lr=0.1": 0.7, "lr=0.3": 0.6},
+                        lambda path, candidate: _record(path, next(iter(HERE["cpu_id"])) if candidate == "lr=0.3"
+                                                        else None))
     assert not t.pending and t.choices[("s", "a")].chosen == {"train.lr": 0.1}
     return table
 

@@ -394,16 +394,23 @@ def test_a_choice_at_an_extended_keys_end_searches_one_step_beyond_until_inside_
             load_table(bad, str(tmp_path / "runs"))
 
 
-def test_the_search_table_orders_an_extensions_columns_by_value(tmp_path):
-    """A step below the grid (lr 0.00333, added after 0.01 won) is the first column, not the last."""
-    table = _table(tmp_path, EXTENDED, methods="[a.yaml]", seeds="[0]")
-    val = {"lr=0.01": 0.7, "lr=0.1": 0.5, "lr=0.00333": 0.6}
-    for _ in range(3):
-        t = load_table(table, str(tmp_path / "runs"))
+def search_extended(table: Path, runs: Path, val: dict[str, float], made=lambda path, candidate: None):
+    """``table``'s search run to its choice, its grid extended as it goes: each candidate's runs
+    score ``val[candidate]`` in every round (``made`` is called on each run written); the table."""
+    for _ in range(len(val)):
+        t = load_table(table, str(runs))
         resolve(t, [], record=True)
         for r in t.search:
             if not (r.path / "summary.json").exists():
                 _write(r.path, r.resolved, [{"round": i + 1, "val_acc": val[r.candidate]} for i in range(3)])
+                made(r.path, r.candidate)
+    return t
+
+
+def test_the_search_table_orders_an_extensions_columns_by_value(tmp_path):
+    """A step below the grid (lr 0.00333, added after 0.01 won) is the first column, not the last."""
+    table = _table(tmp_path, EXTENDED, methods="[a.yaml]", seeds="[0]")
+    t = search_extended(table, tmp_path / "runs", {"lr=0.01": 0.7, "lr=0.1": 0.5, "lr=0.00333": 0.6})
     assert not t.pending and search_table(t).splitlines()[2:] == [
         "| setting | method | lr=0.00333 | lr=0.01 | lr=0.1 |", "| --- | --- | --- | --- | --- |",
         "| s | a | 60.00 | **70.00** | 50.00 |"]
