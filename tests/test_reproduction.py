@@ -3,7 +3,9 @@ tables, benchmarks/RESULTS.md the methods benchmark): every search score so far 
 are quoted before its final runs end, a search that spans sessions as it stands), and every
 seed-by-seed row of every finished column with each of its declared claims' interval and
 Holm-adjusted p, recomputed from the runs, appear in the report as printed; where a final run
-diverged, so do the claims with it counted at chance (the check the report gives beside)."""
+diverged, so do the claims with it counted at chance (the check the report gives beside); and
+every search that compared candidates from more than one machine has its --recheck on one machine
+archived in results/recheck/ and quoted."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from mpifed.entry.table import search_table, summarize
+from mpifed.run import provenance
+from mpifed.tables import machine_check
 from mpifed.tables.summary import claim_label
 from mpifed.tables.table_file import load_table, resolve, settled
 
@@ -28,6 +32,7 @@ ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml",
             "fedgkd-table3": ("configs/repro/fedgkd/table3.table.yaml", REPRODUCTION),
             "fedgkd-table4": ("configs/repro/fedgkd/table4.table.yaml", REPRODUCTION),
             "bench-methods": ("configs/bench/methods.table.yaml", "benchmarks/RESULTS.md")}
+RECHECK = REPO / "results" / "recheck"      # --recheck's re-runs, on one machine, by table folder
 
 
 def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
@@ -52,7 +57,33 @@ def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
 
 
 def test_every_archived_table_is_listed_here():
-    assert sorted(p.name for p in (REPO / "results").iterdir() if p.is_dir()) == sorted(ARCHIVED)
+    assert sorted(p.name for p in (REPO / "results").iterdir() if p.is_dir() and p != RECHECK) == sorted(ARCHIVED)
+    assert {p.name for p in RECHECK.iterdir()} <= set(ARCHIVED)
+
+
+def _recheck_machine() -> dict[str, frozenset[str]]:
+    """The one machine every archived re-run of results/recheck/ ran on."""
+    found = {tuple(sorted(provenance.hardware(provenance.read(p.parent) or {}).items()))
+             for p in RECHECK.rglob(provenance.FILE)}
+    assert len(found) == 1, f"results/recheck/ holds re-runs from {len(found)} machines: a recheck is made on one"
+    return dict(found.pop())
+
+
+@pytest.mark.parametrize("folder", sorted(ARCHIVED))
+def test_every_search_across_machines_is_rechecked_on_one_and_quoted(folder):
+    table_file, report_file = ARCHIVED[folder]
+    t = load_table(REPO / table_file, str(REPO / "results"))
+    resolve(t, [])
+    here = _recheck_machine()
+    checks = machine_check.plan(t, RECHECK, here)
+    if not checks:
+        pytest.skip(f"results/{folder}: every search compared candidates from one machine")
+    text = machine_check.report(checks, t, here)
+    assert "not run yet" not in text, f"results/recheck/{folder} lacks re-runs: python -m mpifed.table " \
+                                      f"{table_file} --runs-root results --recheck DIR, then archive DIR's records"
+    report = (REPO / report_file).read_text().splitlines()
+    missing = [line for line in text.splitlines()[2:] if line and line not in report]
+    assert not missing, f"{report_file} does not quote these lines of the recheck of results/{folder}: {missing}"
 
 
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
