@@ -76,6 +76,13 @@ def test_each_other_machines_best_candidate_is_run_here_and_the_choice_is_made_f
     resolve(t, [])
     assert t.choices[("s", "a")].chosen == {"train.lr": 0.1}          # the table's own choice is not touched
 
+    record = next(c for c in t.choices[("s", "a")].record["candidates"] if c["values"] == {"train.lr": 0.1})
+    record["runs"] = ["tuning/s-a-lr=0.1-gone"]          # a record whose run the table does not list
+    text = machine_check.report(machine_check.plan(t, tmp_path / "here", HERE), t, HERE)
+    assert "lr=0.1: its runs are not in the table any more, not re-run" in text
+    assert text.splitlines()[4].endswith("| not checked: a machine's best is not re-run |")
+    assert "0 choose the same on this machine, 0 another, 1 cannot be checked" in text
+
 
 def test_recheck_runs_the_reruns_and_prints_the_verdicts(tmp_path, capsys, monkeypatch):
     table = _searched(tmp_path, monkeypatch)

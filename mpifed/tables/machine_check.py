@@ -165,7 +165,9 @@ def report(checks: list[Recheck], table: Table, here: dict[str, frozenset[str]])
             identical += alike
             one_machine.append(again)
         cells += [f"{name}: its runs are not in the table any more, not re-run" for name in check.missing]
-        if not settled:
+        if check.missing:
+            verdict = "not checked: a machine's best is not re-run"
+        elif not settled:
             verdict, waiting = "not run yet", waiting + 1
         else:
             chosen = choose(one_machine, table.tuning.select)
@@ -175,7 +177,9 @@ def report(checks: list[Recheck], table: Table, here: dict[str, frozenset[str]])
                 verdict, moved = (f"**{label(chosen)}**" if chosen else "none (all failed)"), moved + 1
         lines.append(f"| {check.choice.setting} | {check.choice.method} | {label(check.choice.chosen)} | "
                      f"{'; '.join(cells)} | {verdict} |")
+    unchecked = sum(bool(c.missing) for c in checks)
     lines += ["", f"{len(checks)} searches compared candidates from more than one machine: {held} choose the same "
                   f"on this machine, {moved} another" + (f", {waiting} wait for their re-runs" if waiting else "")
+              + (f", {unchecked} cannot be checked" if unchecked else "")
               + f"; {identical} of the {reran} re-run candidates trained identically, round by round, on both machines"]
     return "\n".join(lines)
