@@ -3,6 +3,7 @@ its other machines' best candidates run again here, and whether it chooses the s
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,20 @@ def test_recheck_runs_the_reruns_and_prints_the_verdicts(tmp_path, capsys, monke
     assert [p.name for p, _ in made] == ["s-a-lr=0.1-s0"] and made[0][1] == 0
     assert "lr=0.1 (unrecorded): 70.00 -> 65.00" in out and out.splitlines()[4].endswith("| the same |")
     assert "1 choose the same on this machine, 0 another" in out
+
+    # an archived recheck read on another machine: its machine's verdicts, nothing run
+    _record(made[0][0], OLD)
+    assert table_main([str(table), *runs, "--recheck", str(tmp_path / "here")]) == 0
+    out = capsys.readouterr().out
+    assert f"re-runs ran on another machine ({OLD}): their verdicts, nothing run here" in out
+    assert len(made) == 1 and "lr=0.1 (unrecorded): 70.00 -> 65.00" in out and "lr=0.3 (" in out
+    other = made[0][0].parent / "s-a-lr=0.3-s0"
+    other.mkdir()
+    _record(other, None)
+    assert table_main([str(table), *runs, "--recheck", str(tmp_path / "here")]) == 2
+    assert "come from 2 machines; a recheck is made on one" in capsys.readouterr().err
+    shutil.rmtree(other)
+    _record(made[0][0], next(iter(HERE["cpu_id"])))
 
     held = made[0][0]                                   # a run of another configuration in its place
     config = held / "config.yaml"

@@ -441,7 +441,12 @@ def _recheck(table: Table, a: argparse.Namespace, added: list[str], again: str) 
     folder = Path(a.recheck)
     if folder.resolve() == table.root.parent.resolve():
         raise config.ConfigError(f"--recheck {folder}: that is the table's own runs folder; name another")
-    here = machine_check.this_machine()
+    here, held = machine_check.this_machine(), machine_check.rechecked_on(table, folder)
+    if held is not None and held != here:
+        cpu = " + ".join(sorted(held["cpu_id"])) or "no CPU identity"
+        print(f"[mpifed.table] {folder}'s re-runs ran on another machine ({cpu}): their verdicts, nothing run here "
+              f"(a recheck of this machine needs a folder of its own)", flush=True)
+        return _print(machine_check.report(machine_check.plan(table, folder, held), table, held))
     checks = machine_check.plan(table, folder, here)
     reruns = [r for check in checks for g in check.groups for r in g.reruns]
     if reruns:

@@ -9,6 +9,8 @@ candidate of every group but this machine's again here, into ``FOLDER``, and say
 search, with this machine's scores only, chooses what it chose; a re-run whose metrics repeat its
 run's round by round says that the two machines computed that candidate identically. The table's
 runs and choices are not touched; the re-runs resume like any run, so the command can be repeated.
+A folder whose re-runs ran on another machine (an archived recheck) is read as that machine's:
+its verdicts are printed, and nothing is run.
 """
 from __future__ import annotations
 
@@ -32,6 +34,17 @@ def this_machine() -> dict[str, frozenset[str]]:
     import torch
     found = {"cpu_id": provenance.cpu_id(), "blas": provenance.blas(), "gpu": None, "torch": torch.__version__}
     return {k: frozenset([v]) if v else frozenset() for k, v in found.items()}
+
+
+def rechecked_on(table: Table, folder: Path) -> dict[str, frozenset[str]] | None:
+    """The machine the re-runs already under ``folder`` for ``table`` ran on (an archived recheck, read
+    on any machine), None where there are none; an error where they come from several."""
+    found = {tuple(sorted(provenance.hardware(provenance.read(p.parent) or {}).items()))
+             for p in (folder / table.root.name / "tuning").glob(f"*/{provenance.FILE}")}
+    if len(found) > 1:
+        raise ConfigError(f"--recheck {folder}: its re-runs of {table.root.name} come from {len(found)} machines; a "
+                          f"recheck is made on one: give each machine a folder of its own")
+    return dict(found.pop()) if found else None
 
 
 def machine_of(run_dir: Path, here: dict[str, frozenset[str]]) -> str:
