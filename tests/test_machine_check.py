@@ -115,6 +115,16 @@ def test_recheck_runs_the_reruns_and_prints_the_verdicts(tmp_path, capsys, monke
     assert "come from 2 machines; a recheck is made on one" in capsys.readouterr().err
     shutil.rmtree(other)
     _record(made[0][0], next(iter(HERE["cpu_id"])))
+    on_gpu = json.loads((made[0][0] / "provenance.json").read_text())
+    on_gpu["segments"][0]["ranks"][0]["gpu"] = "NVIDIA H200"            # this CPU's re-runs, made on its GPU
+    (made[0][0] / "provenance.json").write_text(json.dumps(on_gpu))
+    assert table_main([str(table), *runs, "--recheck", str(tmp_path / "here")]) == 0
+    out = capsys.readouterr().out
+    assert "another machine" not in out.split("|")[0] and "lr=0.1 (unrecorded): 70.00 -> 65.00" in out
+    assert made[-1][0].name == "s-a-lr=0.3-s0"            # on the GPU, the table's CPU run is another machine's
+    shutil.rmtree(made[-1][0])
+    del made[1:]
+    _record(made[0][0], next(iter(HERE["cpu_id"])))
 
     held = made[0][0]                                   # a run of another configuration in its place
     config = held / "config.yaml"

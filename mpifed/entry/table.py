@@ -442,18 +442,18 @@ def _recheck(table: Table, a: argparse.Namespace, added: list[str], again: str) 
     if folder.resolve() == table.root.parent.resolve():
         raise config.ConfigError(f"--recheck {folder}: that is the table's own runs folder; name another")
     here, held = machine_check.this_machine(), machine_check.rechecked_on(table, folder)
-    if held is not None and held != here:
+    if held is not None and not machine_check.same_cpu(held, here):
         cpu = " + ".join(sorted(held["cpu_id"])) or "no CPU identity"
         print(f"[mpifed.table] {folder}'s re-runs ran on another machine ({cpu}): their verdicts, nothing run here "
               f"(a recheck of this machine needs a folder of its own)", flush=True)
         return _print(machine_check.report(machine_check.plan(table, folder, held), table, held))
-    checks = machine_check.plan(table, folder, here)
-    reruns = [r for check in checks for g in check.groups for r in g.reruns]
+    reruns = [r for check in machine_check.plan(table, folder, held or here) for g in check.groups for r in g.reruns]
     if reruns:
         code, _ = run_all(reruns, 0, added, again, a.parallel)
         if code != 0:
             return code
-    return _print(machine_check.report(checks, table, here))
+    here = machine_check.rechecked_on(table, folder) or here        # as the re-runs recorded it (their GPU)
+    return _print(machine_check.report(machine_check.plan(table, folder, here), table, here))
 
 
 def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> int:

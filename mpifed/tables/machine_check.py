@@ -30,7 +30,8 @@ UNRECORDED = "unrecorded"
 
 
 def this_machine() -> dict[str, frozenset[str]]:
-    """This machine as :func:`mpifed.run.provenance.hardware` reads a CPU run's record."""
+    """This machine as :func:`mpifed.run.provenance.hardware` reads a CPU run's record (a run on a GPU
+    records its GPU too: :func:`rechecked_on` reads that from the re-runs)."""
     import torch
     found = {"cpu_id": provenance.cpu_id(), "blas": provenance.blas(), "gpu": None, "torch": torch.__version__}
     return {k: frozenset([v]) if v else frozenset() for k, v in found.items()}
@@ -45,6 +46,12 @@ def rechecked_on(table: Table, folder: Path) -> dict[str, frozenset[str]] | None
         raise ConfigError(f"--recheck {folder}: its re-runs of {table.root.name} come from {len(found)} machines; a "
                           f"recheck is made on one: give each machine a folder of its own")
     return dict(found.pop()) if found else None
+
+
+def same_cpu(a: dict[str, frozenset[str]], b: dict[str, frozenset[str]]) -> bool:
+    """Whether two :func:`mpifed.run.provenance.hardware` records name the same CPU, BLAS and torch
+    (the GPU aside: a machine's CPU runs record none)."""
+    return all(a.get(k, frozenset()) == b.get(k, frozenset()) for k in ("cpu_id", "blas", "torch"))
 
 
 def machine_of(run_dir: Path, here: dict[str, frozenset[str]]) -> str:
