@@ -86,6 +86,20 @@ def test_every_search_across_machines_is_rechecked_on_one_and_quoted(folder):
     assert not missing, f"{report_file} does not quote these lines of the recheck of results/{folder}: {missing}"
 
 
+ONE_MACHINE = [("fedntd-table1", "fmnist-lda0.1")]   # columns whose final runs the report says record one machine
+
+
+@pytest.mark.parametrize("folder, setting", ONE_MACHINE)
+def test_a_column_the_report_says_ran_on_one_machine_records_one(folder, setting):
+    t = load_table(REPO / ARCHIVED[folder][0], str(REPO / "results"))
+    resolve(t, [])
+    t.select([setting], None, None)
+    machines = {provenance.machine(provenance.read(r.path) or {}) for r in t.runs}
+    assert len(machines) == 1, f"results/{folder}, {setting}: the final runs ran on {sorted(machines)}"
+    assert all(provenance.hardware(provenance.read(r.path) or {})["cpu_id"] for r in t.runs), \
+        f"results/{folder}, {setting}: a final run does not record its CPU's identity (cpu_id)"
+
+
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
 def test_the_report_quotes_the_archived_runs_seed_by_seed(folder):
     table_file, report_file = ARCHIVED[folder]
