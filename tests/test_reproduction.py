@@ -100,6 +100,18 @@ def test_a_column_the_report_says_ran_on_one_machine_records_one(folder, setting
         f"results/{folder}, {setting}: a final run does not record its CPU's identity (cpu_id)"
 
 
+FIRST_MACHINE = "family 25 model 1 "   # the CPU model whose re-runs repeated these tables' unrecorded first runs
+
+
+@pytest.mark.parametrize("folder", ["fedntd-epochs", "fedntd-table1"])
+def test_a_final_run_that_records_its_cpu_records_the_one_that_repeats_the_first_runs(folder):
+    t = load_table(REPO / ARCHIVED[folder][0], str(REPO / "results"))
+    resolve(t, [])
+    cpus = {c for r in t.runs for c in provenance.hardware(provenance.read(r.path) or {})["cpu_id"]}
+    other = sorted(c for c in cpus if not c.startswith(FIRST_MACHINE))
+    assert cpus and not other, f"results/{folder}: final runs record another CPU than {FIRST_MACHINE!r}: {other}"
+
+
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
 def test_the_report_quotes_the_archived_runs_seed_by_seed(folder):
     table_file, report_file = ARCHIVED[folder]
