@@ -8,6 +8,8 @@ every search that compared candidates from more than one machine has its --reche
 archived in results/recheck/ and quoted."""
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from mpifed.entry.table import search_table, summarize
 from mpifed.run import provenance
 from mpifed.tables import machine_check
 from mpifed.tables.summary import claim_label
-from mpifed.tables.table_file import load_table, resolve, settled
+from mpifed.tables.table_file import Table, load_table, resolve, settled
 
 pytestmark = pytest.mark.unit
 
@@ -35,16 +37,27 @@ ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml",
 RECHECK = REPO / "results" / "recheck"      # --recheck's re-runs, on one machine, by table folder
 
 
+@functools.cache
+def _archived(table_file: str) -> Table:
+    t = load_table(REPO / table_file, str(REPO / "results"))
+    resolve(t, [])
+    return t
+
+
+def resolved(table_file: str) -> Table:
+    """The table resolved against results/: a copy of the one read the first time it is asked for
+    (reading a table's runs takes seconds), the caller's to select from."""
+    return copy.deepcopy(_archived(table_file))
+
+
 def _settled(table_file: str) -> list[tuple[str, str, list[str]]]:
     """(setting, the rows the report must quote, its claims' "difference [CI], seeds, p | Holm p"
     cells) for each setting of the table whose search has a score: the search's rows (marked where
     it is not finished), and where every final run has finished or diverged, the seed-by-seed rows
     and the claims as well."""
     found = []
-    probe = load_table(REPO / table_file, str(REPO / "results"))
-    for setting in dict.fromkeys(r.setting for r in probe.runs):
-        t = load_table(REPO / table_file, str(REPO / "results"))
-        resolve(t, [])
+    for setting in dict.fromkeys(r.setting for r in _archived(table_file).runs):
+        t = resolved(table_file)
         t.select([setting], None, None)
         search = search_table(t)
         s = summarize(t)
@@ -72,8 +85,7 @@ def _recheck_machine() -> dict[str, frozenset[str]]:
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
 def test_every_search_across_machines_is_rechecked_on_one_and_quoted(folder):
     table_file, report_file = ARCHIVED[folder]
-    t = load_table(REPO / table_file, str(REPO / "results"))
-    resolve(t, [])
+    t = resolved(table_file)
     here = _recheck_machine()
     checks = machine_check.plan(t, RECHECK, here)
     if not checks:
@@ -91,8 +103,7 @@ ONE_MACHINE = [("fedntd-table1", "fmnist-lda0.1")]   # columns whose final runs 
 
 @pytest.mark.parametrize("folder, setting", ONE_MACHINE)
 def test_a_column_the_report_says_ran_on_one_machine_records_one(folder, setting):
-    t = load_table(REPO / ARCHIVED[folder][0], str(REPO / "results"))
-    resolve(t, [])
+    t = resolved(ARCHIVED[folder][0])
     t.select([setting], None, None)
     machines = {provenance.machine(provenance.read(r.path) or {}) for r in t.runs}
     assert len(machines) == 1, f"results/{folder}, {setting}: the final runs ran on {sorted(machines)}"
@@ -105,8 +116,7 @@ FIRST_MACHINE = "family 25 model 1 "   # the CPU model whose re-runs repeated th
 
 @pytest.mark.parametrize("folder", ["fedntd-epochs", "fedntd-table1"])
 def test_a_final_run_that_records_its_cpu_records_the_one_that_repeats_the_first_runs(folder):
-    t = load_table(REPO / ARCHIVED[folder][0], str(REPO / "results"))
-    resolve(t, [])
+    t = resolved(ARCHIVED[folder][0])
     cpus = {c for r in t.runs for c in provenance.hardware(provenance.read(r.path) or {})["cpu_id"]}
     other = sorted(c for c in cpus if not c.startswith(FIRST_MACHINE))
     assert cpus and not other, f"results/{folder}: final runs record another CPU than {FIRST_MACHINE!r}: {other}"
@@ -129,8 +139,7 @@ def test_the_report_quotes_the_archived_runs_seed_by_seed(folder):
 @pytest.mark.parametrize("folder", sorted(ARCHIVED))
 def test_where_a_run_diverged_the_report_quotes_the_claims_with_it_at_chance(folder):
     table_file, report_file = ARCHIVED[folder]
-    t = load_table(REPO / table_file, str(REPO / "results"))
-    resolve(t, [])
+    t = resolved(table_file)
     if not any("diverged" in why for why in summarize(t).left_out):
         pytest.skip(f"results/{folder}: no final run diverged")
     report = (REPO / report_file).read_text().replace("\u2212", "-")
@@ -146,10 +155,8 @@ def test_a_report_wide_family_adjusts_each_claim_over_every_tables_claims(capsys
     tables = ["configs/repro/fedntd/long.table.yaml", "configs/repro/fedntd/table1.table.yaml"]
     assert table_main([tables[0], "--runs-root", str(REPO / "results"), "--summary", "--family", *tables]) == 0
     out = capsys.readouterr().out
-    own = load_table(REPO / tables[0], str(REPO / "results"))
-    resolve(own, [])
-    other = load_table(REPO / tables[1], str(REPO / "results"))
-    resolve(other, [])
+    own = resolved(tables[0])
+    other = resolved(tables[1])
     mine, theirs = summarize(own), summarize(other)
     mine.with_report_family([theirs])
     assert mine.report_family == len(mine.all_claims) + len(theirs.all_claims) == 6 + len(theirs.all_claims)
@@ -167,8 +174,7 @@ def test_the_opening_summary_lists_the_claims_that_survive_one_adjustment_over_t
     files = [table for table, _ in ARCHIVED.values()]
     summaries = []
     for table_file in files:
-        t = load_table(REPO / table_file, str(REPO / "results"))
-        resolve(t, [])
+        t = resolved(table_file)
         summaries.append(summarize(t))
     summaries = [s for s in summaries if s.all_claims]
     rows = []
@@ -193,8 +199,7 @@ def test_the_local_work_table_is_what_the_archived_runs_measure():
     report = (REPO / REPRODUCTION).read_text().splitlines()
     declared = 0
     for folder, (table_file, _) in ARCHIVED.items():
-        t = load_table(REPO / table_file, str(REPO / "results"))
-        resolve(t, [])
+        t = resolved(table_file)
         for setting, mean, theirs in summarize(t).local_work:
             if theirs is None:
                 continue
