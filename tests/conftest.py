@@ -233,7 +233,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     waiting (on a timeout, a signal, Slurm), and the extra worker trains while they wait: on 2 cores the
     suite took 14.2 minutes with 3 workers; with 2 it had taken 16 to 18 (before test_reproduction read
     each table once, which saves about 1.5 of them)."""
-    return len(os.sched_getaffinity(0)) + 1
+    from mpifed.entry.launch import usable_cores
+    return usable_cores() + 1
 
 
 @pytest.fixture(scope="session")
