@@ -232,7 +232,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one pytest-xdist worker per usable core, plus one. Many tests spend much of their time
     waiting (on a timeout, a signal, Slurm), and the extra worker trains while they wait: on 2 cores the
     suite took 14.2 minutes with 3 workers; with 2 it had taken 16 to 18 (before test_reproduction read
-    each table once, which saves about 1.5 of them)."""
+    each table once, which saves about 1.5 CPU-minutes of the 22)."""
     from mpifed.entry.launch import usable_cores
     return usable_cores() + 1
 
