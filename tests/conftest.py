@@ -72,6 +72,33 @@ def plugins_unloaded_after() -> Iterator[None]:
                 plugins.unload(p)
 
 
+def command(cwd: Path, module: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The command ``python -m <module> <args>`` (mpifed.main, .prepare, .table, .report, .evaluate, or
+    mpifed) run in ``cwd`` by its ``main`` in this process (each ``main`` is re-entrant; a process start
+    saved); the plugins it loads are unloaded after it. Commands that start runs of their own (a
+    table's ``--run``) and installed entry points need a process of their own."""
+    from mpifed.entry.commands import main as cli_main
+    from mpifed.entry.evaluate import main as evaluate_main
+    from mpifed.entry.main import main as run_main
+    from mpifed.entry.prepare import main as prepare_main
+    from mpifed.entry.report import main as report_main
+    from mpifed.entry.table import main as table_main
+    mains = {"mpifed.main": run_main, "mpifed.prepare": prepare_main, "mpifed.table": table_main,
+             "mpifed.report": report_main, "mpifed.evaluate": evaluate_main, "mpifed": cli_main}
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with plugins_unloaded_after(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = mains[module](list(args))
+    finally:
+        os.chdir(here)
+    p = subprocess.CompletedProcess([module, *args], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{module} {args} exited {code}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
 @pytest.fixture
 def unload_plugins() -> Iterator[None]:
     """The plugins a test loads in this process are unloaded after it."""

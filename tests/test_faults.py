@@ -1,14 +1,17 @@
 """Fault injection with real processes: kill -9 of the server and of a worker mid-round, a worker
 stopped beyond comm.timeout_s, a full disk, a corrupt checkpoint, a torn jsonl line, two runs
-racing for one name, changed raw data, a partition file changed before a resume.
+racing for one name, changed raw data, a partition file changed before a resume, a run folder
+whose provenance.json an attacker crafted to run code of theirs.
 
 After each fault the run directory is checked on disk: no file mixes runs, status.json (as
 :meth:`RunDir.status` reads it) tells the truth, and ``--resume`` either continues exactly
 (equal to the uninterrupted run) or refuses with a message.
 """
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, tiny
+from conftest import (LAUNCH, REPO, assert_same_model, command, env, final_model, metrics, plugin_method,
+                      run_debug, run_mpi, tiny)
 from mpifed.run import checkpoint
 from mpifed.settings.config import build
 from mpifed.local.optim import round_lr
@@ -338,3 +342,81 @@ def test_a_run_never_takes_over_a_folder_mpifed_did_not_make(tmp_path, short_ref
     (tmp_path / "runs" / "empty").mkdir()
     run_debug(args(tmp_path, "train.rounds=1", name="empty", rounds=SHORT))   # an empty folder is used
     assert (tmp_path / "runs" / "empty" / ".mpifed-run").is_file()
+
+
+SETTING = """data:
+  dataset: {name: synthetic, train_samples: 300, test_samples: 120}
+  num_clients: 5
+  partition: {name: dirichlet, beta: 0.5, min_size: 5}
+  prepared_root: data
+train: {rounds: 2, local_epochs: 1, batch_size: 16, eval_batch_size: 50}
+resources: {threads: 1, device: cpu}
+"""
+
+
+@pytest.fixture(scope="module")
+def plugin_table(tmp_path_factory):
+    """A table of one run of a method of the user's own (penalty.py, named by the table file), run."""
+    home = tmp_path_factory.mktemp("plugin_table")
+    (home / "penalty.py").write_text(plugin_method("penalty"))
+    (home / "t").mkdir()
+    (home / "t" / "s.yaml").write_text(SETTING)
+    (home / "t" / "mine.yaml").write_text("algorithm: {name: penalty, penalty: 0.05}\n")
+    (home / "t" / "t.table.yaml").write_text("plugins: [../penalty.py]\nmetric: final_test_acc\nsettings: [s.yaml]\n"
+                                             "methods: [mine.yaml]\nseeds: [0]\n")
+    subprocess.run([sys.executable, "-m", "mpifed.table", "t/t.table.yaml", "--run", "0"], cwd=home, env=env(),
+                   check=True, capture_output=True, timeout=300)
+    return home
+
+
+def _copy_of(plugin_table, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(plugin_table, home, symlinks=True)
+    return home, home / "runs" / "t-t" / "s-mine-s0"
+
+
+@pytest.mark.parametrize("how", ["origin", "copy up", "copy absolute"])
+def test_a_crafted_provenance_runs_no_code_in_any_command(tmp_path, plugin_table, how):
+    """An attacker's run folder: its provenance.json records as the run's plugin a file of theirs, by
+    an absolute origin (with its hash) or a copy outside the run folder. Resume, evaluate, report and
+    the table's summary run none of it; the first two refuse with one message, the readers read the
+    run's names."""
+    home, run = _copy_of(plugin_table, tmp_path)
+    ran = tmp_path / "the-payload-ran"
+    evil = tmp_path / "theirs" / "evil.py"
+    evil.parent.mkdir()
+    evil.write_text(f"import pathlib\npathlib.Path({str(ran)!r}).write_text('ran')\n" + plugin_method("evil"))
+    record = json.loads((run / "provenance.json").read_text())
+    plugin = record["segments"][-1]["plugins"][0]
+    plugin.update(sha256=hashlib.sha256(evil.read_bytes()).hexdigest(), provides=["algorithm evil"],
+                  files=["evil.py"], origin=str(evil) if how == "origin" else str(tmp_path / "gone.py"),
+                  copy={"origin": None, "copy up": "../../../../theirs", "copy absolute": str(evil.parent)}[how])
+    (run / "provenance.json").write_text(json.dumps(record))
+    said = ("the run was made with code from outside mpifed, which mpifed runs only when you say so: plugin "
+            f"{evil} (SHA-256" if how == "origin" else "records a plugin whose copy is not a folder of the run's "
+            "plugins/ (")
+    resumed = [command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=3", check=False)]
+    if how != "origin":   # refused in every case: trusting the run does not make a copy elsewhere the run's
+        resumed.append(command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=3",
+                               "--trust-run-code", check=False))
+    evaluated = command(home, "mpifed.evaluate", str(run), check=False)
+    for p in (*resumed, evaluated):
+        assert p.returncode == 2 and p.stderr.count(said) == 1 and "Traceback" not in p.stderr
+    assert len(metrics(run)) == 2
+    report = command(home, "mpifed.report", str(run.parent), "--out", str(tmp_path / "report"))
+    summary = command(home, "mpifed.table", "t/t.table.yaml", "--summary", "--plugin", "penalty.py")
+    assert "| mine |" in summary.stdout and "left out" not in summary.stdout and "Traceback" not in report.stderr
+    assert not ran.exists()
+
+
+def test_a_run_of_a_plugin_resumes_with_the_code_its_configs_name(tmp_path, plugin_table):
+    """As the Slurm scripts resume a requeued job: the job's own arguments (a config naming the plugin)
+    and --resume, no flag more."""
+    home, run = _copy_of(plugin_table, tmp_path)
+    (home / "job.yaml").write_text("plugins: [penalty.py]\n")
+    refused = command(home, "mpifed.main", "--config", "t/s.yaml", "--config", "t/mine.yaml", "--set",
+                      "train.rounds=3", "--resume", str(run), check=False)
+    assert refused.returncode == 2 and f"its copy: {run}/plugins/penalty-" in refused.stderr
+    command(home, "mpifed.main", "--config", "t/s.yaml", "--config", "t/mine.yaml", "--config", "job.yaml", "--set",
+            f"run.root={run.parent}", f"run.name={run.name}", "train.rounds=3", "--resume")
+    assert len(metrics(run)) == 3

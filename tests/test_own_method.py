@@ -1,10 +1,9 @@
 """A researcher's own method, first class: a method file outside the repository, named by a table file,
 runs in a table with FedAvg under MPI and in the debug mode, is summarised, reported and evaluated,
-resumes without --plugin, and refuses to resume once its code changed; an installed package's entry
+resumes with its code given again or allowed from the run's copy (--trust-run-code), and refuses to
+resume once its code changed; an installed package's entry
 point is found without any flag; provenance counts untracked files inside the package."""
-import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -13,13 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, env, metrics, plugin_method, plugins_unloaded_after
-from mpifed.entry.commands import main as cli_main
-from mpifed.entry.evaluate import main as evaluate_main
-from mpifed.entry.main import main as run_main
-from mpifed.entry.prepare import main as prepare_main
-from mpifed.entry.report import main as report_main
-from mpifed.entry.table import main as table_main
+from conftest import REPO, command, env, metrics, plugin_method
 
 pytestmark = pytest.mark.e2e
 
@@ -39,28 +32,6 @@ def mpifed(cwd, *args, check=True, extra_env=None):
                        capture_output=True, text=True, timeout=600)
     if check and p.returncode != 0:
         raise AssertionError(f"{args} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    return p
-
-
-COMMANDS = {"mpifed.main": run_main, "mpifed.prepare": prepare_main, "mpifed.table": table_main,
-            "mpifed.report": report_main, "mpifed.evaluate": evaluate_main, "mpifed": cli_main}
-
-
-def command(cwd, module, *args, check=True):
-    """The command ``python -m <module> <args>`` run in ``cwd`` by its ``main`` in this process (each
-    ``main`` is re-entrant; a process start saved); the plugins it loads are unloaded after it. The
-    table's ``--run``, which starts runs of its own, and installed entry points take :func:`mpifed`."""
-    out, err = io.StringIO(), io.StringIO()
-    here = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with plugins_unloaded_after(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = COMMANDS[module](list(args))
-    finally:
-        os.chdir(here)
-    p = subprocess.CompletedProcess([module, *args], code, out.getvalue(), err.getvalue())
-    if check and code != 0:
-        raise AssertionError(f"{module} {args} exited {code}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
 
 
@@ -125,21 +96,29 @@ def test_the_mpi_run_of_the_method_equals_its_debug_run(own_table):
 
 def test_evaluate_prints_each_runs_recorded_final_accuracy(own_table):
     runs = sorted((own_table / "runs" / "t-t").glob("s-*-s[0-9]"))
-    out = command(own_table, "mpifed", "evaluate", *map(str, runs)).stdout
+    refused = command(own_table, "mpifed", "evaluate", *map(str, runs), check=False)
+    assert refused.returncode == 2 and refused.stdout.count("(the same)") == 2   # FedAvg's: mpifed's own code
+    assert refused.stderr.count("the run was made with code from outside mpifed") == 2
+    assert "add --trust-run-code, or give the same code yourself (--plugin FILE" in refused.stderr
+    out = command(own_table, "mpifed", "evaluate", "--plugin", "penalty.py", *map(str, runs)).stdout
     for run in runs:
         recorded = json.loads((run / "summary.json").read_text())["final_test_acc"]
         assert (f"{run}: test accuracy {recorded:.4f}" in out
                 and f"recorded final_test_acc {recorded:.4f} (the same)" in out)
     assert out.count("(the same)") == 4
-    figures = json.loads(command(own_table, "mpifed.evaluate", str(runs[-1]), "--json").stdout)
+    figures = json.loads(command(own_table, "mpifed.evaluate", str(runs[-1]), "--json", "--trust-run-code").stdout)
     assert figures["test_acc"] == figures["recorded_final_test_acc"] is not None
 
 
-def test_a_run_of_the_method_resumes_without_plugin_and_refuses_once_its_code_changed(own_table):
+def test_a_run_of_the_method_resumes_with_its_code_allowed_and_refuses_once_its_code_changed(own_table):
     """Last of the tests on the table: it edits the method file (and puts it back)."""
     home = own_table
     run = home / "runs" / "t-t" / "s-mine-s1"
-    p = command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=3")
+    p = command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=3", check=False)
+    assert p.returncode == 2 and len(metrics(run)) == 2 and "Traceback" not in p.stderr
+    assert (f"the run was made with code from outside mpifed, which mpifed runs only when you say so: plugin "
+            f"{home / 'penalty.py'}" in p.stderr and "--trust-run-code" in p.stderr)
+    p = command(home, "mpifed.main", "--plugin", "penalty.py", "--resume", str(run), "--set", "train.rounds=3")
     assert len(metrics(run)) == 3 and "resuming" in p.stdout
     method = home / "penalty.py"
     original = method.read_bytes()
@@ -147,18 +126,19 @@ def test_a_run_of_the_method_resumes_without_plugin_and_refuses_once_its_code_ch
     try:
         method.write_bytes(original + b"# tuned since\n")
         new = hashlib.sha256(method.read_bytes()).hexdigest()
-        p = command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=4", check=False)
-        assert p.returncode == 2 and len(metrics(run)) == 3
-        assert (f"the code of plugin {method} changed since the run started (SHA-256 {old} then, {new} now)"
-                in p.stderr) and p.stderr.count("changed since the run started") == 1
+        for allowed in (["--trust-run-code"], ["--plugin", "penalty.py"]):
+            p = command(home, "mpifed.main", *allowed, "--resume", str(run), "--set", "train.rounds=4", check=False)
+            assert p.returncode == 2 and len(metrics(run)) == 3
+            assert (f"the code of plugin {method} changed since the run started (SHA-256 {old} then, {new} now)"
+                    in p.stderr) and p.stderr.count("changed since the run started") == 1
         # the table: the changed method's runs are new runs, never mixed with the old ones
         listed = command(home, "mpifed.table", "t/t.table.yaml", "--list", "--commands").stdout.splitlines()
         assert [line.split()[0] for line in listed if "mine.yaml" in line] == ["new", "new"]
         summary = command(home, "mpifed.table", "t/t.table.yaml", "--summary").stdout
         assert f"s-mine-s0: made with code.algorithm='{old}' (here '{new}')" in summary
-        # with the method file gone, the run resumes from its own copy
+        # with the method file gone, the run resumes from its own copy, where allowed
         method.unlink()
-        command(home, "mpifed.main", "--resume", str(run), "--set", "train.rounds=4")
+        command(home, "mpifed.main", "--trust-run-code", "--resume", str(run), "--set", "train.rounds=4")
         assert len(metrics(run)) == 4
     finally:
         method.write_bytes(original)

@@ -180,16 +180,21 @@ def test_a_runs_copy_of_its_plugin_is_used_when_the_file_is_gone_and_checked_fir
     mine = [r for r in records if r["sha256"] == p.sha256]
     plugins.unload(p)
     f.unlink()
-    restored = plugins.restore(mine, run, "the run", changed="refuse")   # the file is gone: the copy, checked
-    assert [r.sha256 for r in restored] == [p.sha256] and "plug_penalty" in ALGORITHMS
+    with pytest.raises(plugins.UntrustedCode, match=r"the run was made with code from outside mpifed, which mpifed "
+                                                    r"runs only when you say so: plugin .*mine\.py \(SHA-256 .*; its "
+                                                    r"copy: .*plugins/mine-.*/mine\.py\. Nothing of it was loaded"):
+        plugins.restore(mine, run, "the run", changed="refuse")
+    assert "plug_penalty" not in ALGORITHMS
+    restored = plugins.restore(mine, run, "the run", changed="refuse", trust=True)   # the file is gone: the copy
+    assert [r.sha256 for r in restored] == [p.sha256] and "plug_penalty" in ALGORITHMS and restored[0].from_run
     plugins.unload(restored[0])
     copy = run / mine[0]["copy"] / "mine.py"
     copy.write_text(method() + "# edited in the run's folder\n")
     with pytest.raises(plugins.PluginError, match=r"the run's copy of plugin .*mine\.py in .* was altered"):
-        plugins.restore(mine, run, "the run", changed="refuse")
+        plugins.restore(mine, run, "the run", changed="refuse", trust=True)
     copy.unlink()
     with pytest.raises(plugins.PluginError, match=r"the run's copy of plugin .*mine\.py is missing"):
-        plugins.restore(mine, run, "the run", changed="refuse")
+        plugins.restore(mine, run, "the run", changed="refuse", trust=True)
     assert "plug_penalty" not in ALGORITHMS
 
 
@@ -201,7 +206,105 @@ def test_a_restored_run_refuses_another_plugin_under_its_names(tmp_path):
     mine = [r for r in plugins.keep_copies(run, [("algorithm", "plug_penalty")]) if r["sha256"] == p.sha256]
     plugins.unload(p)
     plugins.load(str(write(tmp_path / "b" / "other.py", method() + "# another file, the same name\n")))
-    with pytest.raises(plugins.PluginError, match=r"was made with plugin .*a/mine\.py .* but this process has "
-                                                  r"plugin .*b/other\.py"):
-        plugins.restore(mine, run, "the run", changed="refuse")
-    assert plugins.restore(mine, run, "the run", changed="keep") == []   # a reader needs only the names
+    for trust in (False, True):
+        with pytest.raises(plugins.PluginError, match=r"was made with plugin .*a/mine\.py .* but this process has "
+                                                      r"plugin .*b/other\.py"):
+            plugins.restore(mine, run, "the run", changed="refuse", trust=trust)
+
+
+def recorded_run(tmp_path, source=None):
+    """A run folder (``tmp_path/run``) whose provenance records the plugin file ``source`` (default
+    :func:`method`), copied as a run keeps it; the plugin is unloaded again. Returns (records, run)."""
+    f = write(tmp_path / "code" / "mine.py", source or method())
+    run = tmp_path / "run"
+    run.mkdir()
+    p = plugins.load(str(f))
+    records = [r for r in plugins.keep_copies(run, [("algorithm", "plug_penalty")]) if r["sha256"] == p.sha256]
+    plugins.unload(p)
+    return records, run
+
+
+MARKER = "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('ran')\n"
+
+
+def test_code_loaded_already_by_its_hash_is_taken_without_trust(tmp_path):
+    records, run = recorded_run(tmp_path)
+    given = plugins.load(str(tmp_path / "code" / "mine.py"))   # --plugin, a plugins: entry or an entry point
+    assert plugins.restore(records, run, "the run", changed="refuse") == [given]
+    assert not given.from_run
+
+
+def test_a_recorded_origin_anywhere_runs_nothing_without_trust(tmp_path):
+    evil = write(tmp_path / "elsewhere" / "evil.py", MARKER + method("plug_evil"))
+    records, run = recorded_run(tmp_path)
+    crafted = [{**records[0], "origin": str(evil), "sha256": hashlib.sha256(evil.read_bytes()).hexdigest(),
+                "files": ["evil.py"], "provides": ["algorithm plug_evil"], "copy": None}]
+    for changed in ("refuse", "copy"):
+        with pytest.raises(plugins.UntrustedCode, match=rf"plugin {evil} \(SHA-256 .*, for algorithm plug_evil\); "
+                                                        r"the run keeps no copy of it\. Nothing of it was loaded"):
+            plugins.restore(crafted, run, "the run", changed=changed)
+    assert not (evil.parent / "ran").exists() and "plug_evil" not in ALGORITHMS
+
+
+@pytest.mark.parametrize("copy", ["../elsewhere", "/ABS", "plugins/../../elsewhere", "plugins/x/y", "plugins",
+                                  "plugins/.", "link", "file-link"])
+def test_a_recorded_copy_outside_the_runs_plugins_folder_or_through_a_link_is_refused_in_every_case(tmp_path, copy):
+    records, run = recorded_run(tmp_path)
+    evil = write(tmp_path / "elsewhere" / "mine.py", MARKER + method())
+    crafted = {**records[0], "sha256": hashlib.sha256(evil.read_bytes()).hexdigest(), "copy": copy}
+    if copy == "/ABS":
+        crafted["copy"] = str(evil.parent)
+    elif copy == "link":   # the run's own folder name, made a link to code elsewhere
+        own = run / records[0]["copy"]
+        for f in own.iterdir():
+            f.unlink()
+        own.rmdir()
+        own.symlink_to(evil.parent)
+        crafted["copy"] = records[0]["copy"]
+    elif copy == "file-link":
+        own = run / records[0]["copy"] / "mine.py"
+        own.unlink()
+        own.symlink_to(evil)
+        crafted["copy"] = records[0]["copy"]
+    (tmp_path / "code" / "mine.py").unlink()   # the origin gone: only the copy could be loaded
+    for trust in (False, True):
+        with pytest.raises(plugins.PluginError, match=r"the run: its provenance\.json records a plugin whose copy is "
+                                                      r".*; mpifed refuses that record in every case"):
+            plugins.restore([crafted], run, "the run", changed="copy", trust=trust)
+    assert not (evil.parent / "ran").exists() and "plug_penalty" not in ALGORITHMS
+
+
+@pytest.mark.parametrize("field,value,said", [
+    ("kind", "script", "of an unknown kind"), ("sha256", "0" * 12, "without a SHA-256"),
+    ("module", "os; import x", "whose module is not a module name"),
+    ("files", ["../../evil.py"], "with files that are not its own source files"),
+    ("files", ["sub/mine.py"], "with files that are not its own source files"),
+    ("provides", "algorithm x", "whose entries are not"),
+])
+def test_a_malformed_plugin_record_is_refused_before_anything_is_read(tmp_path, field, value, said):
+    records, run = recorded_run(tmp_path)
+    with pytest.raises(plugins.PluginError, match=f"records a plugin {said}"):
+        plugins.restore([{**records[0], field: value}], run, "the run", changed="copy", trust=True)
+
+
+def test_a_runs_stored_config_is_read_without_its_plugins_code(tmp_path):
+    f = write(tmp_path / "mine.py", method())
+    _, d = config.load([], ["algorithm.name=plug_penalty", "algorithm.penalty=0.25"], plugins=[str(f)])
+    loaded = config.result_fingerprint(config.recorded(d).to_dict())
+    assert loaded == config.result_fingerprint(d)
+    plugins.unload(plugins.provider("algorithm", "plug_penalty"))
+    cfg = config.recorded(d)    # the plugin is not loaded: its entry by name, its options as recorded
+    assert cfg.algorithm.name == "plug_penalty" and cfg.algorithm.options == {"penalty": 0.25}
+    assert config.result_fingerprint(cfg.to_dict()) == loaded
+    with pytest.raises(config.ConfigError, match="unknown algorithm 'plug_penalty'"):
+        config.recorded({**d, "code": {**d["code"], "algorithm": None}})   # mpifed's own: checked as ever
+
+
+def test_a_resume_command_gives_the_code_again_as_the_run_was_given_it(tmp_path):
+    from mpifed.entry.main import code_words
+    f = write(tmp_path / "mine.py", method())
+    cfg, _ = config.load([], ["algorithm.name=plug_penalty"], plugins=[str(f)])
+    assert code_words(cfg) == ("--plugin", str(f))
+    assert code_words(config.load([], [])[0]) == ()     # mpifed's own method: nothing to give
+    plugins.provider("algorithm", "plug_penalty").from_run = True
+    assert code_words(cfg) == ("--trust-run-code",)

@@ -142,9 +142,10 @@ def start_command(ranks: int) -> str:
     return main
 
 
-def resume_command(run_path: Path | str, ranks: int) -> str:
-    """The exact command that continues the run in ``run_path`` (its plugins are part of its record)."""
-    return f"{start_command(ranks)} {shlex.join(['--resume', str(run_path)])}"
+def resume_command(run_path: Path | str, ranks: int, code: tuple[str, ...] = ()) -> str:
+    """The exact command that continues the run in ``run_path``; ``code``: the words that give it its
+    code from outside mpifed again (``--plugin FILE``, ``--trust-run-code``)."""
+    return f"{start_command(ranks)} {shlex.join([*code, '--resume', str(run_path)])}"
 
 
 def _read(path: Path) -> str | None:

@@ -53,9 +53,11 @@ class Model(NamedTuple):
 
 @dataclass(frozen=True)
 class Run:
-    """A run directory: its configuration, state, summary and metrics, and its trained model."""
+    """A run directory: its configuration, state, summary and metrics, and its trained model
+    (``trust_run_code``: see :func:`load_model`)."""
 
     path: Path
+    trust_run_code: bool = False
 
     @property
     def config(self) -> dict[str, Any]:
@@ -81,21 +83,22 @@ class Run:
 
     def model(self, device: str = "cpu") -> Model:
         """The trained network and its input transform (see :func:`load_model`)."""
-        return load_model(self.path, device)
+        return load_model(self.path, device, trust_run_code=self.trust_run_code)
 
     def evaluate(self, data: str = "test", overrides: Sequence[str] = ()) -> dict[str, Any]:
         """The trained model's figures on ``data`` (see :func:`evaluate_run`)."""
-        return evaluate_run(self.path, data, overrides)
+        return evaluate_run(self.path, data, overrides, trust_run_code=self.trust_run_code)
 
     @property
     def class_names(self) -> list[str]:
         """The classes in label order: their names where the data set has them, else their numbers."""
-        return trained.load(self.path).class_names
+        return _trained(self.path, "cpu", self.trust_run_code).class_names
 
 
 def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
         overrides: Mapping[str, Any] | Sequence[str] = (), *, plugins: Sequence[str] = (), name: str | None = None,
-        root: str | Path | None = None, resume: bool = False, overwrite: bool = False, quiet: bool = False) -> Run:
+        root: str | Path | None = None, resume: bool = False, overwrite: bool = False, quiet: bool = False,
+        trust_run_code: bool = False) -> Run:
     """Run an experiment in this process and return its run directory.
 
     ``config_files``: config files (paths) and mappings (read like a file; a mapping's file paths,
@@ -104,8 +107,10 @@ def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
     ``--set``. ``plugins``: files or modules of your own, as ``--plugin``. ``name`` and ``root``:
     the run directory ``root/name`` (default: run.root and run.name, else a new
     ``<config>-<date>-<time>``). ``resume``: continue that run (more rounds with a larger
-    ``train.rounds``). ``quiet``: print nothing but errors. A run stopped by Ctrl-C is returned too
-    (``status`` says stopped); any other failure raises :class:`MpifedError` with its message.
+    ``train.rounds``). ``quiet``: print nothing but errors. ``trust_run_code``: with ``resume``, run
+    the code from outside mpifed that the run records without it being in ``plugins`` (as
+    ``--trust-run-code``). A run stopped by Ctrl-C is returned too (``status`` says stopped); any
+    other failure raises :class:`MpifedError` with its message.
     """
     from mpifed.entry.main import main
     given = [] if config_files is None else (
@@ -128,6 +133,7 @@ def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
     argv = [w for p in plugins for w in ("--plugin", str(p))] + [w for f in files for w in ("--config", f)]
     argv += (["--set", *sets] if sets else []) + (["--resume", str(path)] if resume else [])
     argv += ["--overwrite"] if overwrite else []
+    argv += ["--trust-run-code"] if trust_run_code else []
     import torch
     threads = torch.get_num_threads()
     errors = io.StringIO()
@@ -144,26 +150,38 @@ def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
     return Run(path)
 
 
-def open_run(path: str | Path) -> Run:
-    """The run in the directory ``path`` (made by any mpifed command)."""
+def open_run(path: str | Path, *, trust_run_code: bool = False) -> Run:
+    """The run in the directory ``path`` (made by any mpifed command); ``trust_run_code``: see
+    :func:`load_model`."""
     found = Path(path)
     if not RunDir(found).holds_run():
         raise MpifedError(f"{found}: no run there (no config.yaml); give a run directory, e.g. runs/<name>")
-    return Run(found)
+    return Run(found, trust_run_code)
 
 
-def load_model(path: str | Path, device: str = "cpu") -> Model:
+def load_model(path: str | Path, device: str = "cpu", *, trust_run_code: bool = False) -> Model:
     """The trained network of the run in ``path`` (a ``torch.nn.Module`` in eval mode, with model.pt's
-    weights, built by the run's own code) and the transform its inputs need (the run's normalisation)."""
-    found = trained.load(path, device)
+    weights, built by the run's own code) and the transform its inputs need (the run's normalisation).
+
+    A run made with code of your own (a plugin) is rebuilt with that code when it is loaded in this
+    process already (``api.run``'s ``plugins``, an installed package), or, with ``trust_run_code``,
+    from the run's record; otherwise a ConfigError says which code the run needs and loads none."""
+    found = _trained(path, device, trust_run_code)
     return Model(found.module, found.transform)
 
 
-def evaluate_run(path: str | Path, data: str = "test", overrides: Sequence[str] = ()) -> dict[str, Any]:
+def evaluate_run(path: str | Path, data: str = "test", overrides: Sequence[str] = (), *,
+                 trust_run_code: bool = False) -> dict[str, Any]:
     """The figures of the run's trained model on ``data``: ``"test"`` (its test set: test_acc,
     test_loss, per_class_acc; test_acc is the run's recorded final_test_acc), ``"val"`` (its
-    validation set), or a config file whose data set replaces the run's (``overrides`` on top)."""
-    return trained.evaluate(trained.load(path), data, list(overrides))
+    validation set), or a config file whose data set replaces the run's (``overrides`` on top);
+    ``trust_run_code``: see :func:`load_model`."""
+    return trained.evaluate(_trained(path, "cpu", trust_run_code), data, list(overrides))
+
+
+def _trained(path: str | Path, device: str, trust: bool) -> trained.Trained:
+    return trained.load(path, device, trust, allow="pass trust_run_code=True, or load the same code first (api.run's "
+                                                  "plugins=, or its installed package)")
 
 
 def metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -6,6 +6,9 @@ recorded), its validation set, or the data set of a config file (same classes an
     mpifed evaluate runs/quickstart-20261201-120000
     mpifed evaluate runs/mytable-mine/*-s0 --data val
     mpifed evaluate runs/my-run --data configs/other-test-set.yaml --set data.test_subset=0
+
+A run made with code of your own (a plugin) is rebuilt with that code only when you give it
+(``--plugin FILE``, an installed package) or allow the run's recorded copy (``--trust-run-code``).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import json
 import sys
 
 from mpifed import __version__
-from mpifed.settings import config
+from mpifed.settings import config, plugins
 from mpifed.run import results
 from mpifed.data.partitions import PartitionError
 from mpifed.run.prepared import PreparedDataError
@@ -52,15 +55,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --data CONFIG: overrides of that config, e.g. data.test_subset=0")
     p.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda, cuda:1)")
     p.add_argument("--json", action="store_true", help="print each run's figures as one JSON object a line")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="load a Python file or module of your own first: a run made with that code (by its SHA-256) "
+                        "is rebuilt with it; repeatable")
+    p.add_argument(plugins.TRUST_FLAG, action="store_true",
+                   help="rebuild each run with the code from outside mpifed that it records (its plugins, from the "
+                        "run's copy), which mpifed otherwise runs only when given by --plugin or an installed "
+                        "package (only for run folders from someone you trust)")
     p.add_argument("--version", action="version", version=f"mpifed {__version__}")
     a = p.parse_args(argv)
     overrides = [o for group in a.set for o in group]
     if overrides and a.data in ("test", "val"):
         p.error("--set goes with --data CONFIG")
+    try:
+        for spec in a.plugin:
+            plugins.load(spec)
+    except plugins.PluginError as exc:
+        print(f"[mpifed.evaluate] {exc}", file=sys.stderr)
+        return 2
     code = 0
     for run in a.runs:
         try:
-            trained = load(run, a.device)
+            trained = load(run, a.device, trust=a.trust_run_code, allow=f"add {plugins.TRUST_FLAG}, or give the same "
+                           f"code yourself (--plugin FILE, or its installed package)")
             figures = evaluate(trained, a.data, overrides)
         except (TrainedError, config.ConfigError, DataMissing, PartitionError, PreparedDataError) as exc:
             print(f"[mpifed.evaluate] {exc}", file=sys.stderr)

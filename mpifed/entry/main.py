@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="load a Python file or module first, e.g. one that registers a method of your own "
                         "(@ALGORITHMS.register); repeatable. A run records its plugins: --resume needs none")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory of the same name")
+    p.add_argument(plugins.TRUST_FLAG, action="store_true",
+                   help="with --resume: run the code from outside mpifed that the run records (its plugins, from "
+                        "where they came or the run's copy) without it being given by --plugin, a config's plugins: "
+                        "or an installed package (only for a run folder from someone you trust)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="with --resume: load a checkpoint that holds Python objects beyond tensors and plain values "
                         "(unpickling them runs code from the file: only for a checkpoint from someone you trust)")
@@ -110,7 +114,8 @@ def _run(args: argparse.Namespace, comm: Comm, mpi_world: Any, errors: tuple[typ
                 shown += dry_run(args, resolved, comm.size)
             print(shown or resolved.nothing_to_do, flush=True)
         return 0
-    return startup.start(resolved, handoff.resume_command(resolved.run_path, comm.size), args.verbose).walk()
+    return startup.start(resolved, handoff.resume_command(resolved.run_path, comm.size, resolved.code_words),
+                         args.verbose).walk()
 
 
 def resolve(args: argparse.Namespace) -> Resolved:
@@ -119,13 +124,13 @@ def resolve(args: argparse.Namespace) -> Resolved:
     those its config files name."""
     from mpifed.run import resume
     from mpifed.round.startup import Resolved, check_extras
-    for spec in args.plugin:
-        plugins.load(spec)
+    overrides = [o for group in args.set for o in group]
+    config.load_plugins(args.config, overrides, args.plugin)
     saved = None
     if args.resume:
         saved = resume.saved_config(RunDir(Path(args.resume)))
-        resume.restore_code(RunDir(Path(args.resume)))
-    cfg, d = config.load(args.config, [o for group in args.set for o in group], base=saved, plugins=args.plugin)
+        resume.restore_code(RunDir(Path(args.resume)), args.trust_run_code)
+    cfg, d = config.load(args.config, overrides, base=saved, plugins=args.plugin)
     run_path = _run_path(args, cfg, d)
     if d["run"].get("group") is None:
         d["run"]["group"] = (Path(args.config[-1]).stem if args.config
@@ -147,12 +152,27 @@ def resolve(args: argparse.Namespace) -> Resolved:
         return Resolved(d, run_path, resuming=True, nothing_to_do=decision.nothing_to_do, plugins=how)
     if args.resume is None:
         resume.make_room(run, args.overwrite)
-        return Resolved(d, run_path, new=new, plugins=how)
+        return Resolved(d, run_path, new=new, plugins=how, code_words=code_words(cfg))
     if not args.resume:   # run.root/run.name: its code is checked against its record now that its place is known
-        resume.restore_code(run)
+        resume.restore_code(run, args.trust_run_code)
     decision = resume.decide(run, cfg, d, saved, trusted=args.trust_checkpoint)
     return Resolved(d, run_path, decision.resume_from, resuming=True, nothing_to_do=decision.nothing_to_do, new=new,
-                    plugins=how, trust_checkpoint=args.trust_checkpoint)
+                    plugins=how, trust_checkpoint=args.trust_checkpoint, code_words=code_words(cfg))
+
+
+def code_words(cfg: config.Config) -> tuple[str, ...]:
+    """The words that let a resume of this run load its plugins as this start did: ``--plugin`` with
+    each file or module the user gave, ``--trust-run-code`` where the code came from the run's record
+    (installed packages need none)."""
+    used = {sha for sha in config.to_dict(cfg.code).values() if sha}
+    words: list[str] = []
+    for p in plugins.loaded():
+        if p.sha256 not in used or p.kind == "entry point":
+            continue
+        given = [plugins.TRUST_FLAG] if p.from_run else ["--plugin", p.origin]
+        if given[-1] not in words:
+            words += given
+    return tuple(words)
 
 
 def _run_path(args: argparse.Namespace, cfg: config.Config, d: dict[str, Any]) -> Path:

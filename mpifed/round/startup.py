@@ -80,6 +80,7 @@ class Resolved:
     new: bool = False                  # the run directory held no run before
     plugins: tuple[dict[str, Any], ...] = ()   # how every rank loads rank 0's plugins (Plugin.how_to_load)
     trust_checkpoint: bool = False     # --trust-checkpoint: the checkpoint may hold other Python objects
+    code_words: tuple[str, ...] = ()   # what a resume command needs to load the run's plugins again
 
 
 @dataclass

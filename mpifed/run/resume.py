@@ -214,12 +214,14 @@ def _hashes(stored: dict[str, Any], now: dict[str, Any], keys: list[str]) -> str
                      f"{short(config.lookup(now, k))} now" for k in keys)
 
 
-def restore_code(run: RunDir) -> None:
+def restore_code(run: RunDir, trust: bool = False) -> None:
     """Load the plugins the run in ``run`` recorded using (its provenance), before its config is read:
-    the same code where it came from, else the run's copy; a PluginError when that code changed."""
+    the same code loaded already (``--plugin``, a config's ``plugins:``, an installed package), else,
+    with ``trust`` (``--trust-run-code``), where it came from or the run's copy; a PluginError when
+    that code changed or is not allowed to run."""
     recorded = provenance.recorded_plugins(run.path)
     if recorded:
-        plugins.restore(recorded, run.path, f"cannot resume {run.path}", changed="refuse")
+        plugins.restore(recorded, run.path, f"cannot resume {run.path}", changed="refuse", trust=trust)
 
 
 def check_same_data(run_path: Path, state: dict[str, Any], cfg: config.Config) -> None:

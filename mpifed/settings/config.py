@@ -302,9 +302,10 @@ def _type_name(tp: Any) -> str:
 class _Builder:
     """Turns nested dicts into the dataclass tree, collecting every error."""
 
-    def __init__(self) -> None:
+    def __init__(self, recorded_code: dict[str, Any] | None = None) -> None:
         self.errors: list[str] = []
         self.registries: dict[str, dict[str, type]] = {}   # choice path -> its registry's options
+        self.recorded_code = recorded_code   # a run's code section: entries of code not loaded keep their options
 
     def fail(self, path: str, message: str) -> None:
         self.errors.append(f"{path}: {message}")
@@ -354,6 +355,8 @@ class _Builder:
         data = dict(data)
         name = data.pop("name")
         self.registries[path] = registry
+        if self.recorded_code is not None and self.not_loaded(path, name):
+            return Choice(name, copy.deepcopy(data))
         if name not in registry:
             close = nearest(name, registry)
             hint = f" Did you mean '{close}'?" if close else ""
@@ -361,6 +364,16 @@ class _Builder:
                                            f"{', '.join(sorted(registry))}")
             return f.default_factory()
         return Choice(name, self.dataclass(registry[name], data, path))
+
+    def not_loaded(self, path: str, name: Any) -> bool:
+        """Whether the choice at ``path`` names an entry of a plugin (by the recorded hash) whose code is
+        not loaded in this process."""
+        kind = path.rsplit(".", 1)[-1]
+        sha = (self.recorded_code or {}).get(kind)
+        if not isinstance(sha, str) or kind not in plugin_code.KINDS:
+            return False
+        found = plugin_code.provider(kind, name) if isinstance(name, str) else None
+        return found is None or found.sha256 != sha
 
     def value(self, tp: Any, v: Any, path: str, f: dataclasses.Field | None = None) -> Any:
         if f is not None and "registry" in f.metadata:
@@ -627,6 +640,19 @@ def build(data: dict[str, Any], where: dict[str, str] | None = None) -> Config:
     return cfg
 
 
+def recorded(data: dict[str, Any]) -> Config:
+    """A run's stored, resolved config (config.yaml) as a :class:`Config`, read for its names and
+    values, never by running code: a chosen entry that a plugin defined (its hash under ``code``)
+    and that no code loaded in this process defines with that hash keeps its recorded options
+    unchecked (a plain dict). Raises ConfigError for what this version cannot read."""
+    code = data.get("code") if isinstance(data, dict) else None
+    builder = _Builder(code if isinstance(code, dict) else {})
+    cfg = builder.dataclass(Config, data, "")
+    if builder.errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(builder.errors))
+    return cfg
+
+
 def _located(error: str, where: dict[str, str]) -> str:
     """``"key: message"`` as ``"key (file, line N): message"`` where ``where`` knows the key."""
     key, _, message = error.partition(": ")
@@ -729,14 +755,9 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     algorithm is known: over the files before it, under the files after it (a method file
     that sets mu itself, for a sweep, wins), and under the command line's ``--set``.
     """
-    specs = plugin_specs(list(plugins), "--plugin", None)
     layers = [read_yaml(find_config(p)) for p in paths or []]
-    given = [o for o in overrides or [] if o.split("=", 1)[0].strip() == "plugins"]
-    for text in given:
-        specs += plugin_specs(parse_override(text)["plugins"], f"override {text!r}", None)
-    for layer in layers:
-        specs += layer.pop("plugins", [])
-    for spec in dict.fromkeys(specs):
+    specs, given = _named_plugins(layers, overrides or [], plugins)
+    for spec in specs:
         plugin_code.load(spec)
     for p, layer in zip(paths or [], layers):
         _not_code(str(p), layer)
@@ -775,6 +796,28 @@ def load(paths: list[str] | None = None, overrides: list[str] | None = None,
     cfg = build(data, where)
     cfg.code = code_of(cfg)
     return cfg, cfg.to_dict()
+
+
+def load_plugins(paths: list[str] | None = None, overrides: list[str] | None = None,
+                 plugins: list[str] | tuple[str, ...] = ()) -> None:
+    """Load the plugins a command names, as :func:`load` does first: ``plugins`` (``--plugin``), then
+    those of its config files and of a ``plugins=`` override (before a resumed run's recorded code
+    is checked against them)."""
+    for spec in _named_plugins([read_yaml(find_config(p)) for p in paths or []], overrides or [], plugins)[0]:
+        plugin_code.load(spec)
+
+
+def _named_plugins(layers: list[dict[str, Any]], overrides: list[str],
+                   plugins: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The plugin specs of ``plugins``, the ``plugins=`` overrides and the files' layers (popped from
+    them), in that order without repeats; and those overrides."""
+    specs = plugin_specs(list(plugins), "--plugin", None)
+    given = [o for o in overrides if o.split("=", 1)[0].strip() == "plugins"]
+    for text in given:
+        specs += plugin_specs(parse_override(text)["plugins"], f"override {text!r}", None)
+    for layer in layers:
+        specs += layer.pop("plugins", [])
+    return list(dict.fromkeys(specs)), given
 
 
 def _not_code(source: str, layer: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,12 @@ has already taken, an entry that does not fit its registry's interface, or an im
 is a :class:`PluginError` naming the plugin and the fix, with nothing of it left registered.
 
 A run keeps a copy of each plugin's source (:func:`keep_copies`); :func:`restore` loads the
-code a recorded run used (for ``--resume``, ``mpifed evaluate`` and the readers of runs).
+code a recorded run used (for ``--resume`` and ``mpifed evaluate``). A run folder may come from
+someone else (a collaborator's results, an archive downloaded with a paper), so the code it records
+runs only where the user allows it: the same code (by hash) already loaded in this process (by
+``--plugin``, a ``plugins:`` entry, an installed entry point), or ``--trust-run-code``
+(:class:`UntrustedCode` otherwise, naming the code and its copy; nothing is loaded). A recorded
+copy outside the run's ``plugins/`` folder, or reached through a link, is refused in every case.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
+from mpifed.files.nofollow import read_bytes
 from mpifed.plugin.options import ConfigError
 from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, Registry, RegistryError
 
@@ -47,6 +53,17 @@ KINDS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "dataset
 
 class PluginError(ConfigError):
     """A plugin cannot be loaded, or a recorded plugin's code is not the code a run used."""
+
+
+class UntrustedCode(PluginError):
+    """A run records code from outside mpifed that the user has not allowed to run."""
+
+
+TRUST_FLAG = "--trust-run-code"             # the commands' opt-in to run the code a run folder records
+ALLOW = (f"add {TRUST_FLAG}, or give the same code yourself (--plugin FILE, a plugins: entry of your config, or its "
+         f"installed package)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 @dataclass(eq=False)
@@ -64,6 +81,7 @@ class Plugin:
     entry_point: str | None = None   # an entry point's "name = value"
     sys_path: str | None = None  # a module loaded from a run's copy: the folder put on sys.path for it
     recorded_origin: str | None = None   # loaded from a run's copy: the origin the run recorded
+    from_run: bool = False       # loaded from a run's record, as --trust-run-code allowed
     sources: dict[str, bytes] = field(default_factory=dict, repr=False)   # the files as hashed (and run, for a file)
 
     @property
@@ -129,13 +147,15 @@ def resolve_spec(spec: str, relative_to: Path | None = None) -> str:
     return str(Path(os.path.abspath(path)))
 
 
-def _load_file(origin: str) -> Plugin:
+def _load_file(origin: str, expect: str | None = None) -> Plugin:
+    """Load the file ``origin``; with ``expect``, only if its source has that SHA-256 (checked before it runs)."""
     path = Path(origin)
     if not path.is_file():
         what = "is a folder, not a Python file" if path.is_dir() else "does not exist"
         raise PluginError(f"plugin {origin} {what}: give the .py file that registers your method (or a module name)")
     source = path.read_bytes()
     sha = hashlib.sha256(source).hexdigest()
+    _expected(origin, sha, expect)
     if sha in _loaded:
         return _loaded[sha]
     for old in [p for p in _loaded.values() if p.kind == "file" and p.origin == origin]:
@@ -154,8 +174,11 @@ def _exec_file(module_name: str, path: Path, source: bytes) -> None:
     exec(compile(source, str(path), "exec"), module.__dict__)
 
 
-def _load_module(name: str, sys_path: str | None = None, entry: importlib.metadata.EntryPoint | None = None) -> Plugin:
-    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+def _load_module(name: str, sys_path: str | None = None, entry: importlib.metadata.EntryPoint | None = None,
+                 expect: str | None = None) -> Plugin:
+    """Import the module ``name`` (``sys_path`` first on the path); with ``expect``, only if its
+    package's source has that hash (checked before it runs)."""
+    if not _MODULE.fullmatch(name):
         raise PluginError(f"plugin {name!r} is neither a Python file (ending in .py) nor a module name (like "
                           f"mylab.methods)")
     top = name.split(".")[0]
@@ -166,6 +189,7 @@ def _load_module(name: str, sys_path: str | None = None, entry: importlib.metada
                           f"Install its package, add its folder to PYTHONPATH, or name the file (ending in .py)")
     root, sources = _module_source(found)
     sha = _sha_tree(sources)
+    _expected(f"module {name}", sha, expect)
     if sha in _loaded:
         return _loaded[sha]
     plugin = Plugin("entry point" if entry else "module", name, name, sha, root, tuple(sources), sys_path=sys_path,
@@ -185,6 +209,18 @@ def _load_module(name: str, sys_path: str | None = None, entry: importlib.metada
                                       f"names a module, or a function that registers the plugin's entries")
                 hook()
     return _register(plugin, run, already=name in sys.modules)
+
+
+class _NotExpected(PluginError):
+    def __init__(self, label: str, sha: str, expect: str) -> None:
+        super().__init__(f"plugin {label} is not the code expected (SHA-256 {sha[:12]}... there, {expect[:12]}... "
+                         f"expected): it changed while it was being loaded, or it is other code; nothing of it ran")
+        self.sha = sha
+
+
+def _expected(label: str, sha: str, expect: str | None) -> None:
+    if expect is not None and sha != expect:
+        raise _NotExpected(label, sha, expect)
 
 
 def _register(plugin: Plugin, run: Any, already: bool = False) -> Plugin:
@@ -284,15 +320,14 @@ def load_installed() -> list[Plugin]:
 
 def load_again(how: dict[str, Any]) -> Plugin:
     """On another rank: load the code :meth:`Plugin.how_to_load` describes, and check it is the same."""
-    if how["kind"] == "file":
-        plugin = _load_file(how["path"])
-    else:
-        plugin = _load_module(how["module"], how.get("sys_path"))
-    if plugin.sha256 != how["sha256"]:
+    try:
+        if how["kind"] == "file":
+            return _load_file(how["path"], expect=how["sha256"])
+        return _load_module(how["module"], how.get("sys_path"), expect=how["sha256"])
+    except _NotExpected as exc:
         raise PluginError(f"plugin {how['label']} has other code on this rank than on rank 0 (SHA-256 "
-                          f"{plugin.sha256[:12]}... here, {how['sha256'][:12]}... there): every node must see the "
-                          f"same file or install the same version")
-    return plugin
+                          f"{exc.sha[:12]}... here, {how['sha256'][:12]}... there): every node must see the "
+                          f"same file or install the same version") from None
 
 
 def loaded() -> list[Plugin]:
@@ -326,45 +361,121 @@ def keep_copies(run_dir: Path, used: Iterable[tuple[str, str]]) -> list[dict[str
     return out
 
 
-def restore(records: list[dict[str, Any]], run_dir: Path, what: str,
-            changed: Literal["refuse", "copy", "keep"]) -> list[Plugin]:
+def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Literal["refuse", "copy"],
+            trust: bool = False, allow: str = ALLOW) -> list[Plugin]:
     """Load the code of the recorded plugins a run used (``records``: its provenance's; ``what``
-    names the run in messages). Each one's origin is loaded when its source still has the recorded
-    hash, else the run's copy, checked against the hash. Where the origin's code changed (the file
-    edited, another version installed): ``refuse`` is an error (``--resume``: the run would
-    continue with other code than it trained with), ``copy`` loads the run's copy instead
-    (``mpifed evaluate``: the run's own code), ``keep`` keeps what is loaded (readers of a run's
-    records, who need only its names)."""
+    names the run in messages).
+
+    A plugin whose code (by hash) is loaded already is taken as it is. Any other is run only with
+    ``trust`` (``allow`` says in messages how the user allows it): its origin when its source still
+    has the recorded hash, else the run's copy, checked against the hash. Without ``trust`` it is an
+    :class:`UntrustedCode` naming each such plugin and its copy, and nothing is loaded. Where other
+    code is loaded under a recorded plugin's names (the file edited, another version installed):
+    ``refuse`` is an error (``--resume``: the run would continue with other code than it trained
+    with), ``copy`` loads the run's own code in its place (``mpifed evaluate``)."""
     load_installed()
-    out = []
-    for rec in (r for r in records if r.get("used")):
-        provides = [tuple(item.split(" ", 1)) for item in rec.get("provides", [])]
-        have = {p for k, n in provides if (p := provider(k, n)) is not None}
-        if have and all(p.sha256 == rec["sha256"] for p in have):
-            out.extend(p for p in have if p not in out)
-            continue
-        if have or any(k in KINDS and n in KINDS[k] for k, n in provides):
-            if changed == "keep":
-                continue
-            same = [p for p in have if rec["origin"] in (p.origin, p.recorded_origin) or p.module == rec["module"]]
-            if same and changed == "refuse":
-                raise _changed(rec, same[0].sha256, run_dir, what)
-            if not same:
-                now = ", ".join(f"plugin {p.label} (SHA-256 "
-                                f"{p.sha256[:12]}...)" for p in have) or "mpifed's own entries"
-                raise PluginError(f"{what} was made with {_recorded_label(rec)} (SHA-256 {rec['sha256'][:12]}...) "
-                                  f"for {', '.join(rec.get('provides', []))}, but this process has {now} under those "
-                                  f"names: the code differs. Leave out the --plugin or plugins: entry that loads it")
-            for p in same:
-                unload(p)
+    used = [_checked_record(r, run_dir, what) for r in records if r.get("used")]
+    out: list[Plugin] = []
+    pending: list[tuple[dict[str, Any], list[Plugin]]] = []
+    for rec in used:
+        known = _loaded.get(rec["sha256"])
+        if known is not None:
+            out.append(known)
+        else:
+            pending.append((rec, _other_code_under_its_names(rec, run_dir, what, changed)))
+    if pending and not trust:
+        raise UntrustedCode(_untrusted(what, run_dir, [rec for rec, _ in pending], allow))
+    for rec, replaced in pending:
+        for p in replaced:
+            unload(p)
         now_sha = _origin_hash(rec)
         if now_sha == rec["sha256"]:
-            out.append(_load_recorded_origin(rec))
+            plugin = _load_recorded_origin(rec)
         elif now_sha is not None and changed == "refuse":
             raise _changed(rec, now_sha, run_dir, what)
         else:
-            out.append(load_copy(rec, run_dir, what))
-    return out
+            plugin = load_copy(rec, run_dir, what)
+        plugin.from_run = True
+        out.append(plugin)
+    return list(dict.fromkeys(out))
+
+
+def _other_code_under_its_names(rec: dict[str, Any], run_dir: Path, what: str,
+                                changed: Literal["refuse", "copy"]) -> list[Plugin]:
+    """The loaded plugins that a recorded plugin's code would replace (another version of the same
+    file or module); an error where its names are taken by other code, or, with ``refuse``, by
+    another version of it."""
+    provides = [tuple(item.split(" ", 1)) for item in rec["provides"]]
+    have = {p for k, n in provides if (p := provider(k, n)) is not None}
+    if not have and not any(k in KINDS and n in KINDS[k] for k, n in provides):
+        return []
+    same = [p for p in have if rec["origin"] in (p.origin, p.recorded_origin) or p.module == rec["module"]]
+    if same and changed == "refuse":
+        raise _changed(rec, same[0].sha256, run_dir, what)
+    if not same:
+        now = ", ".join(f"plugin {p.label} (SHA-256 {p.sha256[:12]}...)" for p in have) or "mpifed's own entries"
+        raise PluginError(f"{what} was made with {_recorded_label(rec)} (SHA-256 {rec['sha256'][:12]}...) for "
+                          f"{', '.join(rec['provides'])}, but this process has {now} under those names: the code "
+                          f"differs. Leave out the --plugin or plugins: entry that loads it")
+    return same
+
+
+def _untrusted(what: str, run_dir: Path, records: list[dict[str, Any]], allow: str) -> str:
+    """Which code from outside mpifed the run needs, where its copies are, and how to allow it."""
+    lines = []
+    for rec in records:
+        copy = run_dir / rec["copy"] / rec["files"][0] if rec.get("copy") else None
+        kept = f"; its copy: {copy}" if copy is not None and copy.is_file() else "; the run keeps no copy of it"
+        lines.append(f"{_recorded_label(rec)} (SHA-256 {rec['sha256'][:12]}..., for "
+                     f"{', '.join(rec['provides']) or 'nothing named'}){kept}")
+    return (f"{what}: the run was made with code from outside mpifed, which mpifed runs only when you say so: "
+            f"{'; '.join(lines)}. Nothing of it was loaded. A run folder from someone else can hold any code: read "
+            f"it, then {allow}")
+
+
+def _checked_record(rec: dict[str, Any], run_dir: Path, what: str) -> dict[str, Any]:
+    """A recorded plugin as provenance.json holds it, checked before anything of it is used: its kind,
+    hash, module name and files well formed, and its copy a folder of the run's own ``plugins/``,
+    reached through no link."""
+    def bad(why: str) -> PluginError:
+        return PluginError(f"{what}: its provenance.json records a plugin {why}; mpifed refuses that record in "
+                           f"every case. Put back the run's own provenance.json, or leave the run out")
+    if rec.get("kind") not in ("file", "module", "entry point"):
+        raise bad(f"of an unknown kind ({rec.get('kind')!r})")
+    if not isinstance(rec.get("sha256"), str) or not _SHA256.fullmatch(rec["sha256"]):
+        raise bad(f"without a SHA-256 ({rec.get('sha256')!r})")
+    if not isinstance(rec.get("module"), str) or not _MODULE.fullmatch(rec["module"]):
+        raise bad(f"whose module is not a module name ({rec.get('module')!r})")
+    if not isinstance(rec.get("origin"), str):
+        raise bad(f"whose origin is not a path or module name ({rec.get('origin')!r})")
+    provides = rec.get("provides", [])
+    if not isinstance(provides, list) or not all(isinstance(x, str) and " " in x for x in provides):
+        raise bad(f"whose entries are not (kind name) pairs ({provides!r})")
+    files = rec.get("files")
+    if not isinstance(files, list) or not files or not all(_relative_inside(f) for f in files) or (
+            rec["kind"] == "file" and (len(files) != 1 or "/" in files[0] or not files[0].endswith(".py"))):
+        raise bad(f"with files that are not its own source files, relative to its copy ({files!r})")
+    copy = rec.get("copy")
+    if copy is None:
+        return {**rec, "provides": provides}
+    parts = copy.split("/") if isinstance(copy, str) else []
+    if len(parts) != 2 or parts[0] != COPIES or not _relative_inside(copy):
+        raise bad(f"whose copy is not a folder of the run's {COPIES}/ ({copy!r})")
+    folder = run_dir / copy
+    linked = [p for p in (run_dir / COPIES, folder, *(folder / f for f in files)) if p.is_symlink()]
+    linked += [folder / q for f in files for q in Path(f).parents if q != Path(".") and (folder / q).is_symlink()]
+    if linked or (folder.exists() and not folder.resolve().is_relative_to(run_dir.resolve())):
+        raise bad(f"whose copy is reached through a link ({linked[0] if linked else folder}), so its code is not "
+                  f"the run's own")
+    return {**rec, "provides": provides}
+
+
+def _relative_inside(path: Any) -> bool:
+    """Whether ``path`` is a relative path that stays below its folder (no ``..``, not absolute)."""
+    if not isinstance(path, str) or not path or "\\" in path or "\0" in path:
+        return False
+    parts = path.split("/")
+    return not path.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
 def _changed(rec: dict[str, Any], now_sha: str, run_dir: Path, what: str) -> PluginError:
@@ -376,27 +487,27 @@ def _changed(rec: dict[str, Any], now_sha: str, run_dir: Path, what: str) -> Plu
 
 
 def load_copy(rec: dict[str, Any], run_dir: Path, what: str) -> Plugin:
-    """Load a run's recorded copy of a plugin, after checking it against the recorded hash."""
+    """Load a run's recorded copy of a plugin (a record :func:`restore` checked), after checking it
+    against the recorded hash."""
     if not rec.get("copy"):
         raise PluginError(f"{what} was made with {_recorded_label(rec)}, which is not there any more, and the run "
                           f"keeps no copy of it: install or restore it")
     folder = run_dir / rec["copy"]
-    files = list(rec.get("files") or [])
-    missing = [f for f in files if not (folder / f).is_file() or (folder / f).is_symlink()]
-    if missing or not files:
-        raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} is missing "
-                          f"({folder / (missing or ['?'])[0]} "
+    files = list(rec["files"])
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing:
+        raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} is missing ({folder / missing[0]} "
                           f"is not there), and its origin is not there either: restore the copy or the origin")
-    sha = _sha_file(folder / files[0]) if rec["kind"] == "file" else _sha_tree(
-        {rel: (folder / rel).read_bytes() for rel in files})
+    sources = {rel: read_bytes(folder / rel) for rel in files}
+    sha = hashlib.sha256(sources[files[0]]).hexdigest() if rec["kind"] == "file" else _sha_tree(sources)
     if sha != rec["sha256"]:
         raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} in {folder} was altered (SHA-256 "
                           f"{sha[:12]}... now, {rec['sha256'][:12]}... recorded): its code is not the code the run "
                           f"used. Restore the copy or the origin")
     if rec["kind"] == "file":
-        plugin = _load_file(str(folder / files[0]))
+        plugin = _load_file(str(folder / files[0]), expect=rec["sha256"])
     else:
-        plugin = _load_module(rec["module"], sys_path=str(folder))
+        plugin = _load_module(rec["module"], sys_path=str(folder), expect=rec["sha256"])
     plugin.recorded_origin = rec["origin"]
     return plugin
 
@@ -412,7 +523,7 @@ def _origin_hash(rec: dict[str, Any]) -> str | None:
     if rec["kind"] == "file":
         path = Path(rec["origin"])
         return _sha_file(path) if path.is_file() else None
-    found = importlib.util.find_spec(rec["module"].split(".")[0]) if re.fullmatch(r"[\w.]+", rec["module"]) else None
+    found = importlib.util.find_spec(rec["module"].split(".")[0])
     if found is None:
         return None
     return _sha_tree(_module_source(found)[1])
@@ -420,13 +531,8 @@ def _origin_hash(rec: dict[str, Any]) -> str | None:
 
 def _load_recorded_origin(rec: dict[str, Any]) -> Plugin:
     if rec["kind"] == "file":
-        return _load_file(rec["origin"])
-    if rec["kind"] == "entry point":
-        load_installed()
-        found = next((p for p in _loaded.values() if p.sha256 == rec["sha256"]), None)
-        if found is not None:
-            return found
-    return _load_module(rec["module"])
+        return _load_file(rec["origin"], expect=rec["sha256"])
+    return _load_module(rec["module"], expect=rec["sha256"])
 
 
 # ------------------------------------------------------------------ hashing

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import yaml
 
 from mpifed.settings import config, plugins as plugin_code
-from mpifed.run import provenance, results
+from mpifed.run import results
 from mpifed.files import safe_yaml
 from mpifed.files.packaged import find_config
 from mpifed.run.rundir import RunDir, check_run_name
@@ -453,22 +453,19 @@ def _with_seed(d: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def stored_identity(path: Path) -> dict[str, Any] | str | None:
-    """The result fingerprint of the run in ``path``; None when it holds no run; a message when
-    its config.yaml cannot be read as a valid configuration."""
+    """The result fingerprint of the run in ``path``, read from its config.yaml alone (a plugin's
+    entries by their names, recorded options and hash: no code of the run's is loaded); None when
+    it holds no run; a message when its config.yaml cannot be read as a configuration."""
     try:
         stored = safe_yaml.read(path / "config.yaml")
     except FileNotFoundError:
         return None
     except (OSError, yaml.YAMLError) as exc:
         return f"its config.yaml is unreadable ({exc})"
-    code = stored.get("code") if isinstance(stored, dict) else None
-    if isinstance(code, dict) and any(code.values()):   # it used a plugin: its names, from the run's record
-        try:
-            plugin_code.restore(provenance.recorded_plugins(path), path, f"the run in {path}", changed="keep")
-        except plugin_code.PluginError as exc:
-            return f"its code cannot be loaded ({exc})"
+    if not isinstance(stored, dict):
+        return "its config.yaml is not a mapping of settings"
     try:
-        return config.result_fingerprint(config.build(stored).to_dict())
+        return config.result_fingerprint(config.recorded(stored).to_dict())
     except (config.ConfigError, TypeError, AttributeError) as exc:
         return f"its config.yaml is not a valid configuration of this mpifed version ({exc})"
 

@@ -57,9 +57,11 @@ class Trained:
         return next(self.module.parameters()).device
 
 
-def load(run_dir: str | Path, device: str | torch.device = "cpu") -> Trained:
-    """Rebuild the model of the run in ``run_dir`` (its plugins restored from its record, its data
-    prepared again if its prepared folder is gone)."""
+def load(run_dir: str | Path, device: str | torch.device = "cpu", trust: bool = False,
+         allow: str = plugins.ALLOW) -> Trained:
+    """Rebuild the model of the run in ``run_dir`` (its plugins restored from its record: the same
+    code loaded already, else, with ``trust``, the run's own; its data prepared again if its prepared
+    folder is gone); ``allow``: how messages tell the user to give ``trust``."""
     path = Path(run_dir)
     run = RunDir(path)
     if not run.holds_run():
@@ -68,7 +70,8 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> Trained:
         state = run.state() or "no status"
         raise TrainedError(f"{path} has no model.pt: the run is not finished ({state}), or it ran with "
                            f"run.save_model=false. Finish it with --resume {path}")
-    plugins.restore(provenance.recorded_plugins(path), path, f"the run in {path}", changed="copy")
+    plugins.restore(provenance.recorded_plugins(path), path, f"the run in {path}", changed="copy", trust=trust,
+                    allow=allow)
     try:
         cfg = config.build(run.read_config())
     except (OSError, yaml.YAMLError) as exc:
