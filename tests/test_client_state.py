@@ -146,16 +146,18 @@ def test_the_store_keeps_its_own_number_of_versions_on_resume(tmp_path):
     assert stored(tmp_path, 0) == [1, 2, -1] and resumed.get(0, 1)["w"].tolist() == [1.0] * 4
 
 
-def test_state_files_of_an_earlier_mpifed_are_read(tmp_path):
+def test_checked_state_files_of_an_earlier_mpifed_are_read_unchecked_ones_refused(tmp_path):
     import hashlib
     (tmp_path / "2").mkdir()
     payload = layout().pack(state(5)).tobytes()
     (tmp_path / "2" / "r0.bin").write_bytes(payload)                                         # no header
     (tmp_path / "2" / "r3.bin").write_bytes(b"MPIFEDCS" + hashlib.sha256(payload).digest() + payload)
-    assert store(tmp_path).get(2, 0)["w"].tolist() == [5.0] * 4
     assert store(tmp_path).get(2, 3)["w"].tolist() == [5.0] * 4
-    (tmp_path / "2" / "r3.bin").write_bytes(b"short")
-    with pytest.raises(ClientStateError, match="r3.bin is not a client state of this run"):
+    with pytest.raises(ClientStateError, match=r"r0.bin is not a client state mpifed can check: it lacks the "
+                                               r"MPIFEDCS header and SHA-256 of one \(24 bytes"):
+        store(tmp_path).get(2, 0)
+    (tmp_path / "2" / "r3.bin").write_bytes(b"MPIFEDCS" + hashlib.sha256(payload[:-4]).digest() + payload[:-4])
+    with pytest.raises(ClientStateError, match="r3.bin holds 20 bytes of state, the method's client state has 24"):
         store(tmp_path).get(2, 3)
 
 

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -94,9 +95,18 @@ def test_a_killed_run_resumed_says_it_had_failed(tmp_path, data):
 
 
 # ------------------------------------------------------------------ item 7: client states checked
-def _scaffold(tmp_path, data, name):
-    here(tmp_path, data)
-    run_debug(tiny(tmp_path, "algorithm.name=scaffold", "data.partition=iid", name=name))
+@pytest.fixture(scope="module")
+def scaffold_run(tmp_path_factory, data):
+    """A finished 2-round SCAFFOLD run (its client states in a store), trained once: tests copy it."""
+    tmp = here(tmp_path_factory.mktemp("scaffold"), data)
+    run_debug(tiny(tmp, "algorithm.name=scaffold", "data.partition=iid", name="shared"))
+    return tmp / "runs" / "shared"
+
+
+def _scaffold(tmp_path, scaffold_run, name):
+    """A copy of the shared SCAFFOLD run, in ``tmp_path``'s runs/``name``, to damage (its config names
+    the shared run's prepared data)."""
+    shutil.copytree(scaffold_run, tmp_path / "runs" / name, symlinks=True)
     return tmp_path / "runs" / name
 
 
@@ -111,8 +121,8 @@ def _slot(run, cid, last):
     return found
 
 
-def test_a_deleted_client_state_is_an_error_not_zeros(tmp_path, data):
-    run = _scaffold(tmp_path, data, "lost")
+def test_a_deleted_client_state_is_an_error_not_zeros(tmp_path, scaffold_run):
+    run = _scaffold(tmp_path, scaffold_run, "lost")
     path, offset = _slot(run, 3, 1)
     with open(path, "r+b") as f:                           # the slot's header wiped: the state is gone
         f.seek(offset)
@@ -122,8 +132,8 @@ def test_a_deleted_client_state_is_an_error_not_zeros(tmp_path, data):
     assert "Traceback" not in p.stderr and len(metrics(run)) == 2
 
 
-def test_a_client_state_changed_in_place_is_refused(tmp_path, data):
-    run = _scaffold(tmp_path, data, "edited")
+def test_a_client_state_changed_in_place_is_refused(tmp_path, scaffold_run):
+    run = _scaffold(tmp_path, scaffold_run, "edited")
     path, offset = _slot(run, 1, 1)
     with open(path, "r+b") as f:                           # one float of the state changed in place
         f.seek(offset + 56)
@@ -131,6 +141,85 @@ def test_a_client_state_changed_in_place_is_refused(tmp_path, data):
     p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
     assert p.returncode == 2 and "client 1's state after round 2 in" in p.stderr
     assert "is damaged (its content does not match its SHA-256)" in p.stderr
+
+
+def _refused_on_resume(run, said):
+    """``--resume`` of ``run`` for a third round stops with one message holding ``said``; nothing is lost."""
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=3"], check=False)
+    assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert len(metrics(run)) == 2
+    return p
+
+
+# ------------------------------------------------------------------ issue 76: records crafted, counts bounded
+@pytest.mark.parametrize("key,value,said", [
+    ("versions", 1e11, "store.json is damaged (versions is 100000000000.0, not a whole number)"),
+    ("versions", 10**11, "store.json gives each client 100000000000 versions, where this run keeps 2 to 4 "),
+    ("versions", 1, "store.json gives each client 1 versions, where this run keeps 2 to 4 "),
+    ("clients_per_file", 0, "store.json is damaged (clients_per_file is 0, where mpifed writes 1 to 4,096)"),
+    ("slot_bytes", 64, "store.json is damaged (slot_bytes is 64, and its states of"),
+    ("format", None, "store.json says the client states are in no format; this mpifed reads format 1 only"),
+    ("format", 2, "store.json says the client states are in format 2; this mpifed reads format 1 only"),
+])
+def test_a_crafted_client_state_store_is_refused_before_it_allocates(tmp_path, scaffold_run, key, value, said):
+    run = _scaffold(tmp_path, scaffold_run, "store")
+    path = run / "client_state" / "store.json"
+    meta = json.loads(path.read_text())
+    meta.pop(key) if value is None else meta.update({key: value})
+    path.write_text(json.dumps(meta))
+    _refused_on_resume(run, said)        # was: 12.8 GB then MemoryError (1e11), a ZeroDivisionError (0)
+
+
+def test_client_state_blocks_without_their_store_json_are_not_read_with_a_guessed_layout(tmp_path, scaffold_run):
+    run = _scaffold(tmp_path, scaffold_run, "unlabelled")
+    (run / "client_state" / "store.json").unlink()
+    _refused_on_resume(run, "client_state holds client-state blocks (block_00000.bin) but no store.json")
+
+
+def test_client_state_files_of_the_earliest_layout_are_refused_naming_it(tmp_path, scaffold_run):
+    run = _scaffold(tmp_path, scaffold_run, "earliest")
+    state_bytes = json.loads((run / "client_state" / "store.json").read_text())["state_bytes"]
+    shutil.rmtree(run / "client_state")
+    for cid in range(5):                 # one file per client and round, the state alone: any bytes pass for one
+        (run / "client_state" / str(cid)).mkdir(parents=True)
+        (run / "client_state" / str(cid) / "r1.bin").write_bytes(bytes(state_bytes))
+    p = _refused_on_resume(run, "r1.bin is not a client state mpifed can check: it lacks the MPIFEDCS header")
+    assert "This mpifed needs a store (client_state/store.json, format 1)" in p.stderr
+
+
+def test_client_state_deleted_between_two_attempts_is_named(tmp_path, scaffold_run):
+    run = _scaffold(tmp_path, scaffold_run, "gone")
+    shutil.rmtree(run / "client_state")
+    _refused_on_resume(run, "client_state is missing: it held the clients' states")
+
+
+DELETES_STATES = """
+    import os, shutil
+    from pathlib import Path
+    from mpifed.algorithms.scaffold import Scaffold
+    from mpifed.registry import ALGORITHMS
+
+    class Deleting(Scaffold.Server):
+        def aggregate(self, rnd, weights, replies):
+            if rnd == 1:
+                shutil.rmtree(Path(os.environ["WATCH_RUN"]) / "client_state")
+            return super().aggregate(rnd, weights, replies)
+
+    ALGORITHMS.register("deleting_states")(type("DeletingStates", (Scaffold,), {"Server": Deleting}))
+"""
+
+
+def test_client_state_deleted_while_the_run_goes_on_is_one_message(tmp_path, data, monkeypatch):
+    here(tmp_path, data)
+    run = tmp_path / "runs" / "deleting"
+    monkeypatch.setenv("WATCH_RUN", str(run))
+    p = run_debug(tiny(tmp_path, "algorithm.name=deleting_states", "data.partition=iid", "run.checkpoint_every=1",
+                       "train.rounds=3", name="deleting")
+                  + with_plugin(tmp_path, DELETES_STATES, "deleting_states"), check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "client_state (or its block_00000.bin) was deleted while the run was using it" in p.stderr
+    assert "Put the folder back as it was, or start the run again with --overwrite" in p.stderr
+    assert RunDir(run).status()["state"] == "failed"
 
 
 # ------------------------------------------------------------------ item 8: the lock survives its file's deletion

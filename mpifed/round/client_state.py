@@ -28,8 +28,20 @@ page-aligned when a state is a page or more.
 
 A damaged slot is refused, not used. The server says in each round's plan the round each client
 last trained in, so a state that should be there and is not is an error, never a client trained
-from zeros or from an older state. A run of an earlier mpifed kept a file per client and version
-(``client_state/<cid>/r<round>.bin``); a version the store lacks is read from there.
+from zeros or from an older state.
+
+store.json is checked before anything is read or allocated by it: its ``format`` must be 1 (the
+only one there has been), ``state_bytes`` the method's, ``slot_bytes`` what they make,
+``clients_per_file`` 1 to 4,096 (every mpifed wrote 4,096), and ``versions`` 2 to the larger of
+this run's ``run.keep_checkpoints + 1`` and ``train.rounds + 1`` (a run has no more checkpoints
+than rounds; a resume that lowered ``keep_checkpoints`` below the store's is told the value to
+set). Block files without store.json are refused, never read with a layout guessed from the
+config: a wrong guess reads and writes other clients' slots.
+
+A run of an earlier mpifed kept a file per client and version (``client_state/<cid>/r<round>.bin``);
+a version the store lacks is read from there when the file carries ``MPIFEDCS`` and the SHA-256 of
+its state (checked, as a slot is; its client and round are those of its path). Files of the
+earliest layout, the state alone, are refused, naming that layout: nothing in them can be checked.
 """
 from __future__ import annotations
 
@@ -48,6 +60,7 @@ from mpifed.round.protocol import Layout
 from mpifed.run.rundir import write_then_rename
 
 CLIENTS_PER_FILE = 4096
+FORMAT = 1
 PAGE = 4096
 _MAGIC = b"MPIFEDCS"
 _HEADER = len(_MAGIC) + 16 + 32     # magic, (client, round) as int64, SHA-256
@@ -88,11 +101,14 @@ class _Shape:
 class ClientStates:
     """One worker's client states: memory (least recently used beyond the budget spills to disk) and disk."""
 
-    def __init__(self, root: Path, layout: Layout, budget_mb: int, versions: int) -> None:
+    def __init__(self, root: Path, layout: Layout, budget_mb: int, versions: int, rounds: int = 0) -> None:
+        """``versions``: the versions per client a new store keeps (``run.keep_checkpoints + 1``);
+        ``rounds``: the run's ``train.rounds``, with ``versions`` the bound on an existing store's."""
         self.root = root
         self.layout = layout
         self.budget = budget_mb * 2**20
         self._wanted = _Shape(layout.nbytes, max(2, versions))
+        self._most_versions = max(self._wanted.versions, rounds + 1)
         self._shape: _Shape | None = None
         self._memory: OrderedDict[int, _Entry] = OrderedDict()
         self._held = 0                 # bytes in memory
@@ -142,7 +158,7 @@ class ClientStates:
             if entry.dirty:
                 self._write(cid, entry, resume_rounds)
         for path in sorted(self._unsynced):
-            fd = open_at(path, write=False)
+            fd = self._open_written(path, write=False)
             try:
                 os.fsync(fd)
             finally:
@@ -189,6 +205,11 @@ class ClientStates:
                 return _Entry(last, self._legacy_payload(legacy, read_bytes(legacy)), dirty=False)
         except (LinkRefused, OSError) as exc:
             raise ClientStateError(f"client {cid}'s state cannot be read from {self.root} ({exc})") from None
+        if not self.root.is_dir():
+            raise ClientStateError(f"{self.root} is missing: it held the clients' states (client {cid}'s after round "
+                                   f"{last + 1}, among others) that the method needs, and training the clients from "
+                                   f"other states would change the results. Put the folder back as it was, or start "
+                                   f"the run again with --overwrite")
         raise ClientStateError(f"client {cid}'s state after round {last + 1} is missing from {self.root}: the "
                                f"run's client_state/ has lost what the method needs, and training the client from "
                                f"another state would change the results. Put the folder back as it was, or start "
@@ -196,29 +217,76 @@ class ClientStates:
 
     # ------------------------------------------------------------ disk
     def _store_shape(self) -> _Shape:
-        """The store's layout: its store.json's, else this run's (written with the first state)."""
+        """The store's layout: its store.json's (checked), else this run's (written with the first state)."""
         if self._shape is None:
             path = self.root / "store.json"
             if not path.is_file():
-                return self._wanted
-            try:
-                meta = json.loads(read_bytes(path))
-                shape = _Shape(int(meta["state_bytes"]), int(meta["versions"]), int(meta["clients_per_file"]))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ClientStateError(f"{path} is damaged ({exc}): put back the run's own file, or start the run "
-                                       f"again with --overwrite") from None
-            if shape.state_bytes != self.layout.nbytes:
-                raise ClientStateError(f"{self.root} holds client states of {shape.state_bytes} bytes, and this "
-                                       f"method's have {self.layout.nbytes}: the folder is another run's; put back "
-                                       f"the run's own, or start the run again with --overwrite")
-            self._shape = shape
+                blocks = self._blocks()
+                if not blocks or not path.is_file():    # store.json is written before the first block
+                    if blocks:
+                        raise ClientStateError(
+                            f"{self.root} holds client-state blocks ({blocks[0]}) but no store.json, which says how "
+                            f"they are laid out, so they cannot be read safely. Put back the run's store.json, or "
+                            f"start the run again with --overwrite")
+                    return self._wanted
+            self._shape = self._read_shape(path)
         return self._shape
+
+    def _blocks(self) -> list[str]:
+        """The names of up to one block file of the store (none where the folder is absent)."""
+        try:
+            with os.scandir(self.root) as entries:
+                return next(([e.name] for e in entries if e.name.startswith("block_") and e.name.endswith(".bin")),
+                            [])
+        except FileNotFoundError:
+            return []
+
+    def _read_shape(self, path: Path) -> _Shape:
+        """The layout store.json records, each count checked against what a run like this one writes."""
+        def damaged(problem: str) -> ClientStateError:
+            return ClientStateError(f"{path} is damaged ({problem}): put back the run's own file, or start the run "
+                                    f"again with --overwrite")
+        try:
+            if path.stat().st_size > 4096:
+                raise damaged(f"{path.stat().st_size} bytes, where mpifed writes about 100")
+            meta = json.loads(read_bytes(path))
+        except (OSError, ValueError) as exc:
+            raise damaged(str(exc)) from None
+        if not isinstance(meta, dict):
+            raise damaged("not a JSON object")
+        if meta.get("format") != FORMAT:
+            has = f"format {meta['format']!r}" if "format" in meta else "no format"
+            raise ClientStateError(f"{path} says the client states are in {has}; this mpifed reads format {FORMAT} "
+                                   f"only, so it cannot tell how they are laid out. Resume the run with the mpifed "
+                                   f"that wrote them, or start it again with --overwrite")
+        counts = {k: meta.get(k) for k in ("state_bytes", "versions", "clients_per_file")}
+        for key, value in counts.items():
+            if type(value) is not int:
+                raise damaged(f"{key} is {value!r}, not a whole number")
+        shape = _Shape(**counts)
+        if shape.state_bytes != self.layout.nbytes:
+            raise ClientStateError(f"{self.root} holds client states of {shape.state_bytes} bytes, and this "
+                                   f"method's have {self.layout.nbytes}: the folder is another run's; put back "
+                                   f"the run's own, or start the run again with --overwrite")
+        if not 1 <= shape.clients_per_file <= CLIENTS_PER_FILE:
+            raise damaged(f"clients_per_file is {shape.clients_per_file}, where mpifed writes 1 to "
+                          f"{CLIENTS_PER_FILE:,}")
+        if not 2 <= shape.versions <= self._most_versions:
+            raise ClientStateError(f"{path} gives each client {shape.versions} versions, where this run keeps 2 to "
+                                   f"{self._most_versions} (run.keep_checkpoints + 1, or train.rounds + 1): the file "
+                                   f"was edited or is another run's. Put back the run's own file, or start the run "
+                                   f"again with --overwrite (if the run kept more checkpoints when it started, resume "
+                                   f"it with --set run.keep_checkpoints={max(shape.versions - 1, 1)})")
+        if meta.get("slot_bytes", shape.slot_bytes) != shape.slot_bytes:
+            raise damaged(f"slot_bytes is {meta['slot_bytes']!r}, and its states of {shape.state_bytes} bytes make "
+                          f"slots of {shape.slot_bytes}")
+        return shape
 
     def _create_store(self) -> _Shape:
         shape = self._store_shape()
         if self._shape is None:
             self.root.mkdir(parents=True, exist_ok=True)
-            meta = {"format": 1, "state_bytes": shape.state_bytes, "versions": shape.versions,
+            meta = {"format": FORMAT, "state_bytes": shape.state_bytes, "versions": shape.versions,
                     "clients_per_file": shape.clients_per_file, "slot_bytes": shape.slot_bytes}
             write_then_rename(self.root / "store.json", self.root / f".store.json.tmp{os.getpid()}",
                               json.dumps(meta, indent=1).encode())
@@ -257,7 +325,7 @@ class ClientStates:
         path = self.root / name
         payload = entry.buf.tobytes()
         head = _MAGIC + np.array([cid, entry.round], dtype=np.int64).tobytes() + hashlib.sha256(payload).digest()
-        fd = open_at(path, write=True)
+        fd = self._open_written(path, write=True)
         try:
             slot = _free_slot(self._headers(fd, shape, base), cid, entry.round, resume_rounds)
             os.pwrite(fd, head + payload, base + slot * shape.slot_bytes)
@@ -266,20 +334,32 @@ class ClientStates:
         self._unsynced.add(path)
         entry.dirty = False
 
+    def _open_written(self, path: Path, write: bool) -> int:
+        """A descriptor of a block file of the store this worker writes, or a ClientStateError when the
+        store was deleted while the run used it."""
+        try:
+            return open_at(path, write=write)
+        except FileNotFoundError:
+            raise ClientStateError(f"{self.root} (or its {path.name}) was deleted while the run was using it: it "
+                                   f"held the clients' states that the run and its checkpoints need, so the run "
+                                   f"cannot go on exactly. Put the folder back as it was, or start the run again "
+                                   f"with --overwrite") from None
+
     def _legacy_payload(self, path: Path, raw: bytes) -> np.ndarray:
-        """A state file of an earlier mpifed: ``MPIFEDCS``, the SHA-256, the state (or, earlier still,
-        the state alone)."""
-        if raw[:len(_MAGIC)] == _MAGIC:
-            payload = raw[_LEGACY_HEADER:]
-            if hashlib.sha256(payload).digest() != raw[len(_MAGIC):_LEGACY_HEADER]:
-                raise ClientStateError(f"{path} is damaged (its content does not match its SHA-256), so the client's "
-                                       f"state is unknown. Put back an intact copy, or start the run again with "
-                                       f"--overwrite")
-        elif len(raw) == self.layout.nbytes:
-            payload = raw
-        else:
-            raise ClientStateError(f"{path} is not a client state of this run (no mpifed header, {len(raw)} bytes): "
+        """A state file of an earlier mpifed: ``MPIFEDCS``, the SHA-256, the state. (Earlier still, a
+        file held the state alone: refused, since nothing in it can be checked.)"""
+        if raw[:len(_MAGIC)] != _MAGIC:
+            raise ClientStateError(f"{path} is not a client state mpifed can check: it lacks the MPIFEDCS header "
+                                   f"and SHA-256 of one ({len(raw)} bytes; the earliest per-client layout held the "
+                                   f"state alone, which nothing can tell from a damaged or foreign file). This "
+                                   f"mpifed needs a store "
+                                   f"(client_state/store.json, format {FORMAT}) or per-client files with the header; "
                                    f"put back the run's own file, or start the run again with --overwrite")
+        payload = raw[_LEGACY_HEADER:]
+        if hashlib.sha256(payload).digest() != raw[len(_MAGIC):_LEGACY_HEADER]:
+            raise ClientStateError(f"{path} is damaged (its content does not match its SHA-256), so the client's "
+                                   f"state is unknown. Put back an intact copy, or start the run again with "
+                                   f"--overwrite")
         if len(payload) != self.layout.nbytes:
             raise ClientStateError(f"{path} holds {len(payload)} bytes of state, the method's client state has "
                                    f"{self.layout.nbytes}: the file is from another run; put back the run's own "

@@ -320,7 +320,8 @@ def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layo
     from mpifed.local.steps import make_steps
     from mpifed.round.worker import Worker
     states = (ClientStates(run.client_state, layouts.client_state, cfg.resources.client_state_mb,
-                           versions=cfg.run.keep_checkpoints + 1) if layouts.client_state.entries else None)
+                           versions=cfg.run.keep_checkpoints + 1, rounds=cfg.train.rounds)
+              if layouts.client_state.entries else None)
     runner = make_steps(cfg.resources.precision, cfg.resources.cuda_graphs, setup.device,
                         log=functools.partial(print, flush=True) if index == 0 else None)
     return Worker(index, workers, algo.client(), setup, layouts, manifest, transform, cfg.run.seed,
