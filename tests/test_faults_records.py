@@ -222,6 +222,32 @@ def test_client_state_deleted_while_the_run_goes_on_is_one_message(tmp_path, dat
     assert RunDir(run).status()["state"] == "failed"
 
 
+@pytest.mark.parametrize("file,count", [("status.json", 10**30), ("status.json", 10**9), ("metrics.jsonl", 10**30)])
+def test_a_huge_count_of_rounds_in_a_record_is_a_damaged_run(tmp_path, scaffold_run, capsys, file, count):
+    from mpifed.entry.report import main as report_main
+    run = _scaffold(tmp_path, scaffold_run, "counted")
+    if file == "status.json":
+        RunDir(run).write_json("status.json", {**RunDir(run).read_json("status.json"), "rounds_done": count})
+    else:
+        rows = metrics(run, drop_time=False)
+        RunDir(run).write_rows("metrics.jsonl", [rows[0], {**rows[1], "round": count}])
+    assert report_main([str(run), "--out", str(tmp_path / "report")]) == 2    # was: OverflowError, MemoryError
+    assert f"where status.json records {2 if file == 'metrics.jsonl' else count} finished rounds" in \
+        capsys.readouterr().err
+    p = run_debug(["--resume", str(run)])
+    assert "writing its records again from" in p.stdout
+    assert RunDir(run).status() == {**RunDir(run).status(), "state": "finished", "rounds_done": 2}
+    assert [r["round"] for r in metrics(run)] == [1, 2]
+
+
+def test_a_checkpoint_under_another_rounds_name_is_refused(tmp_path, scaffold_run):
+    run = _scaffold(tmp_path, scaffold_run, "renamed")
+    (run / "checkpoints" / "round_000002.ckpt").rename(run / "checkpoints" / "round_000009.ckpt")
+    p = run_debug(["--resume", str(run), "--set", "train.rounds=10"], check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "round_000009.ckpt records another number of finished rounds than the 9 its name says" in p.stderr
+
+
 # ------------------------------------------------------------------ item 8: the lock survives its file's deletion
 HOLD = """
 import sys, time

@@ -84,12 +84,18 @@ def load(path: Path, trusted: bool = False) -> dict[str, Any]:
 
 
 def load_run_state(path: Path, trusted: bool = False) -> dict[str, Any]:
-    """A run's checkpoint (:func:`load`) with every entry a resume reads, else a CheckpointError."""
+    """A run's checkpoint (:func:`load`) with every entry a resume reads, its ``rounds_done`` the
+    round its name says, else a CheckpointError."""
     payload = load(path, trusted)
     missing = [k for k in RUN_STATE if k not in payload] if isinstance(payload, dict) else list(RUN_STATE)
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint of an mpifed run (it lacks {', '.join(missing)}); delete "
                               f"it to resume from the one before")
+    named = _NAME.match(path.name)
+    done = payload["rounds_done"]
+    if named and (type(done) is not int or done != int(named.group(1))):
+        raise CheckpointError(f"{path} records another number of finished rounds than the {int(named.group(1))} "
+                              f"its name says: it was renamed or edited; delete it to resume from the one before")
     return payload
 
 

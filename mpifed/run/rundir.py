@@ -375,9 +375,13 @@ class RunDir:
     def metrics_problem(self, rounds_done: Any) -> str | None:
         """What is wrong with metrics.jsonl for a run of ``rounds_done`` rounds (None: nothing, or no
         number of rounds to check against): it must hold one whole line per round, rounds 1 to
-        ``rounds_done`` in order."""
-        if not isinstance(rounds_done, int):
+        ``rounds_done`` in order. ``rounds_done`` is read from status.json, so it may be anything: it is
+        compared with the file's rows, never used to size anything."""
+        if rounds_done is None:
             return None
+        if type(rounds_done) is not int or rounds_done < 0:
+            return (f"{self.path / 'status.json'} records {json.dumps(rounds_done)[:40]} finished rounds, which is "
+                    f"not a number of rounds (the file was edited)")
         try:
             lines = read_text(self.path / "metrics.jsonl").splitlines()
         except FileNotFoundError:
@@ -385,12 +389,12 @@ class RunDir:
         except (OSError, UnicodeDecodeError) as exc:
             return f"{self.path / 'metrics.jsonl'} cannot be read ({getattr(exc, 'strerror', None) or exc})"
         rounds = [_round_of(line) for line in lines]
-        if rounds == list(range(1, rounds_done + 1)):
+        if len(rounds) == rounds_done and rounds == list(range(1, len(rounds) + 1)):
             return None
         torn = sum(r is None for r in rounds)
         held = f"{torn} damaged line(s) and " if torn else ""
         return (f"{self.path / 'metrics.jsonl'} holds {held}{_rows_text(rounds)} where status.json records "
-                f"{rounds_done} finished rounds (the file was cut short or edited)")
+                f"{rounds_done} finished rounds (one of the two was cut short or edited)")
 
     def remove_temporary(self) -> list[Path]:
         """Delete temporary files a crashed writer left behind (in the run directory, checkpoints/ and
@@ -497,14 +501,17 @@ def _rows_text(rounds: list[int | None]) -> str:
     whole = [r for r in rounds if r is not None]
     if not whole:
         return "no whole row"
-    return f"rows of rounds {whole[0]}-{whole[-1]}" if whole == list(range(whole[0], whole[-1] + 1)) else \
+    in_order = all(b == a + 1 for a, b in zip(whole, whole[1:]))
+    return f"rows of rounds {whole[0]}-{whole[-1]}" if in_order else \
         f"rows of rounds {', '.join(map(str, whole[:12]))}{', ...' if len(whole) > 12 else ''}"
 
 
 def _round_of(line: str) -> int | None:
-    """The round of a .jsonl line; None for a blank line or one cut short by a crash mid-append."""
+    """The round of a .jsonl line; None for a blank line, one cut short by a crash mid-append, or one
+    whose round is not a whole number."""
     try:
         row = json.loads(line)
-    except json.JSONDecodeError:
+    except ValueError:      # JSONDecodeError, or an integer of more digits than Python converts
         return None
-    return row.get("round", 0) if isinstance(row, dict) else None
+    found = row.get("round", 0) if isinstance(row, dict) else None
+    return found if type(found) is int else None
