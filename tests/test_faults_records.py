@@ -248,6 +248,16 @@ def test_a_checkpoint_under_another_rounds_name_is_refused(tmp_path, scaffold_ru
     assert "round_000009.ckpt records another number of finished rounds than the 9 its name says" in p.stderr
 
 
+def test_a_partition_npz_holding_an_object_array_is_one_message(tmp_path, data):
+    here(tmp_path, data)
+    split = tmp_path / "split.npz"
+    clients = [np.arange(k * 60, (k + 1) * 60) for k in range(5)]
+    np.savez(split, *clients[:4], np.array([clients[4], [1, 2]], dtype=object))
+    p = run_debug(tiny(tmp_path, f"data.partition={{name: from_file, path: {split}}}", name="npz"), check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr     # was: ValueError from numpy
+    assert f"partition file {split} holds Python objects (an object array)" in p.stderr
+
+
 # ------------------------------------------------------------------ item 8: the lock survives its file's deletion
 HOLD = """
 import sys, time

@@ -337,6 +337,9 @@ class FromFile:
                                  f"write it with numpy.save or numpy.savez, or use a JSON file")
         try:
             data = np.load(path, allow_pickle=False)
+            if isinstance(data, np.lib.npyio.NpzFile):   # its arrays are read (and refused) here, inside the guard
+                with data:
+                    return [data[name] for name in sorted(data.files, key=_npz_order)]
         except ValueError as exc:
             if "allow_pickle" not in str(exc):
                 raise PartitionError(f"partition file {path} is not a readable NumPy file ({exc})") from None
@@ -347,10 +350,6 @@ class FromFile:
         except Exception as exc:  # a damaged file fails inside numpy in many ways
             raise PartitionError(f"partition file {path} is not a readable NumPy file ({type(exc).__name__}: "
                                  f"{exc}); write it with numpy.save or numpy.savez, or use a JSON file") from None
-        if isinstance(data, np.lib.npyio.NpzFile):
-            with data:
-                names = sorted(data.files, key=_npz_order)
-                return [data[name] for name in names]
         if not isinstance(data, np.ndarray) or data.ndim == 0:
             raise PartitionError(f"partition file {path} holds a single value, not one index array per client: save "
                                  f"a 2-D array of equal-sized clients, or numpy.savez('{path.stem}.npz', *clients)")
