@@ -258,6 +258,36 @@ def test_a_partition_npz_holding_an_object_array_is_one_message(tmp_path, data):
     assert f"partition file {split} holds Python objects (an object array)" in p.stderr
 
 
+def _edited_manifest(tmp_path, data, classes, counts_too):
+    """A copy of the shared prepared data whose manifest says ``classes`` classes (and, with
+    ``counts_too``, whose test and client class counts were cut to match)."""
+    import h5py
+    shutil.copytree(data, tmp_path / "data")
+    folder = next(p.parent for p in (tmp_path / "data").glob("synthetic-dirichlet-*/manifest.json"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["num_classes"] = classes
+    if counts_too:
+        manifest["test"]["class_counts"] = manifest["test"]["class_counts"][:classes]
+        with h5py.File(folder / "clients" / "index.h5", "r+") as f:
+            counts = f["class_counts"][:, :classes]
+            del f["class_counts"]
+            f["class_counts"] = counts
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.mark.parametrize("counts_too,said", [
+    (False, "manifest.json says the data has 5 classes, and the test set's class counts have 10"),
+    (True, "test.h5 hold label 9, outside the 5 classes that"),
+])
+def test_a_prepared_manifest_edited_to_other_classes_is_refused_at_start(tmp_path, data, counts_too, said):
+    folder = _edited_manifest(tmp_path, data, 5, counts_too)
+    p = run_debug(tiny(tmp_path, name="classes"), check=False)
+    assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stderr   # was: IndexError
+    assert f"Delete {folder} so that the next run prepares it again" in p.stderr
+    assert not (tmp_path / "runs" / "classes" / "metrics.jsonl").exists()      # stopped before round 1
+
+
 # ------------------------------------------------------------------ item 8: the lock survives its file's deletion
 HOLD = """
 import sys, time

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mpifed.data.shards import Inputs, read_client, read_rows
+from mpifed.data.shards import Inputs, ShardError, read_client, read_rows
 
 if TYPE_CHECKING:
     from mpifed.run.prepared import Manifest
@@ -107,10 +107,20 @@ def client_rows(manifest: Manifest, cid: int, holdout: float, held: bool) -> tup
     """Client ``cid``'s rows to train on (``held`` false) or its held-out rows, read from its block and
     checked against its checksum."""
     shard = read_client(manifest.client_block(cid), cid, verify=True)
+    check_labels(manifest, shard.labels, f"client {cid}'s rows in {manifest.client_block(cid)}")
     if not holdout:
         return shard.inputs, shard.labels
     rows = holdout_split(len(shard.labels), holdout, cid)[1 if held else 0]
     return {k: v[rows] for k, v in shard.inputs.items()}, shard.labels[rows]
+
+
+def check_labels(manifest: Manifest, labels: np.ndarray, where: str) -> None:
+    """Raise a ShardError unless every label lies in [0, manifest.num_classes) (``where``: the rows)."""
+    if len(labels) and (labels.min() < 0 or labels.max() >= manifest.num_classes):
+        raise ShardError(f"{where} hold label {int(labels.max() if labels.max() >= 0 else labels.min())}, outside "
+                         f"the {manifest.num_classes} classes that {manifest.root / 'manifest.json'} gives: the "
+                         f"manifest was edited or is another folder's. Delete {manifest.root} so that the next run "
+                         f"prepares it again (or: python -m mpifed.prepare --config <config> --force)")
 
 
 @dataclass
@@ -142,6 +152,7 @@ def load_eval_batches(manifest: Manifest, batch_size: int, worker: int, workers:
     for s, b in eval_batch_ids([size for _, size in sets], batch_size, worker, workers):
         path, size = sets[s]
         x, y, g = read_rows(path, b * batch_size, min((b + 1) * batch_size, size))
+        check_labels(manifest, y, f"the rows of {path}")
         inputs, labels = to_device(x, y, device)
         groups = torch.from_numpy(g).to(device) if g is not None and s == 0 else None
         out.append(EvalBatch(b, inputs, labels, groups, val=s == 1))

@@ -189,6 +189,7 @@ class Manifest:
         try:
             manifest = Manifest._from_json(root, m)
             manifest._check()
+            manifest._check_classes()
             return manifest
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PreparedDataError(f"{path} is incomplete or malformed ({type(exc).__name__}: {exc}); "
@@ -243,6 +244,24 @@ class Manifest:
             raise ValueError("'clients.blocks' must rise from 0, each block's first client below the client count")
         if not isinstance(self.spec, dict) or not isinstance(self.stats, dict):
             raise ValueError("'spec' and 'stats' must be JSON objects")
+
+    def _check_classes(self) -> None:
+        """``num_classes`` is the number of classes the folder's own counts have: the test set's, the
+        validation set's and the clients' (the index's width, read without its data). The model's
+        output and every per-class figure are sized by it, so an edited one fails deep in training."""
+        with h5py.File(self.root / INDEX, "r") as f:
+            index_shape = f["class_counts"].shape
+        counted = [("the test set's class counts", len(self.test_class_counts)),
+                   ("the clients' class counts in " + str(INDEX), index_shape[-1] if len(index_shape) == 2 else -1)]
+        if self.val_class_counts is not None:
+            counted.append(("the validation set's class counts", len(self.val_class_counts)))
+        for what, classes in counted:
+            if classes != self.num_classes:
+                raise PreparedDataError(
+                    f"{self.root / 'manifest.json'} says the data has {self.num_classes} classes, and {what} "
+                    f"{'have ' + str(classes) if classes >= 0 else 'are not a clients x classes table'}: the folder "
+                    f"was edited or mixes two preparations. Delete {self.root} so that the next run prepares it "
+                    f"again (or: python -m mpifed.prepare --config <config> --force)")
 
 
 def prepare_spec(cfg: Config) -> dict[str, Any]:
