@@ -1,6 +1,9 @@
 """Faults of a run's records and inputs: a status that says what the run is doing, client states
 checked, a lock that survives its file's deletion, torn metrics caught by readers, uplinks checked
-at aggregation, bounded config files, a stop during start-up, and the small messages of issue 53.
+at aggregation, bounded config files, a stop during start-up, and the small messages of issue 53;
+from issue 76, crafted records whose counts are bounded before anything is allocated (a client-state
+store, status.json, metrics.jsonl, a checkpoint's name), client state of an older layout or deleted,
+a partition file holding objects, a prepared manifest edited to other classes, a bad uplink weight.
 
 Each test makes the fault the way a user or a crash would (deleting, truncating, editing files;
 methods of a user's own, loaded as plugins in this process) and checks what mpifed says and keeps.
@@ -389,6 +392,10 @@ BAD_UPLINK = """
                 up["model"] = up["model"][:-3]
             if KIND == "zero":
                 up["weight"] = up["weight"] * 0
+            if KIND == "none":
+                up["weight"] = None
+            if KIND == "negative" and ctx.cid == 1:
+                up["weight"] = -up["weight"]
             return up
 
     @ALGORITHMS.register("bad_WHICH")
@@ -401,6 +408,8 @@ BAD_UPLINK = """
     ("nan", "BadClient.uplink (client 2, round 1): 'model' holds"),
     ("size", "from BadClient.uplink (client 0, round 1): 'model' has"),
     ("zero", "Server.aggregate (round 1) returned a global model with"),
+    ("none", "from BadClient.uplink (client 0, round 1): 'weight' is NoneType, not a tensor"),
+    ("negative", "BadClient.uplink (client 1, round 1): 'weight' is -"),
 ])
 def test_a_bad_uplink_is_one_message_naming_the_hook_and_entry(tmp_path, data, kind, said):
     here(tmp_path, data)

@@ -88,6 +88,9 @@ class Layout:
                                 f"Return exactly the entries the method's messages() declare")
         for name, t in tensors.items():
             size = int(np.prod(self.entries[name].shape))
+            if not isinstance(t, torch.Tensor):
+                raise ProtocolError(f"{self.what}{by}: {name!r} is {type(t).__name__}, not a tensor; return a torch "
+                                    f"tensor of {size} element(s) (declared shape {self.entries[name].shape})")
             if t.numel() != size:
                 raise ProtocolError(f"{self.what}{by}: {name!r} has {t.numel()} elements, its declared shape "
                                     f"{self.entries[name].shape} has {size}")

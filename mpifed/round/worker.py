@@ -117,8 +117,9 @@ class Worker:
         return Trained(sums_buf, rows, reports)
 
     def _check(self, up: dict[str, torch.Tensor], ctx: ClientContext) -> None:
-        """A client's uplink is what the method declares: the names, each entry's size, finite values
-        (a :class:`ProtocolError` naming the hook, the client and the entry)."""
+        """A client's uplink is what the method declares: the names, each entry a tensor of its size,
+        finite values, a ``weight`` (the client's weight in the server's average) not below zero (a
+        :class:`ProtocolError` naming the hook, the client and the entry)."""
         source = f"{type(self.client).__name__}.uplink (client {ctx.cid}, round {ctx.round + 1})"
         if set(up) != self._declared:
             raise ProtocolError(f"{source} returned {sorted(up)}; the method's messages() declare "
@@ -131,6 +132,10 @@ class Worker:
                 raise ProtocolError(f"{source}: {name!r} holds {bad} NaN or infinite value(s) of {t.numel()}, with a "
                                     f"finite local loss ({ctx.loss_sum / max(ctx.seen, 1):.4g}): the method computes "
                                     f"{name!r} from something that is not finite (a division by zero, a log of 0?)")
+        if "weight" in up and bool((up["weight"] < 0).any()):
+            raise ProtocolError(f"{source}: 'weight' is {up['weight'].min().item():.6g}, below zero: a client's weight "
+                                f"in the server's average must be 0 or more (a negative one turns its model's share "
+                                f"around and changes every client's); return a weight of 0 or more from the hook")
 
     def _context(self, plan: RoundPlan, cid: int) -> ClientContext:
         seed = client_seed(self.seed, plan.round, cid)
