@@ -117,10 +117,11 @@ def client_rows(manifest: Manifest, cid: int, holdout: float, held: bool) -> tup
 def check_labels(manifest: Manifest, labels: np.ndarray, where: str) -> None:
     """Raise a ShardError unless every label lies in [0, manifest.num_classes) (``where``: the rows)."""
     if len(labels) and (labels.min() < 0 or labels.max() >= manifest.num_classes):
-        raise ShardError(f"{where} hold label {int(labels.max() if labels.max() >= 0 else labels.min())}, outside "
-                         f"the {manifest.num_classes} classes that {manifest.root / 'manifest.json'} gives: the "
-                         f"manifest was edited or is another folder's. Delete {manifest.root} so that the next run "
-                         f"prepares it again (or: python -m mpifed.prepare --config <config> --force)")
+        bad = labels.max() if labels.max() >= manifest.num_classes else labels.min()
+        raise ShardError(f"{where} hold label {int(bad)}, outside the {manifest.num_classes} classes that "
+                         f"{manifest.root / 'manifest.json'} gives: the manifest was edited or is another folder's. "
+                         f"Delete {manifest.root} so that the next run prepares it again (or: python -m "
+                         f"mpifed.prepare --config <config> --force)")
 
 
 @dataclass

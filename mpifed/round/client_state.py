@@ -222,13 +222,13 @@ class ClientStates:
             path = self.root / "store.json"
             if not path.is_file():
                 blocks = self._blocks()
-                if not blocks or not path.is_file():    # store.json is written before the first block
-                    if blocks:
-                        raise ClientStateError(
-                            f"{self.root} holds client-state blocks ({blocks[0]}) but no store.json, which says how "
-                            f"they are laid out, so they cannot be read safely. Put back the run's store.json, or "
-                            f"start the run again with --overwrite")
+                if not blocks:
                     return self._wanted
+                if not path.is_file():   # looked again: another worker writes store.json before its first block
+                    raise ClientStateError(
+                        f"{self.root} holds client-state blocks ({blocks[0]}) but no store.json, which says how "
+                        f"they are laid out, so they cannot be read safely. Put back the run's store.json, or start "
+                        f"the run again with --overwrite")
             self._shape = self._read_shape(path)
         return self._shape
 
@@ -255,14 +255,14 @@ class ClientStates:
         if not isinstance(meta, dict):
             raise damaged("not a JSON object")
         if meta.get("format") != FORMAT:
-            has = f"format {meta['format']!r}" if "format" in meta else "no format"
+            has = f"format {json.dumps(meta['format'])[:40]}" if "format" in meta else "no format"
             raise ClientStateError(f"{path} says the client states are in {has}; this mpifed reads format {FORMAT} "
                                    f"only, so it cannot tell how they are laid out. Resume the run with the mpifed "
                                    f"that wrote them, or start it again with --overwrite")
         counts = {k: meta.get(k) for k in ("state_bytes", "versions", "clients_per_file")}
         for key, value in counts.items():
             if type(value) is not int:
-                raise damaged(f"{key} is {value!r}, not a whole number")
+                raise damaged(f"{key} is {json.dumps(value)[:40]}, not a whole number")
         shape = _Shape(**counts)
         if shape.state_bytes != self.layout.nbytes:
             raise ClientStateError(f"{self.root} holds client states of {shape.state_bytes} bytes, and this "
@@ -272,14 +272,15 @@ class ClientStates:
             raise damaged(f"clients_per_file is {shape.clients_per_file}, where mpifed writes 1 to "
                           f"{CLIENTS_PER_FILE:,}")
         if not 2 <= shape.versions <= self._most_versions:
+            more = (f" (if the run kept more checkpoints when it started, resume it with --set "
+                    f"run.keep_checkpoints={shape.versions - 1})" if shape.versions > self._most_versions else "")
             raise ClientStateError(f"{path} gives each client {shape.versions} versions, where this run keeps 2 to "
                                    f"{self._most_versions} (run.keep_checkpoints + 1, or train.rounds + 1): the file "
                                    f"was edited or is another run's. Put back the run's own file, or start the run "
-                                   f"again with --overwrite (if the run kept more checkpoints when it started, resume "
-                                   f"it with --set run.keep_checkpoints={max(shape.versions - 1, 1)})")
+                                   f"again with --overwrite{more}")
         if meta.get("slot_bytes", shape.slot_bytes) != shape.slot_bytes:
-            raise damaged(f"slot_bytes is {meta['slot_bytes']!r}, and its states of {shape.state_bytes} bytes make "
-                          f"slots of {shape.slot_bytes}")
+            raise damaged(f"slot_bytes is {json.dumps(meta['slot_bytes'])[:40]}, and its states of "
+                          f"{shape.state_bytes} bytes make slots of {shape.slot_bytes}")
         return shape
 
     def _create_store(self) -> _Shape:
