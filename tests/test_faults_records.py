@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, env, launch_with_mpirun, metrics, run_debug, tiny, write_tiny_table
+from mpifed.files import safe_yaml
 from mpifed.run.rundir import LockLost, RunDir, check_run_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("unload_plugins")]
@@ -549,3 +550,63 @@ def test_a_tables_run_root_does_not_depend_on_how_its_path_is_spelled(tmp_path, 
         monkeypatch.chdir(cwd)
         roots |= {r.root for r in load_table(spelling, runs_root=str(tmp_path / "runs")).runs}
     assert len(roots) == 1 and roots.pop().name.startswith("paper-")        # was: "-table" from inside the folder
+
+
+# ------------------------------------------------------------------ issue 76: a key set twice, a file not in UTF-8
+TWICE = "train:\n  rounds: 2\nrun:\n  seed: 1\ntrain:\n  lr: 0.1\n"     # YAML alone keeps lr and drops rounds
+
+
+def test_a_key_set_twice_in_a_config_is_one_message_naming_both_lines(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TWICE)
+    p = subprocess.run([sys.executable, "-m", "mpifed.main", "--config", str(bad), "--show-config"], cwd=REPO,
+                       env=env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr == (f"[mpifed] config file '{bad}': the key 'train' is set twice, on lines 1 "
+                                              f"and 5; YAML keeps only the last, dropping the first without a word: "
+                                              f"remove one of them, or merge the two into one\n"), p.stderr
+    bad.write_text("data:\n  partition:\n    name: iid\n    beta: 0.5\n    name: dirichlet\n")   # at any depth
+    p = run_debug(["--config", str(bad), "--show-config"], check=False)
+    assert p.returncode == 2 and "the key 'data.partition.name' is set twice, on lines 3 and 5" in p.stderr, p.stderr
+    p = run_debug(["--show-config", "--set", "data.partition={name: iid, name: dirichlet}"], check=False)
+    assert p.returncode == 2 and "override 'data.partition={name: iid, name: dirichlet}': the key 'name' is set " \
+                                 "twice, on line 1 (columns 2 and 13)" in p.stderr, p.stderr
+    merged = safe_yaml.load("a: &a {lr: 0.1, rounds: 2}\nb:\n  <<: *a\n  lr: 0.2\n", "merge")   # set again: allowed
+    assert merged["b"] == {"lr": 0.2, "rounds": 2}
+
+
+def test_a_key_set_twice_in_a_table_file_or_a_runs_own_files_is_refused(tmp_path):
+    from mpifed.settings.config import ConfigError
+    from mpifed.tables.table_file import load_table
+    from mpifed.tables.tuning import ChoiceBook
+    table = write_tiny_table(tmp_path / "paper", tmp_path / "data")
+    table.write_text(table.read_text() + "seeds: [0]\n")
+    with pytest.raises(ConfigError, match=r"x.table.yaml: the key 'seeds' is set twice, on lines 5 and 6"):
+        load_table(table, str(tmp_path / "runs"))
+    (tmp_path / "choices.yaml").write_text("- setting: s\n  method: a\n  search: lr\n  chosen: {}\n  method: b\n")
+    with pytest.raises(ConfigError, match=r"the key 'method' is set twice, on lines 2 and 5"):
+        ChoiceBook(tmp_path)
+    run = tmp_path / "runs" / "twice"
+    run.mkdir(parents=True)
+    (run / ".mpifed-run").touch()
+    (run / "config.yaml").write_text(TWICE)
+    p = run_debug(["--resume", str(run)], check=False)
+    assert p.returncode == 2 and f"{run / 'config.yaml'}: the key 'train' is set twice, on lines 1 and 5" in p.stderr
+
+
+def test_a_config_not_in_utf8_is_one_message_naming_the_file(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("run:\n  group: café\n".encode("latin-1"))
+    p = run_debug(["--config", str(latin), "--show-config"], check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"config file '{latin}' is not UTF-8 text (line 2 holds the byte 0xe9" in p.stderr
+    assert "mpifed reads YAML files as UTF-8 only; save it as UTF-8" in p.stderr
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("run:\n  group: café\n", encoding="utf-16")
+    p = run_debug(["--config", str(wide), "--show-config"], check=False)
+    assert p.returncode == 2 and f"config file '{wide}' is UTF-16 text" in p.stderr, p.stderr
+    run = tmp_path / "runs" / "latin"
+    run.mkdir(parents=True)
+    (run / ".mpifed-run").touch()
+    (run / "config.yaml").write_bytes(latin.read_bytes())
+    p = run_debug(["--resume", str(run)], check=False)
+    assert p.returncode == 2 and f"{run / 'config.yaml'} is not UTF-8 text" in p.stderr, p.stderr

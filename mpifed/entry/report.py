@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         metric = None
         if a.metric:
-            spec = yaml.safe_load(a.metric)
+            spec = safe_yaml.load(a.metric, f"--metric {a.metric!r}")
             metric = results.Metric.parse({"kind": spec} if spec in results.KINDS else spec)
         c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric, a.plugin)
         if metric is not None:

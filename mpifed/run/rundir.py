@@ -48,7 +48,7 @@ from typing import Any, Callable
 import yaml
 
 from mpifed.files import safe_yaml
-from mpifed.files.nofollow import open_append, open_lock, read_text
+from mpifed.files.nofollow import open_append, open_lock, read_bytes, read_text
 
 MARKER = ".mpifed-run"
 KILLED = "the run's processes ended without recording why (killed, or their node was lost)"
@@ -428,7 +428,8 @@ class RunDir:
         atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def read_config(self) -> dict[str, Any]:
-        return safe_yaml.load(read_text(self.path / "config.yaml"), str(self.path / "config.yaml"))
+        source = str(self.path / "config.yaml")
+        return safe_yaml.load(safe_yaml.decode(read_bytes(self.path / "config.yaml"), source), source)
 
     def append_row(self, name: str, row: dict[str, Any]) -> None:
         """Append one complete line to a .jsonl log (one write, then flushed to disk)."""

@@ -537,6 +537,8 @@ def parse_override(text: str, data: dict[str, Any] | None = None) -> dict[str, A
     else:
         try:
             value = safe_yaml.load(raw, f"override {text!r}") if raw.strip() else None
+        except safe_yaml.YamlRefused as exc:
+            raise ConfigError(str(exc)) from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
     node: dict[str, Any] = {}
@@ -565,10 +567,10 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     resolved = path.resolve()
     if resolved in _seen:
         raise ConfigError(f"config file {str(path)!r} includes itself through 'base:'")
+    source = f"config file {str(path)!r}"
     try:
-        safe_yaml.check_size(path, f"config file {str(path)!r}")
-        data = copy.deepcopy(_parse_yaml(path.read_text(), f"config file {str(path)!r}"))
-    except safe_yaml.YamlTooLarge as exc:
+        data = copy.deepcopy(_parse_yaml(safe_yaml.read_text(path, source), source))
+    except safe_yaml.YamlRefused as exc:
         raise ConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
@@ -596,8 +598,9 @@ def key_sources(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, str
     """Where each key of the config file ``path`` (one :func:`read_yaml` has read) is set, its bases'
     under its own: ``"train.lr"`` -> ``"configs/x.yaml, line 7"``."""
     path = Path(path)
-    text = path.read_text()
-    data = _parse_yaml(text, f"config file {str(path)!r}")
+    source = f"config file {str(path)!r}"
+    text = safe_yaml.read_text(path, source)
+    data = _parse_yaml(text, source)
     found: dict[str, str] = {}
     bases = data.get("base") if isinstance(data, dict) else None
     for base in [bases] if isinstance(bases, str) else list(bases or []):

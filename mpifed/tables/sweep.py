@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from mpifed.files import safe_yaml
 from mpifed.files.packaged import find_config
 from mpifed.run import results
 from mpifed.run.rundir import check_run_name
@@ -132,7 +133,9 @@ def load_sweep(configs: list[str], sweep: list[str], base: list[str], seeds: lis
     if seeds is None:
         seeds = [config.load([str(f) for f in files], list(base), plugins=list(plugins or []))[0].run.seed]
     try:
-        declared = results.Metric.parse(yaml.safe_load(metric))
+        declared = results.Metric.parse(safe_yaml.load(metric, f"--metric {metric!r}"))
+    except safe_yaml.YamlRefused as exc:
+        raise config.ConfigError(str(exc)) from None
     except (results.MetricError, yaml.YAMLError) as exc:
         raise config.ConfigError(f"--metric: {exc}") from None
     root = Path(runs_root) / folder

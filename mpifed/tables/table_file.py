@@ -123,6 +123,8 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
     path = find_config(path)
     try:
         spec = safe_yaml.read(path, f"table {path}")
+    except safe_yaml.YamlRefused as exc:
+        raise config.ConfigError(str(exc)) from None
     except (OSError, yaml.YAMLError) as exc:
         raise config.ConfigError(f"table {path}: {exc}") from None
     if not isinstance(spec, dict):
