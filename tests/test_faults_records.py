@@ -3,13 +3,15 @@ checked, a lock that survives its file's deletion, torn metrics caught by reader
 at aggregation, bounded config files, a stop during start-up, and the small messages of issue 53;
 from issue 76, crafted records whose counts are bounded before anything is allocated (a client-state
 store, status.json, metrics.jsonl, a checkpoint's name), client state of an older layout or deleted,
-a partition file holding objects, a prepared manifest edited to other classes, a bad uplink weight.
+a partition file holding objects, a prepared manifest edited to other classes, a bad uplink weight,
+keys set twice, files not in UTF-8 and a real full disk at a run's start.
 
 Each test makes the fault the way a user or a crash would (deleting, truncating, editing files;
 methods of a user's own, loaded as plugins in this process) and checks what mpifed says and keeps.
 """
 import errno
 import json
+import os
 import subprocess
 import sys
 import re
@@ -610,3 +612,52 @@ def test_a_config_not_in_utf8_is_one_message_naming_the_file(tmp_path):
     (run / "config.yaml").write_bytes(latin.read_bytes())
     p = run_debug(["--resume", str(run)], check=False)
     assert p.returncode == 2 and f"{run / 'config.yaml'} is not UTF-8 text" in p.stderr, p.stderr
+
+
+# ------------------------------------------------------------------ issue 76: a real full disk at a run's start
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs of the test's own, unmounted after it; the test is skipped where mounting one is
+    not allowed (not root, or a container without the right)."""
+    if os.geteuid() != 0:
+        pytest.skip("a real full disk is a small tmpfs, and mounting one needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def fill(disk, pages_left):
+    """Fill ``disk`` (a tmpfs) but ``pages_left`` pages: a file's data takes whole pages there, while
+    making a file or folder takes none, so the run's .lock is made and its first writes get a page each."""
+    free = os.statvfs(disk)
+    (disk / "fill").write_bytes(bytes((free.f_bavail - pages_left) * free.f_bsize))
+
+
+@pytest.mark.parametrize("pages, failing", [(0, ".lock"), (1, "config.yaml"), (2, "status.json"),
+                                            (3, "provenance.json"), (4, "log.txt")])
+def test_a_real_full_disk_at_start_leaves_nothing_that_blocks_the_same_run(tmp_path, data, small_disk, pages,
+                                                                            failing):
+    here(tmp_path, data)
+    fill(small_disk, pages)
+    args = tiny(tmp_path, f"run.root={small_disk / 'runs'}", name="full")
+    p = run_debug(args, check=False)
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+    if failing == ".lock":                       # the lock file is made, writing its holder fails
+        assert "cannot create or lock the run directory" in p.stderr and "is full" in p.stderr, p.stderr
+        p = run_debug([a for a in args if not a.startswith("run.name=")], check=False)      # named by the date
+        assert p.returncode == 2 and "is full" in p.stderr, p.stderr
+    else:
+        assert (f"No space left on device writing {small_disk / 'runs' / 'full' / failing}, before the run's first "
+                f"round: what its start wrote in {small_disk / 'runs' / 'full'} is removed (nothing was trained); "
+                f"free space there, then run the same command again") in p.stderr, p.stderr
+    assert list((small_disk / "runs").iterdir()) == []
+    (small_disk / "fill").unlink()
+    run_debug(args)
+    assert RunDir(small_disk / "runs" / "full").state() == "finished"

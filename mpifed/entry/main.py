@@ -22,7 +22,7 @@ from mpifed.settings import config, plugins
 from mpifed.comm import handoff
 from mpifed.files import pipes
 from mpifed.round import signals
-from mpifed.run.rundir import RunDir, check_run_name, claim_new, default_run_name, release_locks
+from mpifed.run.rundir import RunDir, check_run_name, claim_new, default_run_name, release_locks, undo_starts
 
 if TYPE_CHECKING:
     from mpifed.comm.collectives import Comm
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             return handoff.hand_back(_refused(comm, str(exc)), comm.rank)
         except BaseException as exc:
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                full = (f"{exc.strerror} writing {exc.filename or 'a file'}: free space there, then continue the run "
-                        f"with --resume (it restarts from the last complete checkpoint)")
-                return handoff.hand_back(_refused(comm, full), comm.rank)
+                return handoff.hand_back(_refused(comm, _disk_full(exc, undo_starts())), comm.rank)
             return _crashed(comm)
         finally:
             release_locks()
@@ -260,10 +258,21 @@ def user_errors() -> tuple[type[Exception], ...]:
             PartitionError, PlacementError, PreparedDataError, ShardError, NonFiniteLoss, ProtocolError)
 
 
+def _disk_full(exc: OSError, undone: list[Path]) -> str:
+    """What to do after a full disk (``exc``); ``undone``: the run directories whose start was undone."""
+    where = f"{exc.strerror} writing {exc.filename or 'a file'}"
+    if undone:
+        return (f"{where}, before the run's first round: what its start wrote in {undone[0]} is removed (nothing "
+                f"was trained); free space there, then run the same command again")
+    return f"{where}: free space there, then continue the run with --resume (it restarts from the last complete " \
+           f"checkpoint)"
+
+
 def _refused(comm: Comm, message: str) -> int:
     """End the job on an error that is the user's to fix: its message, no traceback, exit code 2."""
     sys.stderr.write(f"[mpifed] {comm.where(comm.rank)}: {message}\n")
     if comm.size > 1:
+        undo_starts()   # MPI_Abort ends this process before main's finally
         comm.abort(2)
     return 2
 
@@ -273,6 +282,7 @@ def _crashed(comm: Comm) -> int:
     sys.stderr.write(f"[mpifed] {comm.where(comm.rank)} failed:\n{traceback.format_exc()}")
     if comm.size > 1:
         sys.stderr.write(f"[mpifed] {comm.where(comm.rank)}: ending the whole job (MPI Abort)\n")
+        undo_starts()
         comm.abort(1)
     return 1
 

@@ -95,6 +95,7 @@ class Started:
     def walk(self) -> int:
         """Walk every round; returns the exit code. A failure is recorded in the run's status.json
         before it propagates."""
+        self.run.keep()
         try:
             self.protocol.run()
             return self.server.exit_code if self.server else 0

@@ -42,8 +42,9 @@ import socket
 import struct
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import yaml
 
@@ -56,7 +57,8 @@ LOCK = ".lock"
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+@=-]*")
 _TEMPORARY = re.compile(r"^(\..+\.tmp\d+|.+\.ckpt\.tmp\d+|\.r\d+\.bin\.tmp\d+)$")
 _held: dict[Path, int] = {}  # run directory -> descriptor of its lock file, for the locks this process holds
-_made: set[Path] = set()     # the held run directories that taking the lock (or claim_new) created
+_fresh: dict[Path, bool] = {}  # held run directory -> whether this start created it, for those whose every entry
+                               # is this start's and whose rounds have not begun (see RunDir.unlock)
 _claimed: set[Path] = set()  # the run directories claim_new created in this process
 
 
@@ -83,6 +85,12 @@ def release_locks() -> None:
     for path in list(_claimed):   # claimed, then the run ended before it began: nothing to keep
         _claimed.discard(path)
         _remove_empty(path)
+
+
+def undo_starts() -> list[Path]:
+    """Release the locks of the run directories whose rounds have not begun, undoing their start (see
+    :meth:`RunDir.unlock`), and return them; the locks of runs under way stay held."""
+    return [path for path in list(_fresh) if RunDir(path).unlock()]
 
 
 def _remove_empty(path: Path) -> None:
@@ -139,8 +147,8 @@ def write_then_rename(path: Path, tmp: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:
-            exc.filename = str(tmp)
+        if isinstance(exc, OSError) and exc.filename in (None, str(tmp)):   # the message names the file written
+            exc.filename = str(path)
         raise
 
 
@@ -220,16 +228,19 @@ class RunDir:
         """Take the run's exclusive lock for the life of this process (or until :meth:`unlock`).
 
         Raises :class:`RunLocked` naming the holder's host and pid when a live process holds it.
-        Returns a warning where the file system does not support locks (the run goes on unlocked)."""
-        if self._key() in _held:
+        Returns a warning where the file system does not support locks (the run goes on unlocked).
+        Where the lock cannot be taken (a full disk), what taking it made is removed again."""
+        key = self._key()
+        if key in _held:
             raise RunLocked(f"{self.path} is in use by this process already")
-        made = not self.path.exists() or self._key() in _claimed
+        created = not self.path.exists() or key in _claimed
         self.path.mkdir(parents=True, exist_ok=True)
+        fresh = created or all(p.name == LOCK for p in self.path.iterdir())
         try:
             fd = open_lock(self.path / LOCK)
         except OSError:
-            if made:   # nothing of the run's started: leave no empty folder behind (a full disk)
-                _claimed.discard(self._key())
+            if created:   # nothing of the run's started: leave no empty folder behind (a full disk)
+                _claimed.discard(key)
                 _remove_empty(self.path)
             raise
         try:
@@ -244,30 +255,48 @@ class RunDir:
                     f"name at the same time would not be refused")
         try:
             _write_holder(fd)
-        except OSError:
+        except OSError:   # a full disk, after the lock file was made
+            if fresh:
+                _claimed.discard(key)
+                self._take_away(created)
             os.close(fd)
             raise
-        _held[self._key()] = fd
-        _claimed.discard(self._key())
-        if made:
-            _made.add(self._key())
+        _held[key] = fd
+        _claimed.discard(key)
+        if fresh:
+            _fresh[key] = created
         return None
 
-    def unlock(self) -> None:
-        """Release the lock; a directory that taking it created and nothing used since (the run ended
-        before it began: a configuration or data error) is removed with it."""
-        fd = _held.pop(self._key(), None)
+    def keep(self) -> None:
+        """The run's rounds begin: from now on the directory holds the run's record, kept however the
+        run ends (a start that ends before is undone by :meth:`unlock`)."""
+        _fresh.pop(self._key(), None)
+
+    def unlock(self) -> bool:
+        """Release the lock. A start that ends before the run's rounds begin (a configuration or data
+        error, a full disk, a stop signal) is undone: in a directory that held nothing of a run when
+        it was locked (new, empty, or cleared by --overwrite), everything this start wrote is removed,
+        and the directory too when this start created it. Returns whether a start was undone."""
+        key = self._key()
+        fd = _held.pop(key, None)
         if fd is None:
-            return
-        if self._key() in _made:
-            _made.discard(self._key())
-            if [p.name for p in self.path.iterdir()] == [LOCK]:
-                try:
-                    (self.path / LOCK).unlink()
-                    self.path.rmdir()
-                except OSError:
-                    pass
+            return False
+        created = _fresh.pop(key, None)
+        if created is not None:
+            self._take_away(created)
         os.close(fd)  # closing the descriptor releases the lock
+        return created is not None
+
+    def _take_away(self, created: bool) -> None:
+        """Remove every entry of the directory, the lock file too, and the directory itself when
+        ``created``: best effort (what cannot be removed stays)."""
+        try:
+            _remove_entries(self.path)
+            (self.path / LOCK).unlink(missing_ok=True)
+            if created:
+                self.path.rmdir()
+        except OSError:
+            pass
 
     def check_lock(self) -> str | None:
         """Make sure the lock this process holds is still the directory's: when its ``.lock`` file was
@@ -406,15 +435,11 @@ class RunDir:
         return found
 
     def clear(self) -> None:
-        """Delete everything in the directory but its lock (for --overwrite, with the lock held)."""
-        import shutil
-        for p in self.path.iterdir():
-            if p.name == LOCK:
-                continue
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
+        """Delete everything in the directory but its lock (for --overwrite, with the lock held): what it
+        holds from then on is this start's (see :meth:`unlock`)."""
+        _remove_entries(self.path)
+        if self._key() in _held:
+            _fresh.setdefault(self._key(), False)
 
     def log(self, message: str, console: bool = True) -> None:
         """``message`` in log.txt, with the time, and (``console``) on rank 0's output."""
@@ -422,7 +447,8 @@ class RunDir:
         if console:
             self.console(message)
         if self._log is not None:
-            self._log.write(f"{stamp} {message}\n")
+            with _naming(self.path / "log.txt"):
+                self._log.write(f"{stamp} {message}\n")
 
     def write_config(self, config: dict[str, Any]) -> None:
         atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
@@ -433,7 +459,7 @@ class RunDir:
 
     def append_row(self, name: str, row: dict[str, Any]) -> None:
         """Append one complete line to a .jsonl log (one write, then flushed to disk)."""
-        with open_append(self.path / name) as f:
+        with _naming(self.path / name), open_append(self.path / name) as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -478,6 +504,28 @@ class RunDir:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An OSError without a file name (a write's: a full disk) gets ``path``, for the message."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
+def _remove_entries(folder: Path) -> None:
+    """Delete every entry of ``folder`` but its lock file, never following a link."""
+    for p in folder.iterdir():
+        if p.name == LOCK:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def _write_holder(fd: int) -> None:
