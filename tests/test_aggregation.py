@@ -30,12 +30,12 @@ def test_weighted_average_with_uneven_clients(weighting, expected):
     states = [torch.full((setup.num_floats,), v) for v in (1.0, 2.0, 4.0)]
     for k, (n, w) in enumerate(zip([5, 20, 75], states)):   # clients 0 and 1 on worker 0, client 2 on worker 1
         flat.load(w)
-        ctx = ClientContext(k, 0, 0.1, flat, w, ClientData(k, torch.zeros(n, 1, 2, 2, dtype=torch.uint8),
+        ctx = ClientContext(k, 1, 0.1, flat, w, ClientData(k, torch.zeros(n, 1, 2, 2, dtype=torch.uint8),
                             torch.zeros(n, dtype=torch.int64)), None, torch.Generator(), train)
         for name, v in client.uplink(ctx).items():
             workers[0 if k < 2 else 1][name] += v
     totals = {k: workers[0][k] + workers[1][k] for k in ("model", "weight")}
-    new = server.aggregate(0, states[0], Replies(totals, {}, []))
+    new = server.aggregate(1, states[0], Replies(totals, {}, []))
     assert new.dtype == torch.float32
     assert torch.allclose(new, torch.full_like(new, expected))
 

@@ -58,8 +58,8 @@ def fedavgm_rounds(**options):
     def replies(value):
         return Replies({"model": torch.full((n,), float(value), dtype=torch.float64),
                         "weight": torch.ones(1, dtype=torch.float64)}, {}, [])
-    w1 = server.aggregate(0, torch.zeros(n), replies(1))
-    w2 = server.aggregate(1, w1, replies(2))
+    w1 = server.aggregate(1, torch.zeros(n), replies(1))
+    w2 = server.aggregate(2, w1, replies(2))
     return setup.num_params, w1, w2
 
 
@@ -77,13 +77,13 @@ def test_fedavgm_momentum_by_hand():
 
 
 # ------------------------------------------------------------------- MOON
-def moon_previous(first_negative, rnd, trained=False, cid=2):
-    """The MOON client's negative for a client in round ``rnd`` (None: no contrastive term)."""
+def moon_previous(first_negative, server_round, trained=False, cid=2):
+    """The MOON client's negative for a client in round ``server_round`` (None: no contrastive term)."""
     setup = small_setup()
     cls = ALGORITHMS.get("moon")
     client = cls(cls.Options(projection_dim=0, first_negative=first_negative), setup).client()
     flat = setup.new_model()
-    ctx = ClientContext(cid, rnd, 0.1, flat, flat.floats.clone(),
+    ctx = ClientContext(cid, server_round, 0.1, flat, flat.floats.clone(),
                         ClientData(cid, torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long)),
                         None, torch.Generator(), setup.train)
     ctx.state = zeros("the client state", cls(cls.Options(), setup).messages().client_state)
@@ -97,17 +97,17 @@ def moon_previous(first_negative, rnd, trained=False, cid=2):
 def test_moon_negative_of_a_client_that_has_not_trained_yet():
     setup = small_setup()
     for choice in ("none", "random", "initial"):
-        assert moon_previous(choice, 0) is None                                   # round 1: no term anywhere
-        assert torch.equal(moon_previous(choice, 4, trained=True), torch.full((setup.num_floats,), 3.0))
-    assert moon_previous("none", 4) is None
-    random = moon_previous("random", 4)
-    assert torch.equal(random, own_initial_model(setup, 2)) and torch.equal(moon_previous("random", 7), random)
+        assert moon_previous(choice, 1) is None                                   # round 1: no term anywhere
+        assert torch.equal(moon_previous(choice, 5, trained=True), torch.full((setup.num_floats,), 3.0))
+    assert moon_previous("none", 5) is None
+    random = moon_previous("random", 5)
+    assert torch.equal(random, own_initial_model(setup, 2)) and torch.equal(moon_previous("random", 8), random)
     torch.manual_seed(123)
     state = torch.random.get_rng_state()
     own_initial_model(setup, 2)
     assert torch.equal(torch.random.get_rng_state(), state)                      # the global draws are untouched
     assert not torch.equal(own_initial_model(setup, 3), random)
-    assert torch.equal(moon_previous("initial", 4), setup.initial_model().floats)
+    assert torch.equal(moon_previous("initial", 5), setup.initial_model().floats)
 
 
 MOON = ("algorithm.name=moon", "algorithm.mu=2", "algorithm.projection_dim=16", "train.participation=0.4",

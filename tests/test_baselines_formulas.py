@@ -39,7 +39,7 @@ def context(setup, client_data, weights, global_weights, state, batch_size=4, ep
     flat.load(weights)
     cfg = TrainConfig(batch_size=batch_size, local_epochs=epochs, momentum=0.0)
     setup.train = cfg
-    return ClientContext(0, 0, lr, flat, global_weights, client_data, PLAIN, torch.Generator().manual_seed(0), cfg,
+    return ClientContext(0, 1, lr, flat, global_weights, client_data, PLAIN, torch.Generator().manual_seed(0), cfg,
                          state=Fields("the client state", state))
 
 
@@ -68,7 +68,7 @@ def test_fedcurv_penalty_uses_the_other_clients_only():
 
     fisher, weights = [full(1), full(3), full(0.5)], [full(2), full(-1), full(4)]
     _, client = roles("fedcurv", setup, lam=0.5)
-    client.round_start(0, down(setup, fisher=sum(fisher), fisher_weights=sum(f * w for f, w in zip(fisher, weights))))
+    client.round_start(1, down(setup, fisher=sum(fisher), fisher_weights=sum(f * w for f, w in zip(fisher, weights))))
     ctx = context(setup, data(0), full(1), full(0), {"fisher": fisher[1], "fisher_weights": fisher[1] * weights[1]})
     penalty = extra_loss(client, ctx)
     assert penalty.item() == pytest.approx(-48.75, abs=1e-4)
@@ -81,13 +81,13 @@ def test_fedcurv_first_round_has_no_penalty():
     setup = small_setup()
     p = setup.num_params
     _, client = roles("fedcurv", setup, lam=2.0)
-    client.round_start(0, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
+    client.round_start(1, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
     ctx = context(setup, data(0), torch.randn(p), torch.zeros(p),
                   {"fisher": torch.zeros(p), "fisher_weights": torch.zeros(p)})
     assert extra_loss(client, ctx).item() == 0 and not client.inputs.active
     # the client's own contribution is all there is: no penalty either
     own = {"fisher": torch.rand(p), "fisher_weights": torch.rand(p)}
-    client.round_start(1, down(setup, fisher=own["fisher"], fisher_weights=own["fisher_weights"]))
+    client.round_start(2, down(setup, fisher=own["fisher"], fisher_weights=own["fisher_weights"]))
     ctx.state = Fields("the client state", own)
     assert extra_loss(client, ctx).item() == 0
 
@@ -112,7 +112,7 @@ def test_fedcurv_uplink_replaces_the_client_contribution_and_the_server_sums_it(
     server, client = roles("fedcurv", setup, lam=1.0)
     w = torch.randn(setup.num_floats)
     old = {"fisher": torch.rand(p), "fisher_weights": torch.rand(p)}
-    client.round_start(0, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
+    client.round_start(1, down(setup, fisher=torch.zeros(p), fisher_weights=torch.zeros(p)))
     ctx = context(setup, data(8), w, torch.zeros(setup.num_floats), dict(old))
     ctx.new_state = renewed(ctx.state, client.end_client(ctx), "end_client")
     up = client.uplink(ctx)
@@ -123,11 +123,11 @@ def test_fedcurv_uplink_replaces_the_client_contribution_and_the_server_sums_it(
     assert torch.allclose(up["delta_fisher_weights"].float(), fisher * w[:p] - old["fisher_weights"])
     # server: U, V start at 0 and add the round's summed changes; clients not sampled keep theirs
     model = {"model": torch.zeros(setup.num_floats, dtype=torch.float64), "weight": torch.ones(1, dtype=torch.float64)}
-    server.aggregate(0, w, Replies({**model, "delta_fisher": torch.full((p,), 3.0, dtype=torch.float64),
+    server.aggregate(1, w, Replies({**model, "delta_fisher": torch.full((p,), 3.0, dtype=torch.float64),
                                     "delta_fisher_weights": torch.full((p,), 2.0, dtype=torch.float64)}, {}, []))
-    server.aggregate(1, w, Replies({**model, "delta_fisher": torch.full((p,), -1.0, dtype=torch.float64),
+    server.aggregate(2, w, Replies({**model, "delta_fisher": torch.full((p,), -1.0, dtype=torch.float64),
                                     "delta_fisher_weights": torch.full((p,), 0.5, dtype=torch.float64)}, {}, []))
-    sent = server.downlink(2, w)
+    sent = server.downlink(3, w)
     assert torch.equal(sent["fisher"], torch.full((p,), 2.0))
     assert torch.equal(sent["fisher_weights"], torch.full((p,), 2.5))
 
@@ -164,10 +164,10 @@ def test_feddyn_server_update_by_hand():
     def replies(*thetas):
         return Replies({"model": sum(torch.full((p,), float(t), dtype=torch.float64) for t in thetas),
                         "weight": torch.tensor([float(len(thetas))], dtype=torch.float64)}, {}, [])
-    w = server.aggregate(0, torch.zeros(p), replies(1, 3))
+    w = server.aggregate(1, torch.zeros(p), replies(1, 3))
     assert torch.allclose(server.h, torch.full((p,), -0.5, dtype=torch.float64))
     assert torch.allclose(w, torch.full((p,), 3.0))
-    w = server.aggregate(1, w, replies(3, 5))
+    w = server.aggregate(2, w, replies(3, 5))
     assert torch.allclose(server.h, torch.full((p,), -0.75, dtype=torch.float64))
     assert torch.allclose(w, torch.full((p,), 5.5))
     restored, _ = roles("feddyn", setup, alpha=0.5)
@@ -185,13 +185,13 @@ def test_feddyn_reports_the_clients_mean_and_sends_the_server_model():
     def replies(*thetas):
         return Replies({"model": sum(torch.full((p,), float(t), dtype=torch.float64) for t in thetas),
                         "weight": torch.tensor([float(len(thetas))], dtype=torch.float64)}, {}, [])
-    w = server.aggregate(0, torch.zeros(p), replies(1, 3))
-    assert torch.equal(w, plain.aggregate(0, torch.zeros(p), replies(1, 3)))
+    w = server.aggregate(1, torch.zeros(p), replies(1, 3))
+    assert torch.equal(w, plain.aggregate(1, torch.zeros(p), replies(1, 3)))
     assert torch.allclose(w, torch.full((p,), 3.0)) and torch.allclose(server.reported(w), torch.full((p,), 2.0))
     assert plain.reported(w) is w
     restored, _ = roles("feddyn", setup, alpha=0.5, evaluate="clients_mean")
     restored.load_state_dict(server.state_dict())
-    w = server.aggregate(1, w, replies(3, 5))
+    w = server.aggregate(2, w, replies(3, 5))
     assert torch.allclose(w, torch.full((p,), 5.5)) and torch.allclose(server.reported(w), torch.full((p,), 4.0))
     assert torch.equal(restored.reported(w), torch.full((p,), 2.0))
 
@@ -275,11 +275,11 @@ def test_feddistill_class_means_weighted_by_counts():
     server, _ = roles("feddistill_plus", setup)
     model = {"model": torch.zeros(setup.num_floats, dtype=torch.float64), "weight": torch.ones(1, dtype=torch.float64)}
     w = torch.zeros(setup.num_floats)
-    server.aggregate(0, w, Replies(model, {"class_logits": rows.float(), "class_counts": counts.float()}, []))
+    server.aggregate(1, w, Replies(model, {"class_logits": rows.float(), "class_counts": counts.float()}, []))
     later = torch.zeros(1, 3, 3)
     later[0, 1] = torch.tensor([5.0, 5, 5])
-    server.aggregate(1, w, Replies(model, {"class_logits": later, "class_counts": torch.tensor([[0.0, 1, 0]])}, []))
-    sent = server.downlink(2, None)
+    server.aggregate(2, w, Replies(model, {"class_logits": later, "class_counts": torch.tensor([[0.0, 1, 0]])}, []))
+    sent = server.downlink(3, None)
     assert torch.allclose(sent["logits"], torch.tensor([[2, 1 / 3, 0], [5, 5, 5], [0, 0, 0]]))
     assert sent["known"].tolist() == [1, 1, 0]
 
@@ -299,7 +299,7 @@ def test_feddistill_term_by_hand():
 def test_feddistill_client_rows_are_the_class_means_of_its_training_passes():
     setup = small_setup()
     _, client = roles("feddistill_plus", setup)
-    client.round_start(0, down(setup, logits=torch.zeros(3, 3), known=torch.zeros(3)))
+    client.round_start(1, down(setup, logits=torch.zeros(3, 3), known=torch.zeros(3)))
     client_data = data(8)
     w = torch.randn(setup.num_floats)
     ctx = context(setup, client_data, w, w.clone(), {}, batch_size=4, epochs=2, lr=1e-30)   # the model stays put

@@ -52,30 +52,30 @@ def test_fedproto_round_trip_client_sums_server_prototypes_client_loss():
     setup.train = TrainConfig(local_epochs=2, batch_size=4)
     algo = algorithm("fedproto", setup, lam=0.5)
     server, w = algo.server(None), setup.new_model().floats.clone()
-    assert torch.all(server.downlink(0, w)["known"] == 0)          # round 1: no prototypes
+    assert torch.all(server.downlink(1, w)["known"] == 0)          # round 1: no prototypes
     datasets = [client_data(0, [0, 1, 0, 1, 0, 0]), client_data(1, [1, 1, 0], seed=1)]
     sums = {"feature_sum": 0, "count": 0, "model": 0, "weight": 0}
     features = []
     for d in datasets:
         client = algo.client()
-        client.round_start(0, Downlink(w, NO_INTS, server.downlink(0, w)))
-        ctx = ClientContext(d.cid, 0, 0.0, setup.new_model(), w, d, PLAIN,
+        client.round_start(1, Downlink(w, NO_INTS, server.downlink(1, w)))
+        ctx = ClientContext(d.cid, 1, 0.0, setup.new_model(), w, d, PLAIN,
                             torch.Generator().manual_seed(0), setup.train)
         ctx.flat.load(w)
         up = client.local_round(ctx)                            # lr 0: the features stay those of w
         assert torch.equal(up["count"], torch.bincount(d.labels, minlength=3).double())   # the last epoch only
         sums = {k: sums[k] + up[k] for k in sums}
         features.append(ctx.model.features(PLAIN.eval(d.inputs)).detach())
-    server.aggregate(0, w, Replies(sums, {}, []))
+    server.aggregate(1, w, Replies(sums, {}, []))
     feats, labels = torch.cat(features), torch.cat([d.labels for d in datasets])
     expected = torch.stack([feats[labels == c].mean(0) for c in (0, 1)])
-    down = server.downlink(1, w)
+    down = server.downlink(2, w)
     assert torch.allclose(down["prototypes"][:2], expected, atol=1e-6)
     assert torch.equal(down["known"], torch.tensor([1.0, 1.0, 0.0]))        # nobody holds class 2
     # the local loss: CE + lambda * mean_{i,dim} (f(x_i) - C_{y_i})^2, class-2 samples contributing 0
     client = algo.client()
-    client.round_start(1, Downlink(w, NO_INTS, down))
-    ctx = ClientContext(0, 1, 0.1, setup.new_model(), w, datasets[0], PLAIN, torch.Generator(), setup.train)
+    client.round_start(2, Downlink(w, NO_INTS, down))
+    ctx = ClientContext(0, 2, 0.1, setup.new_model(), w, datasets[0], PLAIN, torch.Generator(), setup.train)
     x, y = PLAIN.eval(datasets[0].inputs[:3]), torch.tensor([0, 1, 2])
     out = forward(ctx.model, x)
     target = torch.cat([expected, out.features[2:].detach()])
@@ -145,11 +145,11 @@ def test_fedgen_client_regulariser_by_hand():
     server = algo.server(ServerTools(setup.new_model(), PLAIN, None, 5))
     generator = server.generator.floats + 0.1 * torch.randn(server.generator.num_floats)
     client = algo.client()
-    client.round_start(0, Downlink(torch.zeros(1), NO_INTS, {"generator": generator}))
+    client.round_start(1, Downlink(torch.zeros(1), NO_INTS, {"generator": generator}))
     assert client.inputs.alpha == 0 and client.inputs.beta == 0              # round 1: no regulariser
-    client.round_start(2, Downlink(torch.zeros(1), NO_INTS, {"generator": generator}))
+    client.round_start(3, Downlink(torch.zeros(1), NO_INTS, {"generator": generator}))
     assert (client.inputs.alpha, client.inputs.beta) == (2.0 * 0.25, 3.0 * 0.25)
-    ctx = ClientContext(0, 2, 0.1, setup.new_model(), torch.zeros(1), client_data(0, [0, 1, 2]), PLAIN,
+    ctx = ClientContext(0, 3, 0.1, setup.new_model(), torch.zeros(1), client_data(0, [0, 1, 2]), PLAIN,
                         torch.Generator().manual_seed(7), setup.train)
     client.begin_client(ctx)
     x, y = PLAIN.eval(ctx.data.inputs), ctx.data.labels
@@ -187,7 +187,7 @@ def test_fedgen_server_trains_on_the_count_weighted_heads(form):
     rng = server.rng.get_state()
     before = server.generator.floats.clone()
     w = setup.new_model().floats
-    server.aggregate(0, w, Replies({"model": w.double(), "weight": torch.ones(1, dtype=torch.float64)}, rows, []))
+    server.aggregate(1, w, Replies({"model": w.double(), "weight": torch.ones(1, dtype=torch.float64)}, rows, []))
     # the step's loss by hand: labels drawn from the held classes {0, 1}, client heads as linear maps
     g = torch.Generator().set_state(rng)
     y = torch.tensor([0, 1])[torch.randint(2, (4,), generator=g)]
@@ -214,9 +214,9 @@ def test_fedgen_server_resumes_exactly():
     replies = Replies({"model": w.double(), "weight": torch.ones(1, dtype=torch.float64)},
                       fedgen_rows(setup, [[1.0, 2.0, 3.0], [4.0, 0.0, 1.0]]), [])
     first = algo.server(tools)
-    first.aggregate(0, w, replies)
+    first.aggregate(1, w, replies)
     resumed = algo.server(tools)
     resumed.load_state_dict(first.state_dict())
-    first.aggregate(1, w, replies)
-    resumed.aggregate(1, w, replies)
+    first.aggregate(2, w, replies)
+    resumed.aggregate(2, w, replies)
     assert torch.equal(first.generator.floats, resumed.generator.floats)

@@ -44,7 +44,7 @@ def test_local_round_runs_the_hooks_in_order_and_keeps_the_new_state_apart():
     setup.train = TrainConfig(batch_size=4, local_epochs=2)
     data = ClientData(0, torch.randint(0, 255, (8, 1, 2, 2), dtype=torch.uint8), torch.arange(8) % 3)
     old = Fields("the client state", {"rounds": torch.ones(1)})
-    ctx = ClientContext(0, 0, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
+    ctx = ClientContext(0, 1, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
                         BatchTransform([0.5], [0.5], 0, False, 0, "cpu"), torch.Generator().manual_seed(0), setup.train,
                         state=old)
     client = Recording(None, setup)

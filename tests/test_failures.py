@@ -40,7 +40,7 @@ class StoppingClient(Client):
     """FedAvg's client, except that rank 2 stops (SIGSTOP) as it begins its first client of round 3."""
 
     def begin_client(self, ctx):
-        if ctx.round == 2 and os.environ.get("OMPI_COMM_WORLD_RANK") == "2":
+        if ctx.server_round == 3 and os.environ.get("OMPI_COMM_WORLD_RANK") == "2":
             Path(__file__).with_suffix(".pid").write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGSTOP)
 

@@ -50,7 +50,7 @@ def with_plugin(tmp, source, name):
 
 # ------------------------------------------------------------------ item 6: status while a finished run trains further
 def in_aggregate(name, action):
-    """A method ``name``: FedAvg whose server first runs ``action`` (Python lines reading ``rnd`` and
+    """A method ``name``: FedAvg whose server first runs ``action`` (Python lines reading ``server_round`` and
     ``run``, the run directory named by $WATCH_RUN) in each aggregation."""
     body = "\n".join(f"            {line}" for line in action.strip().splitlines())
     return f"""
@@ -61,10 +61,10 @@ def in_aggregate(name, action):
     from mpifed.run.rundir import RunDir
 
     class HookServer(Server):
-        def aggregate(self, rnd, weights, replies):
+        def aggregate(self, server_round, weights, replies):
             run = RunDir(Path(os.environ["WATCH_RUN"]))
 {body}
-            return super().aggregate(rnd, weights, replies)
+            return super().aggregate(server_round, weights, replies)
 
     ALGORITHMS.register("{name}")(type("Hook", (Algorithm,), {{"Server": HookServer}}))
 """
@@ -72,7 +72,7 @@ def in_aggregate(name, action):
 
 WATCHER = in_aggregate("watching", """
 with open(os.environ["WATCH_OUT"], "a") as f:
-    f.write(json.dumps({"round": rnd + 1, "file": run.read_json("status.json")}) + "\\n")
+    f.write(json.dumps({"round": server_round, "file": run.read_json("status.json")}) + "\\n")
 """)
 
 
@@ -206,10 +206,10 @@ DELETES_STATES = """
     from mpifed.registry import ALGORITHMS
 
     class Deleting(Scaffold.Server):
-        def aggregate(self, rnd, weights, replies):
-            if rnd == 1:
+        def aggregate(self, server_round, weights, replies):
+            if server_round == 2:
                 shutil.rmtree(Path(os.environ["WATCH_RUN"]) / "client_state")
-            return super().aggregate(rnd, weights, replies)
+            return super().aggregate(server_round, weights, replies)
 
     ALGORITHMS.register("deleting_states")(type("DeletingStates", (Scaffold,), {"Server": Deleting}))
 """
@@ -346,7 +346,7 @@ def test_a_lock_taken_by_another_process_after_deletion_stops_the_first(tmp_path
 
 
 DELETER = in_aggregate("deleting", """
-if rnd == 1:
+if server_round == 2:
     (run.path / ".lock").unlink()
 """)
 

@@ -67,9 +67,9 @@ def test_a_wrong_shape_type_or_name_is_a_clear_error():
 class ScheduledNTDClient(FedNTDClient):
     """FedNTD with its temperature set per round, kept on self: stale under captured steps."""
 
-    def round_start(self, rnd, down):
-        super().round_start(rnd, down)
-        self.tau = 1.0 + rnd
+    def round_start(self, server_round, down):
+        super().round_start(server_round, down)
+        self.tau = float(server_round)
 
     def loss(self, ctx, batch, out):
         return ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.tau)
@@ -80,9 +80,9 @@ class ScheduledNTD(FedNTD):
 
 
 class OptionsNTDClient(FedNTDClient):
-    def round_start(self, rnd, down):
-        super().round_start(rnd, down)
-        self.options.tau = 1.0 + rnd
+    def round_start(self, server_round, down):
+        super().round_start(server_round, down)
+        self.options.tau = float(server_round)
 
 
 class OptionsNTD(FedNTD):
@@ -90,9 +90,9 @@ class OptionsNTD(FedNTD):
 
 
 class TeacherNTDClient(FedNTDClient):
-    def round_start(self, rnd, down):
-        super().round_start(rnd, down)
-        self.teacher.tau = 1.0 + rnd
+    def round_start(self, server_round, down):
+        super().round_start(server_round, down)
+        self.teacher.tau = float(server_round)
 
 
 class TeacherNTD(FedNTD):
@@ -103,7 +103,7 @@ class RoundNTDClient(FedNTDClient):
     """The temperature from the context's round number, read inside the loss."""
 
     def loss(self, ctx, batch, out):
-        return ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, 1.0 + ctx.round)
+        return ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, float(ctx.server_round))
 
 
 class RoundNTD(FedNTD):
@@ -113,9 +113,9 @@ class RoundNTD(FedNTD):
 class DeclaredNTDClient(FedNTDClient):
     """The same schedule, declared: a 0-d buffer filled in place each round."""
 
-    def round_start(self, rnd, down):
-        super().round_start(rnd, down)
-        self.inputs.tau = 1.0 + rnd
+    def round_start(self, server_round, down):
+        super().round_start(server_round, down)
+        self.inputs.tau = float(server_round)
 
     def loss(self, ctx, batch, out):
         return ntd_loss(out.logits, self.teacher.batch_logits(ctx, batch), batch.y, self.inputs.tau)
@@ -132,10 +132,10 @@ def _down(setup):
     return Downlink(torch.zeros(setup.num_floats), torch.zeros(setup.num_ints, dtype=torch.int64), {})
 
 
-def _context(setup, runner=None, rnd=0):
+def _context(setup, runner=None, server_round=1):
     g = torch.Generator().manual_seed(0)
     data = ClientData(0, torch.randint(0, 255, (8, 1, 2, 2), dtype=torch.uint8, generator=g), torch.arange(8) % 3)
-    return ClientContext(0, rnd, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
+    return ClientContext(0, server_round, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
                          BatchTransform([0.5], [0.5], 0, False, 0, "cpu"), torch.Generator().manual_seed(1),
                          setup.train, runner=runner or LocalSteps())
 
@@ -155,26 +155,26 @@ def test_without_its_source_a_kept_value_is_refused_when_it_is_set():
     """A role defined where no source can be read (exec) is stopped by the built role itself."""
     space = {"FedNTDClient": FedNTDClient, "FedNTD": FedNTD}
     exec("class Hidden(FedNTDClient):\n"
-         "    def round_start(self, rnd, down):\n"
-         "        self.tau = 1.0 + rnd\n"
+         "    def round_start(self, server_round, down):\n"
+         "        self.tau = float(server_round)\n"
          "class HiddenOptions(FedNTDClient):\n"
-         "    def round_start(self, rnd, down):\n"
-         "        self.options.tau = 1.0 + rnd\n", space)
+         "    def round_start(self, server_round, down):\n"
+         "        self.options.tau = float(server_round)\n", space)
     setup = small_setup()
     for role, message in ((space["Hidden"], "Hidden.round_start sets self.tau on Hidden, a built client role"),
                           (space["HiddenOptions"], r"options are read-only \(options.tau\)")):
         algo = type("Algo", (FedNTD,), {"Client": role})(FedNTD.Options(), setup)
         client = algo.client()
         with pytest.raises(UndeclaredState, match=message):
-            client.round_start(0, _down(setup))
+            client.round_start(1, _down(setup))
 
 
 def test_a_loss_that_reads_the_round_from_its_context_fails_on_the_cpu():
     setup = small_setup()
     setup.train = TrainConfig(batch_size=4, local_epochs=1)
     client = RoundNTD(RoundNTD.Options(), setup).client()
-    client.round_start(0, _down(setup))
-    with pytest.raises(UndeclaredInput, match=r"the local step reads ctx.round.*Inputs\(client="):
+    client.round_start(1, _down(setup))
+    with pytest.raises(UndeclaredInput, match=r"the local step reads ctx.server_round.*Inputs\(client="):
         client.train(_context(setup))
 
 
@@ -184,12 +184,12 @@ def test_the_declared_schedule_trains_and_its_buffer_keeps_its_address():
     client = DeclaredNTD(DeclaredNTD.Options(), setup).client()
     assert role_problems(DeclaredNTD) == [] and DeclaredNTDClient.eager_reason() == ""
     tau = client.inputs.tau
-    for rnd in range(3):
+    for server_round in (1, 2, 3):
         client.inputs.reset("round")
-        client.round_start(rnd, _down(setup))
-        ctx = _context(setup, rnd=rnd)
+        client.round_start(server_round, _down(setup))
+        ctx = _context(setup, server_round=server_round)
         client.train(ctx)
-        assert client.inputs.tau is tau and tau.item() == 1.0 + rnd and ctx.steps == 2
+        assert client.inputs.tau is tau and tau.item() == server_round and ctx.steps == 2
 
 
 def test_the_step_view_passes_what_a_step_may_read_and_refuses_the_rest():

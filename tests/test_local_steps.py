@@ -27,7 +27,7 @@ class Passes(Client):
 def context(setup, n: int) -> ClientContext:
     data = ClientData(0, torch.randint(0, 255, (n, 1, 2, 2), dtype=torch.uint8), torch.arange(n) % 3)
     transform = BatchTransform([0.5], [0.5], 0, False, 0, "cpu")
-    return ClientContext(0, 0, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data, transform,
+    return ClientContext(0, 1, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data, transform,
                          torch.Generator().manual_seed(0), setup.train)
 
 

@@ -52,7 +52,7 @@ from mpifed.registry import ALGORITHMS
 
 
 class MisspeltServer(Server):
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {"NAME": torch.zeros(SIZE)}
 
 
@@ -135,10 +135,10 @@ class CountingClient(Client):
 
 
 class CountingServer(Server):
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         self.counted = int(replies.sums._samples.item())
         self.names = sorted(name for name, _ in replies.sums)
-        return super().aggregate(rnd, weights, replies)
+        return super().aggregate(server_round, weights, replies)
 
     def log(self):
         return {"counted": self.counted, "sum_names": self.names}

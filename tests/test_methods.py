@@ -27,15 +27,15 @@ def test_fedgkd_teacher_is_the_average_of_the_last_m_models():
     setup = small_setup()
     server, _ = roles("fedgkd", setup, buffer_size=2)
     w = [torch.full((setup.num_floats,), float(i)) for i in range(4)]
-    assert server.downlink(0, w[0])["active"].item() == 0          # round 1: no aggregated model yet
+    assert server.downlink(1, w[0])["active"].item() == 0          # round 1: no aggregated model yet
     for i in (1, 2, 3):
-        server.aggregate(i - 1, w[i - 1], fedavg_replies(w[i]))
-    down = server.downlink(3, w[3])
+        server.aggregate(i, w[i - 1], fedavg_replies(w[i]))
+    down = server.downlink(4, w[3])
     assert down["active"].item() == 1 and torch.equal(down["teacher"], torch.full_like(w[0], 2.5))
     one, _ = roles("fedgkd", setup, buffer_size=1, distill_first_round=True)
-    assert torch.equal(one.downlink(0, w[0])["teacher"], w[0])
-    one.aggregate(0, w[0], fedavg_replies(w[1]))
-    assert torch.equal(one.downlink(1, w[1])["teacher"], w[1])   # M = 1: the current global model
+    assert torch.equal(one.downlink(1, w[0])["teacher"], w[0])
+    one.aggregate(1, w[0], fedavg_replies(w[1]))
+    assert torch.equal(one.downlink(2, w[1])["teacher"], w[1])   # M = 1: the current global model
 
 
 def fedavg_replies(model):
@@ -51,8 +51,8 @@ def test_fedgkd_vote_weights_follow_validation_losses():
     server, _ = roles("fedgkd_vote", setup, tools, buffer_size=3)
     models = [torch.randn(setup.num_floats) for _ in range(2)]
     for i, m in enumerate(models):
-        server.aggregate(i, m, fedavg_replies(m))
-    down = server.downlink(2, models[-1])
+        server.aggregate(i + 1, m, fedavg_replies(m))
+    down = server.downlink(3, models[-1])
     losses = torch.tensor([torch.nn.functional.cross_entropy(tools.logits(m), y).item() for m in models],
                           dtype=torch.float64)
     expected = 0.1 * torch.softmax(-losses * 3, dim=0)              # beta = 1/M with M = 3
@@ -86,7 +86,7 @@ def test_fedcsd_prototype_reduction_equals_central_prototypes():
 
     def worker_algo():
         _, client = roles("fedcsd", setup)
-        client.round_start(0,
+        client.round_start(1,
                            Downlink(torch.zeros(setup.num_floats), torch.zeros(0, dtype=torch.int64),
                                     {"teacher": teacher_w}))
         return client
@@ -123,7 +123,7 @@ def test_teacher_logit_cache_equals_per_batch_logits():
     x = torch.randint(0, 255, (23, 1, 2, 2), dtype=torch.uint8)
     data = ClientData(5, x, torch.arange(23) % 3)
     plain = BatchTransform([0.5], [0.5], 0, False, 0, "cpu")
-    ctx = ClientContext(5, 0, 0.1, setup.new_model(), torch.zeros(1), data, plain, torch.Generator(), TrainConfig())
+    ctx = ClientContext(5, 1, 0.1, setup.new_model(), torch.zeros(1), data, plain, torch.Generator(), TrainConfig())
     idx = torch.tensor([3, 17, 8])
     expected = teacher.logits(plain.eval(x[idx]))
     assert torch.allclose(teacher.batch_logits(ctx, Batch(plain.eval(x[idx]), data.labels[idx], idx)),
@@ -154,8 +154,8 @@ def test_fedcsd_local_prototypes_and_official_weighting():
     teacher_w = torch.randn(setup.num_floats, generator=g)
     for weighting in ("paper", "official"):
         client = cls(cls.Options(prototypes="local", weighting=weighting, mu=0.4), setup).client()
-        client.round_start(0, Downlink(teacher_w, torch.zeros(0, dtype=torch.int64), {"teacher": teacher_w}))
-        ctx = ClientContext(0, 0, 0.1, setup.new_model(), teacher_w, data, tf, torch.Generator(),
+        client.round_start(1, Downlink(teacher_w, torch.zeros(0, dtype=torch.int64), {"teacher": teacher_w}))
+        ctx = ClientContext(0, 1, 0.1, setup.new_model(), teacher_w, data, tf, torch.Generator(),
                             TrainConfig(local_epochs=1))
         client.begin_client(ctx)
         own = client.client_prototypes(data, tf)[0].float()

@@ -104,7 +104,7 @@ from mpifed.registry import ALGORITHMS
 
 class RaisingClient(Client):
     def begin_client(self, ctx):
-        if ctx.round >= 1 and ctx.cid == 3:
+        if ctx.server_round >= 2 and ctx.cid == 3:
             raise RuntimeError("client 3 fails mid-run")
 
 

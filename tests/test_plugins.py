@@ -308,3 +308,14 @@ def test_a_resume_command_gives_the_code_again_as_the_run_was_given_it(tmp_path)
     assert code_words(config.load([], [])[0]) == ()     # mpifed's own method: nothing to give
     plugins.provider("algorithm", "plug_penalty").from_run = True
     assert code_words(cfg) == ("--trust-run-code",)
+
+
+def test_a_hook_that_still_takes_rnd_is_refused_when_loaded(tmp_path):
+    old = write(tmp_path / "old.py", method("plug_old").replace(
+        "class PenaltyClient(Client):\n", "class PenaltyClient(Client):\n    def round_start(self, rnd, down):\n"
+                                          "        pass\n\n"))
+    with pytest.raises(plugins.PluginError, match=r"PenaltyClient\.round_start takes rnd, the round counted from 0; "
+                                                  r"the round now calls round_start\(server_round, down\) with "
+                                                  r"server_round, counted from 1"):
+        plugins.load(str(old))
+    assert "plug_old" not in ALGORITHMS

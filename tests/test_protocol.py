@@ -17,7 +17,7 @@ from mpifed.registry import ALGORITHMS
 
 
 class ForgetfulServer(Server):
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {} if "SIDE" == "server" else {"hint": weights[:2]}
 
 

@@ -139,7 +139,7 @@ def _context(setup, runner, samples=10):
     g = torch.Generator().manual_seed(0)
     data = ClientData(0, torch.randint(0, 255, (samples, 1, 2, 2), dtype=torch.uint8, generator=g),
                       torch.randint(0, 3, (samples,), generator=g))
-    return ClientContext(0, 0, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
+    return ClientContext(0, 1, 0.1, setup.new_model(), torch.zeros(setup.num_floats), data,
                          BatchTransform([0.5], [0.5], 0, False, 0, "cpu"), torch.Generator().manual_seed(1),
                          setup.train, runner=runner)
 

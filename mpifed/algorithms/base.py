@@ -16,8 +16,8 @@ The two roles are built separately, on different ranks under MPI and as two obje
 the debug mode; they share nothing but the options, the :class:`Setup` and what the round
 protocol (:mod:`mpifed.round.protocol`) carries between them. One round, in order::
 
-    server  downlink(rnd, w)             -> the Messages.down tensors sent with the global model w
-    client  round_start(rnd, down)       once per round on each worker: the round inputs, from down.<name>
+    server  downlink(server_round, w)    -> the Messages.down tensors sent with the global model w
+    client  round_start(server_round, down)  once per round on each worker: the round inputs, from down.<name>
     client  statistics(data, transform)  summed over the round's clients on all workers
             use_statistics(totals)       before local training (Messages.statistics)
     client  local_round(ctx)             per client, these hooks in this order:
@@ -27,7 +27,7 @@ protocol (:mod:`mpifed.round.protocol`) carries between them. One round, in orde
             on_batch(ctx, batch, out)      after each batch's forward pass: per-client sums
             end_client(ctx)              -> the client's new Messages.client_state (ctx.new_state)
             uplink(ctx)                  -> Messages.up entries, summed or one row per client (no side effects)
-    server  aggregate(rnd, w, replies)   -> the new global model, from the sums, rows and reports
+    server  aggregate(server_round, w, replies)  -> the new global model, from the sums, rows and reports
     server  reported(w)                  -> the model evaluated and saved (default: the global model)
 
 What the client role's hooks leave for the loss (a per-round temperature, a client's correction)
@@ -261,7 +261,7 @@ class ClientContext:
     """One client's local training in one round."""
 
     cid: int
-    round: int
+    server_round: int               # the round, 1 for the first (as Flower numbers it)
     lr: float
     flat: FlatModel                 # the local model, loaded with the global model
     global_weights: torch.Tensor    # the round's global float state (on the device)
@@ -282,6 +282,11 @@ class ClientContext:
     @property
     def model(self) -> Classifier:
         return self.flat.model
+
+    @property
+    def round(self) -> int:
+        raise AttributeError("ctx.round is gone: read ctx.server_round, which numbers the rounds from 1 (ctx.round "
+                             "counted from 0), and check what the hook computes from it")
 
     @property
     def num_samples(self) -> int:
@@ -405,14 +410,14 @@ class Server:
         """Once, with the initial global model, before the first round (and before
         ``load_state_dict`` on resume)."""
 
-    def downlink(self, rnd: int, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The ``Messages.down`` tensors of round ``rnd`` (0-based) by name, for global model
+    def downlink(self, server_round: int, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``Messages.down`` tensors of round ``server_round`` (1 for the first) by name, for global model
         ``weights``. The first round's is made when the run starts, and checked there against the
         declaration."""
         return {}
 
-    def aggregate(self, rnd: int, weights: torch.Tensor, replies: Replies) -> torch.Tensor:
-        """The new global model from the round's replies."""
+    def aggregate(self, server_round: int, weights: torch.Tensor, replies: Replies) -> torch.Tensor:
+        """The new global model from the replies of round ``server_round`` (1 for the first)."""
         return (replies.sums.model / replies.sums.weight).to(torch.float32)
 
     def reported(self, weights: torch.Tensor) -> torch.Tensor:
@@ -488,8 +493,9 @@ class Client:
                 return what
         return ""
 
-    def round_start(self, rnd: int, down: Downlink) -> None:
-        """Once per round on each worker, with what the server sent."""
+    def round_start(self, server_round: int, down: Downlink) -> None:
+        """Once per round on each worker, with what the server sent for round ``server_round`` (1 for the
+        first)."""
 
     def statistics(self, data: ClientData, transform: BatchTransform) -> dict[str, torch.Tensor]:
         """One client's contribution to the ``Messages.statistics`` sums, by name."""
@@ -535,7 +541,7 @@ class Client:
             value = float(epoch_loss)
             if not math.isfinite(value):
                 raise NonFiniteLoss(
-                    f"client {ctx.cid}, round {ctx.round + 1}, epoch {epoch + 1}: the local loss is {value} "
+                    f"client {ctx.cid}, round {ctx.server_round}, epoch {epoch + 1}: the local loss is {value} "
                     f"(learning rate {ctx.lr:g}). Lower train.lr, set train.grad_clip, or check the data")
             ctx.loss_sum += value
 
@@ -572,7 +578,7 @@ class Client:
         (``out``, ``ctx.model``), the round's ``ctx.global_weights``, objects built in ``__init__``
         (teachers) and the declared ``self.inputs``. Unless the role runs eagerly
         (:meth:`eager_reason`), ``ctx`` here is a :class:`~mpifed.algorithms.inputs.StepView`:
-        per-client fields (``ctx.state``, ``ctx.lr``, ``ctx.round``...) raise, as a captured step
+        per-client fields (``ctx.state``, ``ctx.lr``, ``ctx.server_round``...) raise, as a captured step
         would replay them stale."""
         return F.cross_entropy(out.logits, batch.y)
 
@@ -673,6 +679,15 @@ _HOOKS: dict[type, dict[str, int]] = {
 }
 
 
+def _parameters(hook: Any) -> list[str]:
+    """A hook's parameter names after ``self`` (none where it has no signature)."""
+    import inspect
+    try:
+        return list(inspect.signature(hook).parameters)[1:]
+    except (TypeError, ValueError):
+        return []
+
+
 def role_problems(cls: Any) -> list[str]:
     """Why a registered algorithm cannot run in the round (empty when it can): not an Algorithm,
     roles that are not a Server and a Client, a hook that cannot take the round's arguments, a
@@ -690,6 +705,12 @@ def role_problems(cls: Any) -> list[str]:
         for hook, count in _HOOKS[base].items():
             mine = getattr(given, hook)
             if mine is getattr(base, hook):
+                continue
+            if "rnd" in _parameters(mine) and "server_round" in _parameters(getattr(base, hook)):
+                wanted = ", ".join(_parameters(getattr(base, hook)))
+                problems.append(f"{given.__name__}.{hook} takes rnd, the round counted from 0; the round now calls "
+                                f"{hook}({wanted}) with server_round, counted from 1 as Flower does: rename the "
+                                f"argument and check what the hook computes from it (rnd == 0 is server_round == 1)")
                 continue
             try:
                 inspect.signature(mine).bind(None, *[None] * count)

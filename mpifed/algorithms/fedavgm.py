@@ -21,8 +21,8 @@ class FedAvgMServer(Server):
         super().__init__(options, setup, tools)
         self.velocity: torch.Tensor | None = None
 
-    def aggregate(self, rnd, weights, replies):
-        average = super().aggregate(rnd, weights, replies)
+    def aggregate(self, server_round, weights, replies):
+        average = super().aggregate(server_round, weights, replies)
         n = self.setup.num_params if self.options.buffers == "average" else len(weights)
         step = weights[:n] - average[:n]
         if self.options.dampening:

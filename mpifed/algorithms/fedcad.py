@@ -26,7 +26,7 @@ class FedCADServer(Server):
         return cad_class_weights(probs, self.tools.data.labels, self.options.beta, self.options.gamma,
                                  self.setup.num_classes)
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         self.weights = self.class_weights(weights).float().cpu()
         return {"class_weights": self.weights}
 
@@ -41,7 +41,7 @@ class FedCADClient(Client):
         super().__init__(options, setup)
         self.teacher = Teacher(setup)
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.inputs.class_weights = down.class_weights
         self.teacher.load(down.weights, down.ints)
 

@@ -26,11 +26,11 @@ class FedCSDServer(Server):
     def start(self, weights):
         self.ema = weights.clone()
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {"teacher": self.ema}
 
-    def aggregate(self, rnd, weights, replies):
-        new = super().aggregate(rnd, weights, replies)
+    def aggregate(self, server_round, weights, replies):
+        new = super().aggregate(server_round, weights, replies)
         a = self.options.alpha
         self.ema = a * self.ema + (1 - a) * new
         return new
@@ -44,7 +44,7 @@ class FedCSDClient(Client):
         super().__init__(options, setup)
         self.teacher = Teacher(setup, options.teacher_train_mode)
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.teacher.load(down.teacher, down.ints)
 
     def client_prototypes(self, data, transform) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ class FedCurvClient(Client):
     The penalty's constant sum_j F_j w_j^2 is left out (it changes no gradient, and would need a
     third sum on the wire), so the logged train_loss can be negative."""
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.inputs.fisher_sum, self.inputs.fisher_weights_sum = down.fisher, down.fisher_weights
 
     def begin_client(self, ctx):
@@ -76,13 +76,13 @@ class FedCurvServer(Server):
         zeros = torch.zeros(setup.num_params, dtype=torch.float64, device=setup.device)
         self.fisher, self.fisher_weights = zeros, zeros.clone()
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {"fisher": self.fisher.float(), "fisher_weights": self.fisher_weights.float()}
 
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         self.fisher = self.fisher + replies.sums.delta_fisher
         self.fisher_weights = self.fisher_weights + replies.sums.delta_fisher_weights
-        return super().aggregate(rnd, weights, replies)
+        return super().aggregate(server_round, weights, replies)
 
 
 @ALGORITHMS.register("fedcurv")

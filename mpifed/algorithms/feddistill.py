@@ -37,7 +37,7 @@ class FedDistillClient(Client):
     """CE + weight * the class-logit distillation; records the mean logits of each class over its
     training passes and sends them (and the counts) as its rows."""
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.inputs.global_logits = down.logits
         self.inputs.known = down.known > 0
         self.inputs.active = bool(self.inputs.known.any())
@@ -71,14 +71,14 @@ class FedDistillServer(Server):
         self.logits = torch.zeros(c, c, device=setup.device)
         self.known = torch.zeros(c, device=setup.device)
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {"logits": self.logits, "known": self.known}
 
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         mean, seen = class_mean_logits(replies.rows.class_logits.double(), replies.rows.class_counts.double())
         self.logits = torch.where(seen.unsqueeze(1), mean.float(), self.logits)
         self.known = torch.where(seen, 1.0, self.known)
-        return super().aggregate(rnd, weights, replies)
+        return super().aggregate(server_round, weights, replies)
 
     def log(self) -> dict[str, Any]:
         return {"classes_with_global_logits": int(self.known.sum())}

@@ -58,7 +58,7 @@ class FedDynServer(Server):
         if options.evaluate == "clients_mean":
             self.state = ("h", "clients_mean")     # the model it reports, too
 
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         s, p, alpha = replies.sums, self.setup.num_params, self.options.alpha
         count = s.weight
         drift_sum = s.model[:p] - count * weights[:p].double()

@@ -69,9 +69,9 @@ def ensemble_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Ten
     return (ce * w).mean(dim=1).sum()
 
 
-def decayed(weight: float, decay: float, rnd: int) -> float:
-    """A client weight in round ``rnd`` (0-based): max(1e-4, weight * decay^rnd); 0 stays 0."""
-    return max(WEIGHT_FLOOR, weight * decay ** rnd) if weight > 0 else 0.0
+def decayed(weight: float, decay: float, done: int) -> float:
+    """A client weight after ``done`` rounds (0 in the first round): max(1e-4, weight * decay^done); 0 stays 0."""
+    return max(WEIGHT_FLOOR, weight * decay ** done) if weight > 0 else 0.0
 
 
 def head_size(setup: Setup) -> int:
@@ -100,12 +100,12 @@ class FedGenServer(Server):
         self.head = tools.flat.model.classifier
         self.figures: dict[str, float] = {}
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {"generator": self.generator.floats}
 
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         self.train_generator(replies.rows.head.to(self.setup.device), replies.rows.label_counts.to(self.setup.device))
-        return super().aggregate(rnd, weights, replies)
+        return super().aggregate(server_round, weights, replies)
 
     def head_params(self, rows: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Each client's head parameters, by name, as views of its uplink row."""
@@ -166,11 +166,12 @@ class FedGenClient(Client):
         self.generator = new_generator(options, setup)
         self.generator.model.eval()
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.generator.load(down.generator)
-        regularise = rnd > 0         # round 1's generator is untrained
-        self.inputs.alpha = decayed(self.options.alpha, self.options.decay, rnd) if regularise else 0.0
-        self.inputs.beta = decayed(self.options.beta, self.options.decay, rnd) if regularise else 0.0
+        regularise = server_round > 1         # round 1's generator is untrained
+        done = server_round - 1
+        self.inputs.alpha = decayed(self.options.alpha, self.options.decay, done) if regularise else 0.0
+        self.inputs.beta = decayed(self.options.beta, self.options.decay, done) if regularise else 0.0
 
     def on_batch(self, ctx, batch, out):
         self.inputs.label_counts += one_hot(batch.y, self.setup.num_classes, torch.float32).sum(dim=0)

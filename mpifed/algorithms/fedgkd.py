@@ -31,8 +31,8 @@ class BufferServer(Server):
         self.teacher_models = len(models)
         return models
 
-    def aggregate(self, rnd, weights, replies):
-        new = super().aggregate(rnd, weights, replies)
+    def aggregate(self, server_round, weights, replies):
+        new = super().aggregate(server_round, weights, replies)
         self.buffer = (self.buffer + [new.clone()])[-self.options.buffer_size:]
         return new
 
@@ -41,7 +41,7 @@ class BufferServer(Server):
 
 
 class FedGKDServer(BufferServer):
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         models = self.teachers(weights)
         if models:
             return {"teacher": torch.stack(models).mean(0), "active": torch.ones(1)}
@@ -55,7 +55,7 @@ class FedGKDClient(Client):
         super().__init__(options, setup)
         self.teacher = Teacher(setup)
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.inputs.active = bool(down.active.item())
         if self.inputs.active:
             self.teacher.load(down.teacher, down.ints)
@@ -146,7 +146,7 @@ class VoteServer(BufferServer):
         self.weights = torch.zeros(options.buffer_size)
         self.validation_losses: list[float] = []
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         m = self.options.buffer_size
         models = self.teachers(weights)
         teachers = torch.zeros(m, self.setup.num_floats, device=weights.device)
@@ -172,7 +172,7 @@ class VoteClient(Client):
         super().__init__(options, setup)
         self.teachers = tuple(Teacher(setup) for _ in range(options.buffer_size))
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         weights = down.teacher_weights.cpu().tolist()
         live = [i for i, w in enumerate(weights) if w > 0]
         self.inputs.live = len(live)

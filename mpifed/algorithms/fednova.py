@@ -49,7 +49,7 @@ class FedNovaServer(Server):
     """w <- w - tau_eff * sum_k p_k (w - w_k) / a_k, tau_eff = sum_k p_k a_k (parameters);
     float buffers (BatchNorm statistics) are averaged with the weights p_k."""
 
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         s, p = replies.sums, self.setup.num_params
         total = s.weight
         self.tau_eff = float(s.tau / total)

@@ -22,7 +22,7 @@ class FedNTDClient(Client):
         super().__init__(options, setup)
         self.teacher = Teacher(setup)
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.teacher.load(down.weights, down.ints)
 
     def loss(self, ctx, batch, out):

@@ -35,7 +35,7 @@ class FedProtoClient(Client):
     """CE + lambda * the prototype regulariser; sends the per-class sums of the features of its
     last local epoch's training batches, and their counts."""
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.inputs.prototypes, self.inputs.known = down.prototypes, down.known
         self.inputs.active = self.options.lam > 0 and bool(down.known.any())
 
@@ -66,12 +66,12 @@ class FedProtoServer(Server):
         self.prototypes = torch.zeros(setup.num_classes, setup.feature_dim)
         self.known = torch.zeros(setup.num_classes)
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {"prototypes": self.prototypes, "known": self.known}
 
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         self.prototypes, self.known = global_prototypes(replies.sums.feature_sum.cpu(), replies.sums.count.cpu())
-        return super().aggregate(rnd, weights, replies)
+        return super().aggregate(server_round, weights, replies)
 
     def log(self) -> dict[str, Any]:
         return {"prototype_classes": int(self.known.sum())}

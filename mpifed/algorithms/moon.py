@@ -36,13 +36,13 @@ class MoonClient(Client):
         self.previous = Teacher(setup)
         self.initial = self._initial_model() if options.first_negative == "initial" else None
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.global_model.load(down.weights, down.ints)
 
 
     def begin_client(self, ctx):
         trained = bool(ctx.state.trained.item())
-        self.inputs.has_previous = trained or (self.options.first_negative != "none" and ctx.round > 0)
+        self.inputs.has_previous = trained or (self.options.first_negative != "none" and ctx.server_round > 1)
         if trained:
             self.previous.load(ctx.state.previous)
         elif self.inputs.has_previous:

@@ -26,12 +26,12 @@ class ScaffoldServer(Server):
         super().__init__(options, setup, tools)
         self.control = torch.zeros(setup.num_params, device=setup.device)
 
-    def downlink(self, rnd, weights):
+    def downlink(self, server_round, weights):
         return {"control": self.control}
 
-    def aggregate(self, rnd, weights, replies):
+    def aggregate(self, server_round, weights, replies):
         self.control = self.control + (replies.sums.delta_control / self.setup.num_clients).to(torch.float32)
-        return super().aggregate(rnd, weights, replies)
+        return super().aggregate(server_round, weights, replies)
 
 
 class ScaffoldClient(Client):
@@ -42,7 +42,7 @@ class ScaffoldClient(Client):
     control variates are about 1/(1-beta) times too large and training diverges.
     """
 
-    def round_start(self, rnd, down):
+    def round_start(self, server_round, down):
         self.inputs.control = down.control
 
     def begin_client(self, ctx):

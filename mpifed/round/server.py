@@ -72,7 +72,8 @@ class RoundServer:
             self._restore(resume)
             method.start(self.global_floats)
             method.load_state_dict(resume["algorithm"])
-        self.first_down = self._method_downlink(self.rounds_done)   # made now: a name not declared fails before round 1
+        # made now: a name not declared fails before round 1
+        self.first_down = self._method_downlink(self.rounds_done + 1)
         # a finished run trained further is running again, from now
         self.records.status("running", self.rounds_done, self.last_checkpoint)
         note_resume_point(self.describe_checkpoint())
@@ -101,12 +102,12 @@ class RoundServer:
 
     def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The global model and the method's down tensors (the first round's made at start-up)."""
-        down = self.first_down if self.first_down is not None else self._method_downlink(plan.round)
+        down = self.first_down if self.first_down is not None else self._method_downlink(plan.number)
         self.first_down = None
         return {"weights": self.global_floats, "ints": self.global_ints}, down
 
-    def _method_downlink(self, rnd: int) -> dict[str, torch.Tensor]:
-        down = self.method.downlink(rnd, self.global_floats)
+    def _method_downlink(self, server_round: int) -> dict[str, torch.Tensor]:
+        down = self.method.downlink(server_round, self.global_floats)
         self.layouts.down.check(down, f"{type(self.method).__name__}.downlink")
         return down
 
@@ -116,7 +117,7 @@ class RoundServer:
         sums = Fields(self.layouts.sums.what, {k: v.to(self.device) for k, v in replies.sums})
         rows = Fields(self.layouts.rows.what, {k: v.to(self.device) for k, v in replies.rows})
         mine = Replies(sums, rows, replies.clients)
-        new = self.method.aggregate(plan.round, self.global_floats, mine).to(torch.float32)
+        new = self.method.aggregate(plan.number, self.global_floats, mine).to(torch.float32)
         bad = int((~torch.isfinite(new)).sum())
         if bad:
             scalars = ", ".join(f"{k}={float(v):.6g}" for k, v in sums if v.numel() == 1)

@@ -61,7 +61,7 @@ class Worker:
                              self._on_device("model", "ints", down.ints),
                              {k: self._on_device("down", k, v) for k, v in down}, self.layouts.down.what)
         self.client.inputs.reset("round")
-        self.client.round_start(plan.round, self.down)
+        self.client.round_start(plan.number, self.down)
 
     def _on_device(self, part: str, name: str, t: torch.Tensor) -> torch.Tensor:
         """``t`` on this worker's device; with captured steps, in a buffer that keeps its address
@@ -120,7 +120,7 @@ class Worker:
         """A client's uplink is what the method declares: the names, each entry a tensor of its size,
         finite values, a ``weight`` (the client's weight in the server's average) not below zero (a
         :class:`ProtocolError` naming the hook, the client and the entry)."""
-        source = f"{type(self.client).__name__}.uplink (client {ctx.cid}, round {ctx.round + 1})"
+        source = f"{type(self.client).__name__}.uplink (client {ctx.cid}, round {ctx.server_round})"
         if set(up) != self._declared:
             raise ProtocolError(f"{source} returned {sorted(up)}; the method's messages() declare "
                                 f"{sorted(self._declared)}")
@@ -141,8 +141,8 @@ class Worker:
         seed = client_seed(self.seed, plan.round, cid)
         torch.manual_seed(seed)  # dropout and other users of the global generator
         self.flat.load(self.down.weights, self.down.ints)
-        ctx = ClientContext(cid=cid, round=plan.round, lr=plan.lr, flat=self.flat, global_weights=self.down.weights,
-                            data=self.store.get(cid), transform=self.transform,
+        ctx = ClientContext(cid=cid, server_round=plan.number, lr=plan.lr, flat=self.flat,
+                            global_weights=self.down.weights, data=self.store.get(cid), transform=self.transform,
                             generator=torch.Generator(self.device).manual_seed(seed), train_cfg=self.setup.train,
                             runner=self.runner)
         layout = self.layouts.client_state
