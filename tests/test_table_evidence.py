@@ -871,6 +871,23 @@ def test_the_distribution_free_checks_by_hand():
     assert 1.0 <= low < 2.0 < high <= 3.0
     five = stats.paired({s: 1.0 + s for s in range(5)}, dict.fromkeys(range(5), 0.0))
     assert five.p < 0.05 and five.p_sign_flip == pytest.approx(0.0625)
-    assert "sign-flip p = 0.062 (n = 5: never below 0.062), bootstrap [+" in five.distribution_free()
+    assert "sign-flip p = 0.062 (n = 5: never below 0.062); bootstrap range of the mean [+" in five.distribution_free()
     six = stats.paired({s: 1.0 + s for s in range(6)}, dict.fromkeys(range(6), 0.0))
     assert "never below" not in six.distribution_free() and six.p_sign_flip == pytest.approx(0.03125)
+
+
+def test_a_sampled_sign_flip_p_counts_the_observed_pattern_and_is_never_zero():
+    twenty = [1.0 + i / 10 for i in range(20)]          # above EXACT_UP_TO: random patterns, none as far
+    assert stats.sign_flip_p(twenty) == pytest.approx(1 / (stats.PATTERNS + 1))
+    assert stats.sign_flip_p([0.0] * 20) == 1.0
+
+
+def test_the_bootstrap_enumerates_every_resample_at_a_few_seeds():
+    # d = 0, 1 (n = 2): the 4 ordered resamples have means 0, 0.5, 0.5, 1; the inverted-CDF 2.5% and
+    # 97.5% quantiles are the smallest means whose share reaches them: 0 (1/4) and 1 (4/4)
+    assert stats.bootstrap_interval([0.0, 1.0]) == (0.0, 1.0)
+    # n = 3, d = 0, 0, 3: means 0 (8 of 27), 1 (12), 2 (6), 3 (1): 2.5% -> 0, 97.5% (26.3 of 27) -> 3
+    assert stats.bootstrap_interval([0.0, 0.0, 3.0]) == (0.0, 3.0)
+    assert stats.bootstrap_interval([0.0, 0.0, 3.0], level=0.5) == (0.0, 2.0)   # 25% -> 0, 75% (20.25) -> 2
+    five = [1.0, 2.0, 3.0, 2.5, 1.5]
+    assert stats.bootstrap_interval(five) == stats.bootstrap_interval(list(reversed(five)))   # no random draw

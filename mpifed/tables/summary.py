@@ -170,9 +170,9 @@ class Summary:
                           + (f" ({len(self.claims)} shown: this view's settings and methods)"
                              if len(self.claims) < self.family else "")
                           + f", 'supported' where the interval excludes 0 "
-                          f"in the claim's direction and the adjusted p < {ALPHA}; the last column checks the same "
-                          f"difference without the t-test's normality: the exact sign-flip p (unadjusted) and a "
-                          f"bootstrap 95% interval"
+                          f"in the claim's direction and the adjusted p < {ALPHA}; the last column tests the same "
+                          f"difference without the t-test's normality, by the exact sign-flip p (unadjusted), and "
+                          f"gives the bootstrap's 95% range of the mean (a description, not a test)"
                           + (f"; the report's columns adjust over all {self.report_family} claims of the report's "
                              f"tables (--family)" if self.report_holm else "")
                           + (f"; the table declares that its claims need {self.claims[0].needs} seeds (claim_seeds)"
