@@ -891,3 +891,39 @@ def test_the_bootstrap_enumerates_every_resample_at_a_few_seeds():
     assert stats.bootstrap_interval([0.0, 0.0, 3.0], level=0.5) == (0.0, 2.0)   # 25% -> 0, 75% (20.25) -> 2
     five = [1.0, 2.0, 3.0, 2.5, 1.5]
     assert stats.bootstrap_interval(five) == stats.bootstrap_interval(list(reversed(five)))   # no random draw
+
+
+def test_a_setting_declared_not_a_test_keeps_its_claims_in_the_family_and_out_of_the_counts():
+    from mpifed.tables.summary import Claim, check_claims, label_counts
+    values = {("e1", "a"): {s: 1.0 + s for s in range(5)}, ("e1", "b"): dict.fromkeys(range(5), 0.0),
+              ("e5", "a"): {s: 3.0 + s for s in range(5)}, ("e5", "b"): dict.fromkeys(range(5), 0.0)}
+    claim = [Claim("a", "b")]
+    plain = check_claims(claim, ["e1", "e5"], values)
+    marked = check_claims(claim, ["e1", "e5"], values, not_a_test={"e1": "one local step: a reduces to b"})
+    assert [t.holm_p for t in marked] == [t.holm_p for t in plain]          # the family is as declared
+    assert marked[0].label == "not a test: one local step: a reduces to b" and marked[1].label == "supported"
+    assert label_counts([t.label for t in marked]) == "1 supported, 1 not a test"
+    assert label_counts(["supported", "supported, by the t-test's normality alone (5 seeds cannot reach a "
+                         "sign-flip p < 0.05)", "the other way by its interval alone, not after Holm",
+                         "inconclusive", "not tested yet: 3 of the 5 seeds its claims need"]) == (
+        "2 supported (1 by the t-test's normality alone), 1 by their interval alone, not after Holm, "
+        "1 inconclusive, 1 not tested (no result, not paired or too few seeds)")
+
+
+@pytest.mark.parametrize("spec,said", [
+    ({"nowhere": "why"}, "not_a_test names nowhere, which are not its settings"),
+    ({"s": ""}, "not_a_test: say why the claims of s test nothing"),
+    (["s"], "not_a_test maps settings to why their claims test nothing"),
+])
+def test_a_bad_not_a_test_is_refused_naming_the_fix(tmp_path, spec, said):
+    from mpifed.settings.config import ConfigError
+    from mpifed.tables.table_file import load_table
+    (tmp_path / "s.yaml").write_text("train: {rounds: 1}\n")
+    (tmp_path / "a.yaml").write_text("algorithm: fedavg\n")
+    (tmp_path / "b.yaml").write_text("algorithm: fedprox\n")
+    import yaml
+    (tmp_path / "t.table.yaml").write_text(yaml.safe_dump(
+        {"settings": ["s.yaml"], "methods": ["a.yaml", "b.yaml"], "seeds": [0, 1], "metric": "final_test_acc",
+         "claims": ["a > b"], "not_a_test": spec}))
+    with pytest.raises(ConfigError, match=said):
+        load_table(tmp_path / "t.table.yaml")

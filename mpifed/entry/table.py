@@ -105,7 +105,8 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
         left_out.append(f"diverged runs left out by --diverged {LEAVE_OUT} (a sensitivity check: the table counts them "
                         f"as {table.diverged_value:g})")
     title = table.title + (f" (with --set {' '.join(table.added)})" if table.added else "")
-    claims = ClaimFamily(table.claims, list(dict.fromkeys(r.setting for r in whole.runs)), family, table.claim_seeds)
+    claims = ClaimFamily(table.claims, list(dict.fromkeys(r.setting for r in whole.runs)), family, table.claim_seeds,
+                         table.not_a_test)
     return tabulate(title, table.metric, Runs(groups, left_out, not_run, counted_at=counted, counted_why=why,
                                               mixed_machines=mixed_machines),
                     paper_metric=table.paper_metric, reference=reference or table.reference,

@@ -53,16 +53,25 @@ class Tested:
     holm_p: float
     needs: int | None = None      # the seeds the table declares its claims need (claim_seeds)
     unpaired: str = ""            # why its two methods' runs were not paired (e.g. other machines)
+    not_a_test: str = ""          # why the table declares that the claim tests nothing in this setting
 
     @property
     def label(self) -> str:
-        return claim_label(self.result, self.holm_p, self.needs, self.unpaired)
+        return self.labelled(self.holm_p)
+
+    def labelled(self, holm_p: float) -> str:
+        """Its label with ``holm_p`` as its adjusted p (the table's, or the report-wide family's)."""
+        return claim_label(self.result, holm_p, self.needs, self.unpaired, self.not_a_test)
 
 
-def claim_label(result: Paired | None, holm_p: float, needs: int | None = None, unpaired: str = "") -> str:
+def claim_label(result: Paired | None, holm_p: float, needs: int | None = None, unpaired: str = "",
+                not_a_test: str = "") -> str:
     """A claim's label from its paired comparison and its Holm-adjusted p. Where the table declares
     the seeds its claims ``needs``, a claim paired over fewer is not tested yet, and one supported at
-    a seed count whose exact sign-flip p cannot go below 0.05 says that it rests on the t-test alone."""
+    a seed count whose exact sign-flip p cannot go below 0.05 says that it rests on the t-test alone;
+    a claim in a setting the table declares ``not_a_test`` is labelled so, whatever its interval."""
+    if not_a_test:
+        return f"not a test: {not_a_test}"
     if unpaired:
         return f"not paired: {unpaired}"
     if result is None:
@@ -84,15 +93,39 @@ def claim_label(result: Paired | None, holm_p: float, needs: int | None = None, 
 
 
 def check_claims(claims: list[Claim], settings: list[str], values: dict[tuple[str, str], dict[int, float]],
-                 needs: int | None = None, conflict: "Conflict | None" = None) -> list[Tested]:
+                 needs: int | None = None, conflict: "Conflict | None" = None,
+                 not_a_test: dict[str, str] | None = None) -> list[Tested]:
     """Each claim in each setting from the values by seed per (setting, method); the family for
     Holm's adjustment is all of them, those without results counting with p = 1 (``needs``: the
-    seeds the table declares its claims need; ``conflict``: why two methods' runs cannot be paired)."""
+    seeds the table declares its claims need; ``conflict``: why two methods' runs cannot be paired;
+    ``not_a_test``: settings whose claims test nothing, with why: in the family, labelled so)."""
     why = {(c, s): (conflict(s, c.above, c.below) if conflict else None) or "" for c in claims for s in settings}
     compared = [(c, s, None if why[(c, s)] else paired(values.get((s, c.above), {}), values.get((s, c.below), {})))
                 for c in claims for s in settings]
     adjusted = holm([r.p if r is not None else 1.0 for _, _, r in compared])
-    return [Tested(c, s, r, q, needs, why[(c, s)]) for (c, s, r), q in zip(compared, adjusted)]
+    void = not_a_test or {}
+    return [Tested(c, s, r, q, needs, why[(c, s)], void.get(s, "")) for (c, s, r), q in zip(compared, adjusted)]
+
+
+COUNTED = (("supported", lambda label: label.startswith("supported") and "not after Holm" not in label),
+           ("the other way", lambda label: label.startswith("not supported (the other way)")),
+           ("by their interval alone, not after Holm", lambda label: "not after Holm" in label),
+           ("inconclusive", lambda label: label == "inconclusive"),
+           ("not a test", lambda label: label.startswith("not a test")))
+
+
+def label_counts(labels: list[str]) -> str:
+    """How many of ``labels`` say what: ``10 supported (3 by the t-test's normality alone), 1 the
+    other way, ...``, each kind once, in :data:`COUNTED`'s order, then the rest (not tested yet, not
+    paired, no result)."""
+    parts = []
+    for kind, test in COUNTED:
+        found = [label for label in labels if test(label)]
+        if found:
+            alone = sum("normality alone" in label for label in found)
+            parts.append(f"{len(found)} {kind}" + (f" ({alone} by the t-test's normality alone)" if alone else ""))
+    rest = sum(not any(test(label) for _, test in COUNTED) for label in labels)
+    return ", ".join(parts + ([f"{rest} not tested (no result, not paired or too few seeds)"] if rest else []))
 
 
 @dataclass
@@ -184,10 +217,14 @@ class Summary:
                 shown = t.result.text(verdict=False) if t.result is not None else "-"
                 free = t.result.distribution_free() if t.result is not None else "-"
                 claim = f"{self.name(t.claim.above)} > {self.name(t.claim.below)}"
-                report = (f" {self.report_holm[id(t)]:.3f} | "
-                          f"{claim_label(t.result, self.report_holm[id(t)], t.needs, t.unpaired)} |"
-                          if self.report_holm else "")
+                report = f" {self.report_holm[id(t)]:.3f} | {t.labelled(self.report_holm[id(t)])} |" \
+                    if self.report_holm else ""
                 lines.append(f"| {claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |{report} {free} |")
+            lines += ["", f"Labels of the {len(self.claims)} claims shown, after the table's Holm adjustment: "
+                          f"{label_counts([t.label for t in self.claims])}."]
+            if self.report_holm:
+                lines.append(f"After the report-wide adjustment: "
+                             f"{label_counts([t.labelled(self.report_holm[id(t)]) for t in self.claims])}.")
         if self.notes:
             lines += [""] + self.notes
         if self.not_run:
@@ -254,6 +291,7 @@ class ClaimFamily:
     settings: list[str]
     groups: dict[tuple[str, str], list[Path]]
     needs: int | None = None      # the table's claim_seeds
+    not_a_test: dict[str, str] = field(default_factory=dict)   # the table's not_a_test: setting -> why
 
 
 def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: results.Metric | None = None,
@@ -295,7 +333,8 @@ def tabulate(title: str, metric: results.Metric, shown: Runs, *, paper_metric: r
         known = {path: runs.get(path) or _RunValues(path) for paths in family.groups.values() for path in paths}
         values = _primary_values(metric, family.groups, known, counted_at)
         family_conflict = conflict if shown.mixed_machines else _conflicts(family.groups, known)
-    tested = check_claims(family.claims, family.settings or settings, values, family.needs, family_conflict)
+    tested = check_claims(family.claims, family.settings or settings, values, family.needs, family_conflict,
+                          family.not_a_test)
     on_view = [t for t in tested if t.setting in settings and {t.claim.above, t.claim.below} <= set(methods)]
     return Summary(title, metric, settings, methods, columns, cells, list(shown.left_out), shown.not_run, percent,
                    compared, reference if reference in methods else None, declared_seeds, notes, on_view, primary,

@@ -22,7 +22,7 @@ from mpifed.tables.tuning import (Candidate, SearchChoice, ChoiceBook, Tuning, c
                                   score_candidate, search_digest)
 
 TOP_KEYS = ("title", "plugins", "settings", "methods", "seeds", "metric", "paper_metric", "reference", "claims",
-            "claim_seeds", "paper_local_steps", "tuning", "diverged")
+            "claim_seeds", "not_a_test", "paper_local_steps", "tuning", "diverged")
 
 
 @dataclass
@@ -89,6 +89,7 @@ class Table:
     whole: Table | None = None                                 # the table before select() kept a part
     diverged_value: float | None = None   # the primary metric's value a diverged final run counts as (None: left out)
     claim_seeds: int | None = None        # the seeds its claims need, as declared (None: not declared)
+    not_a_test: dict[str, str] = field(default_factory=dict)   # settings whose claims test nothing: why
     paper_local_steps: dict[str, float] | None = None   # the paper's local steps per client a round, by setting
 
     def select(self, settings: list[str] | None, methods: list[str] | None, seeds: list[int] | None) -> None:
@@ -155,6 +156,7 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
                                  f"({', '.join(methods.values())})")
     claims = _claims(spec.get("claims"), list(methods.values()), path)
     claim_seeds = _claim_seeds(spec.get("claim_seeds"), claims, seeds, path)
+    not_a_test = _not_a_test(spec.get("not_a_test"), claims, list(settings.values()), path)
     paper_steps = _paper_local_steps(spec.get("paper_local_steps"), list(settings.values()), path)
     counted = spec.get("diverged")
     if counted is not None and (isinstance(counted, bool) or not isinstance(counted, (int, float))
@@ -168,7 +170,7 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
             for sf, s in settings.items() for mf, m in methods.items() for seed in seeds]
     return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root,
                  diverged_value=None if counted is None else float(counted), plugins=specs, claim_seeds=claim_seeds,
-                 paper_local_steps=paper_steps)
+                 paper_local_steps=paper_steps, not_a_test=not_a_test)
 
 
 def _paper_local_steps(spec: Any, settings: list[str], path: Path) -> dict[str, float] | None:
@@ -204,6 +206,29 @@ def _claim_seeds(spec: Any, claims: list[Claim], seeds: list[int], path: Path) -
         raise config.ConfigError(f"table {path}: its claims need {spec} seeds (claim_seeds) but it lists "
                                  f"{len(seeds)}: add seeds, or lower claim_seeds")
     return spec
+
+
+def _not_a_test(spec: Any, claims: list[Claim], settings: list[str], path: Path) -> dict[str, str]:
+    """``not_a_test``: settings whose claims test nothing of what they state (say, a method that
+    reduces to its reference there), each with why. Their claims stay in the Holm family, as
+    declared (the stricter choice), and are labelled ``not a test`` instead of counted."""
+    if spec is None:
+        return {}
+    if not claims:
+        raise config.ConfigError(f"table {path}: not_a_test marks settings whose claims test nothing, but the table "
+                                 f"declares no claims")
+    if not isinstance(spec, dict) or not spec:
+        raise config.ConfigError(f"table {path}: not_a_test maps settings to why their claims test nothing, e.g. "
+                                 f"not_a_test: {{e1: 'one local step: the method reduces to FedAvg'}}, got {spec!r}")
+    unknown = [str(k) for k in spec if k not in settings]
+    if unknown:
+        raise config.ConfigError(f"table {path}: not_a_test names {', '.join(unknown)}, which are not its settings "
+                                 f"({', '.join(settings)})")
+    bare = [str(k) for k, why in spec.items() if not isinstance(why, str) or not why.strip()]
+    if bare:
+        raise config.ConfigError(f"table {path}: not_a_test: say why the claims of {', '.join(bare)} test nothing "
+                                 f"(a sentence), and when that was decided")
+    return {str(k): " ".join(v.split()) for k, v in spec.items()}
 
 
 def _claims(spec: Any, methods: list[str], path: Path) -> list[Claim]:
