@@ -782,6 +782,18 @@ def test_summary_flags_runs_from_more_than_one_machine(tmp_path):
     assert "WARNING: these runs come from 2 machines" in text and "AMD EPYC 7763" in text and "Intel Xeon 8380" in text
 
 
+def test_summary_says_one_machine_model_where_runs_differ_only_in_what_they_record(tmp_path):
+    table = _table(tmp_path, seeds="[0, 1, 2]", methods="[a.yaml]")
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed, (host, cpu_id) in enumerate((("n1", "family 25 model 1"), ("n2", "family 25 model 1"), ("n1", None))):
+        _machine(fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, 0.6]), host, cpu_id)
+    resolve(t, [])
+    text = summarize(t).markdown()
+    assert "WARNING" not in text
+    assert "Machine model: one, as far as the runs record it (n1; CPU AMD EPYC (family 25 model 1)" in text
+    assert "the lines differ only where a run does not record a field" in text
+
+
 def _machine(run: Path, host: str, cpu_id: str | None) -> None:
     (run / "provenance.json").write_text(json.dumps({"segments": [
         {"torch": "2.14.1", "ranks": [{"rank": 0, "host": host, "cpu": "AMD EPYC", "cpu_id": cpu_id,

@@ -478,6 +478,8 @@ class _RunValues:
         found = provenance.read(path)
         self.machine = provenance.machine(found) if found else None
         self.hardware = provenance.hardware(found) if found else {}
+        self.model = {**self.hardware, "cpu": frozenset(str(r["cpu"]) for seg in (found or {}).get("segments", [])
+                                                        for r in seg.get("ranks", []) if r.get("cpu"))}
 
     def values(self, metric: results.Metric, group_names: list[str]) -> list[float | None]:
         out: list[float | None] = [results.value(metric, self.rows, self.summary)]
@@ -541,7 +543,14 @@ def _provenance_notes(metric: results.Metric, paper_metric: results.Metric | Non
                      f"numbers to report (data.test_subset=0 evaluates the whole test set).")
     machines = sorted({rv.machine for rv in runs.values() if rv.machine})
     unknown = sum(1 for rv in runs.values() if not rv.machine)
-    if len(machines) > 1:
+    kinds = list({tuple(sorted(rv.model.items())): rv.model for rv in runs.values() if rv.machine}.values())
+    differ = [(a, b) for i, a in enumerate(kinds) for b in kinds[i + 1:]
+              if provenance.hardware_conflict(a, b) is not None or (a["cpu"] and b["cpu"] and a["cpu"] != b["cpu"])]
+    if len(machines) > 1 and not differ:
+        notes.append(f"Machine model: one, as far as the runs record it ({'; '.join(machines)}): the lines differ "
+                     f"only where a run does not record a field (host names, or a CPU identity from before mpifed "
+                     f"recorded it), not in a CPU, BLAS, GPU or torch that two runs both record.")
+    elif len(machines) > 1:
         notes.append(f"WARNING: these runs come from {len(machines)} machines, and CPU runs differ by more than "
                      f"rounding across machines: compare methods on runs of one machine ({'; '.join(machines)}). "
                      f"Two runs of one seed whose CPU, BLAS, GPU or torch differ are not paired (--mixed-machines "
