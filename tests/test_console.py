@@ -142,6 +142,31 @@ def test_mlflow_follows_the_tracking_uri_of_the_environment_and_keeps_artifacts_
     assert tracked.info.artifact_uri.startswith(store) and not (tmp_path / "mlruns").exists()
 
 
+@pytest.mark.e2e
+def test_mlflow_tracks_a_run_in_a_sqlite_store_as_mlflows_docs_show_it(tmp_path):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    run_debug(tiny(tmp_path, "train.rounds=1", "run.mlflow=true", f"run.mlflow_uri={store}"))
+    record = json.loads((tmp_path / "runs" / "run" / "mlflow.json").read_text())
+    tracked = MlflowClient(store).get_run(record["run_id"])
+    assert tracked.info.status == "FINISHED" and "test_acc" in tracked.data.metrics
+    assert (tmp_path / "mlartifacts").is_dir()
+
+
+@pytest.mark.e2e
+def test_a_database_store_without_its_packages_is_one_message_naming_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "alembic" else real(name, *a))
+    p = run_debug(tiny(tmp_path, "run.mlflow=true", f"run.mlflow_uri=sqlite:///{tmp_path}/mlflow.db"), check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert (f"the store sqlite:///{tmp_path}/mlflow.db is a database, which MLflow reaches through alembic, not "
+            f"installed: pip install 'mpifed[mlflow]'") in p.stderr
+    assert not (tmp_path / "runs" / "run").exists()
+
+
 def test_an_experiment_in_a_sqlite_store_keeps_its_artifacts_beside_the_database(tmp_path):
     from mpifed.run.mlflow_log import artifact_location
     assert artifact_location(f"sqlite:///{tmp_path}/db/mlflow.db") == (tmp_path / "db" / "mlartifacts").as_uri()

@@ -251,6 +251,14 @@ def check_extras(cfg: config.Config) -> None:
         if wanted and importlib.util.find_spec(module) is None:
             raise RunError(f"run.{extra}=true needs the {module} package: pip install 'mpifed[{extra}]' "
                            f"(or set run.{extra}=false)")
+    if cfg.run.mlflow:
+        from mpifed.run.mlflow_log import missing_for, tracking_uri
+        uri = tracking_uri(config.to_dict(cfg.run))
+        missing = missing_for(uri)
+        if missing:
+            raise RunError(f"run.mlflow: the store {uri} is a database, which MLflow reaches through "
+                           f"{' and '.join(missing)}, not installed: pip install 'mpifed[mlflow]' (it installs them), "
+                           f"or use a file store (run.mlflow_uri=file:/path)")
 
 
 def prepare(cfg: config.Config) -> Path:

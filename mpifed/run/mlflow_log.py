@@ -42,6 +42,20 @@ def _client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
+DATABASES = ("sqlite", "postgresql", "mysql", "mssql")   # MLflow's database stores (SQLAlchemy URIs)
+
+
+def missing_for(uri: str) -> list[str]:
+    """The packages an MLflow store at ``uri`` needs and this environment lacks: a database store
+    (``sqlite:///mlflow.db``, ``postgresql://...``) needs SQLAlchemy and Alembic, which
+    ``mpifed[mlflow]`` installs and mlflow-skinny does not."""
+    import importlib.util
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme not in DATABASES:
+        return []
+    return [name for name in ("sqlalchemy", "alembic") if importlib.util.find_spec(name) is None]
+
+
 def default_uri(root: str | Path) -> str:
     """The default store: a file store in ``<run.root>/mlruns``."""
     return (Path(root) / "mlruns").resolve().as_uri()
