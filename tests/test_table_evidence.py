@@ -939,3 +939,37 @@ def test_a_bad_not_a_test_is_refused_naming_the_fix(tmp_path, spec, said):
          "claims": ["a > b"], "not_a_test": spec}))
     with pytest.raises(ConfigError, match=said):
         load_table(tmp_path / "t.table.yaml")
+
+
+def _with_client_accuracies(run: Path, worst: list[float]) -> None:
+    """Give a hand-written run the per-client figures data.client_holdout records: each evaluated row's
+    client_acc, and summary.json's final_client_acc (the last)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row, w in zip(rows, worst):
+        row["client_acc"] = {"mean": w + 0.2, "std": 0.05, "median": w + 0.25, "min": w - 0.05, "worst10": w}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["final_client_acc"] = rows[-1]["client_acc"]
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize("metric, cell", [("final_client_acc.worst10", "41.00 ± 0.00 (n=2)"),
+                                          ("{kind: last_k, k: 2, column: client_acc.worst10}", "40.50 ± 0.00 (n=2)"),
+                                          ("final_client_acc.median", "66.00 ± 0.00 (n=2)")])
+def test_a_per_client_statistic_is_a_tables_metric(tmp_path, metric, cell):
+    table = _table(tmp_path, seeds="[0, 1]", methods="[a.yaml]", metric=metric)
+    t = load_table(table, str(tmp_path / "runs"))
+    for seed in (0, 1):
+        run = fake_run(t.root / f"s-a-s{seed}", resolved_config(table, seed), [0.5, 0.6])
+        _with_client_accuracies(run, [0.40, 0.41])
+    resolve(t, [])
+    assert f"| a | {cell} |" in summarize(t).markdown()
+
+
+@pytest.mark.parametrize("metric, said", [
+    ("final_client_acc", "'final_client_acc' is a mapping of statistics, one number per run is needed"),
+    ("final_client_acc.worst", "'final_client_acc.worst' names no statistic of it"),
+    ("{kind: final, column: client_acc}", "'client_acc' is a mapping of statistics")])
+def test_a_per_client_metric_without_its_statistic_names_them(metric, said):
+    with pytest.raises(results.MetricError, match=said + r".*worst10: the unweighted mean of the lowest ceil\(n/10\)"):
+        results.Metric.parse(yaml.safe_load(metric))

@@ -32,6 +32,35 @@ class MetricError(ValueError):
     """A table's ``metric`` entry is malformed."""
 
 
+# statistics of the clients' held-out accuracies (mpifed.local.evaluation.client_figures): a metrics row's
+# client_acc and summary.json's final_client_acc map each to a number
+CLIENT_STATS = {"mean": "the mean over clients", "median": "the median client", "min": "the worst client",
+                "std": "the spread over clients",
+                "worst10": "the unweighted mean of the lowest ceil(n/10) clients' held-out accuracies"}
+PER_CLIENT = ("client_acc", "final_client_acc")
+
+
+def entry(row: dict[str, Any], column: str) -> Any:
+    """``row[column]``; a dotted column reads into a mapping (``client_acc.worst10``); None where absent."""
+    if column in row:
+        return row[column]
+    found: Any = row
+    for part in column.split("."):
+        if not isinstance(found, dict):
+            return None
+        found = found.get(part)
+    return found
+
+
+def _check_column(column: str) -> None:
+    """A per-client accuracy names one of its statistics (``final_client_acc.worst10``)."""
+    base, _, stat = column.partition(".")
+    if base in PER_CLIENT and stat not in CLIENT_STATS:
+        choices = "; ".join(f"{base}.{k}: {v}" for k, v in CLIENT_STATS.items())
+        what = f"{column!r} names no statistic of it" if stat else f"{base!r} is a mapping of statistics"
+        raise MetricError(f"metric: {what}, one number per run is needed: {choices}")
+
+
 @dataclass(frozen=True)
 class Metric:
     """The number a table reports per run, and the extra columns it asks for.
@@ -59,6 +88,7 @@ class Metric:
     def parse(spec: Any) -> "Metric":
         """A table file's ``metric``: a string or a mapping (see the module docstring)."""
         if isinstance(spec, str):
+            _check_column(spec)
             return Metric(kind="key", column=spec)
         if not isinstance(spec, dict):
             raise MetricError(f"metric must be a string (a summary.json key) or a mapping like "
@@ -92,6 +122,7 @@ class Metric:
         select = spec.get("select", "val_acc")
         if not isinstance(select, str) or not select:
             raise MetricError(f"metric.select must be a metrics column such as val_acc, got {select!r}")
+        _check_column(str(spec.get("column", "test_acc")))
         return Metric(kind, str(spec.get("column", "test_acc")), k, tuple(float(t) for t in targets),
                       spec.get("forgetting", False), select, tuple(at_rounds), spec.get("groups", False))
 
@@ -161,7 +192,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def evaluations(rows: list[dict[str, Any]], column: str = "test_acc") -> list[tuple[int, float]]:
     """(round, value) of every row that holds ``column``, in round order."""
-    return [(int(r.get("round", 0)), r[column]) for r in rows if r.get(column) is not None]
+    return [(int(r.get("round", 0)), v) for r in rows if (v := entry(r, column)) is not None]
 
 
 def final(rows: list[dict[str, Any]], column: str = "test_acc") -> float | None:
@@ -203,7 +234,7 @@ def at_best(rows: list[dict[str, Any]], select: str = "val_acc",
             column: str = "test_acc") -> tuple[float, int] | tuple[None, None]:
     """``column`` at the first evaluation where ``select`` is highest, and that round."""
     chosen = _selected_row(rows, select, column)
-    return (chosen[column], int(chosen.get("round", 0))) if chosen is not None else (None, None)
+    return (entry(chosen, column), int(chosen.get("round", 0))) if chosen is not None else (None, None)
 
 
 def at_round(rows: list[dict[str, Any]], rnd: int, column: str = "test_acc") -> float | None:
@@ -213,17 +244,18 @@ def at_round(rows: list[dict[str, Any]], rnd: int, column: str = "test_acc") -> 
 
 
 def _selected_row(rows: list[dict[str, Any]], select: str, column: str) -> dict[str, Any] | None:
-    both = [r for r in rows if r.get(select) is not None and r.get(column) is not None]
+    both = [r for r in rows if entry(r, select) is not None and entry(r, column) is not None]
     if not both:
         return None
-    top = max(r[select] for r in both)
-    return next(r for r in both if r[select] == top)
+    top = max(entry(r, select) for r in both)
+    return next(r for r in both if entry(r, select) == top)
 
 
 def value(metric: Metric, rows: list[dict[str, Any]], summary: dict[str, Any]) -> float | None:
     """The run's number in ``metric``."""
     if metric.kind == "key":
-        return summary[metric.column] if summary.get(metric.column) is not None else final(rows, metric.column)
+        found = entry(summary, metric.column)
+        return found if found is not None else final(rows, metric.column)
     if metric.kind == "best":
         return best(rows, metric.column)[0]
     if metric.kind == "last_k":
