@@ -346,7 +346,27 @@ def test_bad_table_entries_get_a_message_not_a_traceback(tmp_path, capsys, body,
     table = write_table(tmp_path / "t", tmp_path / "data")
     table.write_text("title: T\nmetric: final_test_acc\n" + body + "\n")
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 2
-    assert words in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert words in said
+    first = words.split()[0]
+    last = body.splitlines()[-1].split(":")[0]
+    key = first if first in ("settings", "methods", "seeds", "reference", "claims") else last
+    line = next(i for i, text in enumerate(("title: T\nmetric: final_test_acc\n" + body).splitlines(), 1)
+                if text.startswith(f"{key}:"))
+    assert f"table {table}, line {line}:" in said      # the line of the key at fault
+
+
+@pytest.mark.parametrize("body, said", [
+    ("claim: [a > b]", "line 6: unknown key 'claim'; did you mean 'claims'? Allowed: title, plugins,"),
+    ("refrence: a", "line 6: unknown key 'refrence'; did you mean 'reference'?"),
+    ("reference: A", "line 6: reference 'A' is not one of its methods (a); did you mean 'a'?"),
+])
+def test_a_misspelt_table_key_names_its_line_and_the_key_meant(tmp_path, capsys, body, said):
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    table.write_text("title: T\nmetric: final_test_acc\nsettings: [s.yaml]\nmethods: [a.yaml]\nseeds: [0]\n" + body
+                     + "\n")
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 2
+    assert f"table {table}, {said}" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the search

@@ -6,9 +6,10 @@ from __future__ import annotations
 import copy
 import math
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator
 
 import yaml
 
@@ -16,6 +17,7 @@ from mpifed.settings import config, plugins as plugin_code
 from mpifed.run import results
 from mpifed.files import safe_yaml
 from mpifed.files.packaged import find_config
+from mpifed.plugin.registry import nearest
 from mpifed.run.rundir import RunDir, check_run_name
 from mpifed.tables.summary import Claim
 from mpifed.tables.tuning import (Candidate, SearchChoice, ChoiceBook, Tuning, choose, label as candidate_label,
@@ -137,33 +139,51 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
     missing = {"settings", "methods", "seeds", "metric"} - set(spec)
     if missing:
         raise config.ConfigError(f"table {path} lacks {', '.join(sorted(missing))}")
-    unknown = set(spec) - set(TOP_KEYS)
+    lines = {keys[0]: line for keys, line in safe_yaml.key_lines(safe_yaml.read_text(path, f"table {path}")).items()
+             if len(keys) == 1}
+    unknown = [k for k in spec if k not in TOP_KEYS]
     if unknown:
-        raise config.ConfigError(f"table {path}: unknown keys {', '.join(sorted(map(str, unknown)))}; allowed: "
-                                 f"{', '.join(TOP_KEYS)}")
-    try:
-        metric = results.Metric.parse(spec["metric"])
-        paper = results.Metric.parse(spec["paper_metric"]) if spec.get("paper_metric") is not None else None
-    except results.MetricError as exc:
-        raise config.ConfigError(f"table {path}: {exc}") from None
-    seeds = _seeds(spec["seeds"], path)
-    settings = _labels(spec["settings"], "settings", path)
-    methods = _labels(spec["methods"], "methods", path)
-    tuning = Tuning.parse(spec["tuning"], seeds, metric, f"table {path}") if spec.get("tuning") is not None else None
+        key = unknown[0]
+        close = nearest(key, TOP_KEYS)
+        raise config.ConfigError(f"table {path}, line {lines.get(str(key), '?')}: unknown key {key!r}"
+                                 + (f"; did you mean {close!r}?" if close else "") + f" Allowed: {', '.join(TOP_KEYS)}")
+
+    def at(key: str) -> ContextManager[None]:
+        return _located(path, lines, key)
+    with at("metric"):
+        metric = _metric(spec["metric"], path)
+    with at("paper_metric"):
+        paper = _metric(spec["paper_metric"], path) if spec.get("paper_metric") is not None else None
+    with at("seeds"):
+        seeds = _seeds(spec["seeds"], path)
+    with at("settings"):
+        settings = _labels(spec["settings"], "settings", path)
+    with at("methods"):
+        methods = _labels(spec["methods"], "methods", path)
+    with at("tuning"):
+        tuning = Tuning.parse(spec["tuning"], seeds, metric, f"table {path}") if spec.get("tuning") is not None \
+            else None
     reference = spec.get("reference")
     if reference is not None and reference not in methods.values():
-        raise config.ConfigError(f"table {path}: reference {reference!r} is not one of its methods "
-                                 f"({', '.join(methods.values())})")
-    claims = _claims(spec.get("claims"), list(methods.values()), path)
-    claim_seeds = _claim_seeds(spec.get("claim_seeds"), claims, seeds, path)
-    not_a_test = _not_a_test(spec.get("not_a_test"), claims, list(settings.values()), path)
-    paper_steps = _paper_local_steps(spec.get("paper_local_steps"), list(settings.values()), path)
+        close = nearest(reference, methods.values())
+        raise config.ConfigError(f"table {path}, line {lines.get('reference', '?')}: reference {reference!r} is not "
+                                 f"one of its methods ({', '.join(methods.values())})"
+                                 + (f"; did you mean {close!r}?" if close else ""))
+    with at("claims"):
+        claims = _claims(spec.get("claims"), list(methods.values()), path)
+    with at("claim_seeds"):
+        claim_seeds = _claim_seeds(spec.get("claim_seeds"), claims, seeds, path)
+    with at("not_a_test"):
+        not_a_test = _not_a_test(spec.get("not_a_test"), claims, list(settings.values()), path)
+    with at("paper_local_steps"):
+        paper_steps = _paper_local_steps(spec.get("paper_local_steps"), list(settings.values()), path)
     counted = spec.get("diverged")
     if counted is not None and (isinstance(counted, bool) or not isinstance(counted, (int, float))
                                 or not math.isfinite(counted)):
-        raise config.ConfigError(f"table {path}: diverged is the value a diverged run counts as in the primary metric, "
-                                 f"in the unit the summary shows (e.g. diverged: 10.0 for chance on ten classes, in "
-                                 f"points), got {counted!r}; leave it out to leave such runs out")
+        raise config.ConfigError(f"table {path}, line {lines.get('diverged', '?')}: diverged is the value a diverged "
+                                 f"run counts as in the primary metric, in the unit the summary shows (e.g. diverged: "
+                                 f"10.0 for chance on ten classes, in points), got {counted!r}; leave it out to leave "
+                                 f"such runs out")
     table = path.name.removesuffix(".table.yaml")
     root = Path(runs_root) / f"{path.resolve().parent.name}-{table}"   # however the path is spelled
     runs = [TableRun(s, m, seed, [path.parent / sf, path.parent / mf], root, f"{s}-{m}-s{seed}", plugins=specs)
@@ -171,6 +191,25 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
     return Table(str(spec.get("title", table)), metric, runs, paper, reference, claims, seeds, tuning, root,
                  diverged_value=None if counted is None else float(counted), plugins=specs, claim_seeds=claim_seeds,
                  paper_local_steps=paper_steps, not_a_test=not_a_test)
+
+
+@contextmanager
+def _located(path: Path, lines: dict[str, int], key: str) -> Iterator[None]:
+    """A ConfigError raised while reading the table's ``key`` names the line the key is on."""
+    try:
+        yield
+    except config.ConfigError as exc:
+        text, head = str(exc), f"table {path}:"
+        if key in lines and text.startswith(head):
+            raise config.ConfigError(f"table {path}, line {lines[key]}:{text[len(head):]}") from None
+        raise
+
+
+def _metric(spec: Any, path: Path) -> results.Metric:
+    try:
+        return results.Metric.parse(spec)
+    except results.MetricError as exc:
+        raise config.ConfigError(f"table {path}: {exc}") from None
 
 
 def _paper_local_steps(spec: Any, settings: list[str], path: Path) -> dict[str, float] | None:
