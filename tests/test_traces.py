@@ -52,7 +52,8 @@ def test_a_pickle_that_would_run_code_is_refused_before_it_runs(tmp_path):
 @pytest.mark.parametrize("content, said", [
     (pickle.dumps([1, 2]), "a trace maps client ids to their entries"),
     (pickle.dumps({1: {"computation": 1.0}}), "client 1's entry lacks computation, communication"),
-    (pickle.dumps({1: {"computation": "fast", "communication": 1.0}}), "client 1's computation is 'fast', not a number"),
+    (pickle.dumps({1: {"computation": "fast", "communication": 1.0}}),
+     "client 1's computation is 'fast', not a number"),
     (pickle.dumps({1: {"computation": 0.0, "communication": 1.0}}), "must be above 0"),
     (b"\x80\x04garbage", "is not a trace pickle"),
 ])
