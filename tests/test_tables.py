@@ -243,3 +243,16 @@ def test_list_marks_runs_whose_raw_data_is_missing(tmp_path, capsys):
     (expected).mkdir(parents=True)
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
     assert "missing" not in capsys.readouterr().out
+
+
+def test_list_counts_settled_runs_whose_raw_data_is_absent_as_archived_not_as_unable_to_start(tmp_path, capsys):
+    table = write_table(tmp_path / "t", tmp_path / "data", methods="[a.yaml, b.yaml]",
+                        dataset=f"{{name: cifar10, root: {tmp_path / 'raw'}}}")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    for run, method in zip(t.runs, ("a.yaml", "b.yaml")):
+        fake_run(run.path, resolved_config(table, 0, method=method), [0.5, 0.7])
+    assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 runs are finished (archived)" in out
+    assert "cannot start" not in out and "put it in" not in out and "no data" not in out

@@ -190,15 +190,19 @@ def listing(table: Table, added: list[str], commands: bool = False) -> str:
     state (``diverged``: failed with a NaN loss, not run again; ``search``: waits for its search;
     ``no data``, ``no tokenizer``: what it needs is missing); with ``commands``, instead a line per run
     with its state and mpifed arguments, marked where its data is missing. Then the folders the
-    missing data is expected in, and the estimated time left."""
+    missing data is expected in (a settled run, finished or diverged, needs none: archived runs read
+    on a machine without the data are counted as such), and the estimated time left."""
     from mpifed.run.prepared import raw_data_missing
     folders: set[str] = set()
     tokenizers: set[str] = set()
     marks: dict[Path, str] = {}
+    archived = 0
     for r in _listed(table):
         cfg = config.build(r.resolved)
         missing = raw_data_missing(cfg)
-        if missing is not None:
+        if missing is not None and settled(r.path):
+            archived += 1
+        elif missing is not None:
             tokenizer = cfg.data.tokenizer is not None and missing == Path(cfg.data.tokenizer)
             (tokenizers if tokenizer else folders).add(str(missing))
             marks[r.path] = f"[{'tokenizer' if tokenizer else 'raw data'} missing: expects {missing}]"
@@ -218,6 +222,10 @@ def listing(table: Table, added: list[str], commands: bool = False) -> str:
                      "data.tokenizer at one: " + ", ".join(sorted(tokenizers)))
     if count:
         lines.append(f"{count} of {len(table.runs) + len(table.search)} runs cannot start until then")
+    if archived:
+        lines.append(f"{archived} of {len(table.runs) + len(table.search)} runs are finished (archived): each "
+                     f"settled (finished or diverged) in the runs root, its raw data absent on this machine, which "
+                     f"only running it again would need")
     eta = estimate(table)
     if eta:
         lines.append(eta)
