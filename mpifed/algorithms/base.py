@@ -27,7 +27,9 @@ protocol (:mod:`mpifed.round.protocol`) carries between them. One round, in orde
             on_batch(ctx, batch, out)      after each batch's forward pass: per-client sums
             end_client(ctx)              -> the client's new Messages.client_state (ctx.new_state)
             uplink(ctx)                  -> Messages.up entries, summed or one row per client (no side effects)
-    server  aggregate(server_round, w, replies)  -> the new global model, from the sums, rows and reports
+    server  aggregate(server_round, w, replies)  -> the new global model, from the sums, rows and reports:
+                                         the run's server optimiser steps from w to the method's
+                                         aggregate (server_step), then the method's own updates
     server  reported(w)                  -> the model evaluated and saved (default: the global model)
 
 What the client role's hooks leave for the loss (a per-round temperature, a client's correction)
@@ -42,7 +44,8 @@ as zeros of its declared shapes; the server's first downlink is checked against 
 declaration when the run starts.
 
 The base classes are FedAvg: clients minimise cross-entropy and send n_k w_k and n_k (or
-1 and w_k with ``train.client_weights: uniform``); the server divides the sums.
+1 and w_k with ``train.client_weights: uniform``); the server divides the sums, and the run's
+``server_optimizer`` steps the global model to that mean (sgd at lr 1, the default: the mean itself).
 """
 from __future__ import annotations
 
@@ -58,10 +61,12 @@ from mpifed.algorithms.inputs import (  # noqa: F401 (Buffer and UndeclaredInput
     Buffer, InputBuffers, Inputs, ReadOnlyOptions, StepView, UndeclaredInput, UndeclaredState, kept_state, merged_parts)
 from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
+from mpifed.federation.server_optimizers import ServerOptimizer
 from mpifed.local.flat import FlatModel
 from mpifed.models.base import Classifier
 from mpifed.local.optim import FlatOptimizer
 from mpifed.plugin.options import NoOptions
+from mpifed.plugin.registry import SERVER_OPTIMIZERS
 from mpifed.local.steps import LocalSteps
 
 if TYPE_CHECKING:
@@ -357,12 +362,14 @@ class Replies:
 
 @dataclass
 class ServerTools:
-    """What the server gives a method: a scratch model and the server-held data (if any)."""
+    """What the server gives a method: a scratch model, the server-held data (if any) and the run's
+    server optimiser (``server_optimizer``; None: the aggregate itself, as ``sgd`` at lr 1)."""
 
     flat: FlatModel
     transform: BatchTransform
     data: ClientData | None
     eval_batch_size: int
+    optimizer: ServerOptimizer | None = None
 
     @torch.no_grad()
     def logits(self, weights: torch.Tensor, ints: torch.Tensor | None = None) -> torch.Tensor:
@@ -417,8 +424,18 @@ class Server:
         return {}
 
     def aggregate(self, server_round: int, weights: torch.Tensor, replies: Replies) -> torch.Tensor:
-        """The new global model from the replies of round ``server_round`` (1 for the first)."""
-        return (replies.sums.model / replies.sums.weight).to(torch.float32)
+        """The new global model from the replies of round ``server_round`` (1 for the first): the
+        server optimiser's step from ``weights`` to the weighted mean of the clients' models."""
+        return self.server_step(weights, (replies.sums.model / replies.sums.weight).to(torch.float32))
+
+    def server_step(self, weights: torch.Tensor, aggregate: torch.Tensor) -> torch.Tensor:
+        """The new global model from the current one (``weights``) and the round's ``aggregate``: the
+        step of the run's ``server_optimizer`` (sgd at lr 1, the default, returns ``aggregate`` itself;
+        BatchNorm's statistics always take the aggregate). :meth:`aggregate` takes it; a method whose
+        aggregate does not call the base class's returns ``self.server_step(weights, its_aggregate)``
+        (or declares ``Algorithm.own_server_step``)."""
+        optimizer = self.tools.optimizer if self.tools is not None else None
+        return aggregate if optimizer is None else optimizer.step(weights, aggregate)
 
     def reported(self, weights: torch.Tensor) -> torch.Tensor:
         """The float state the run evaluates and saves as its model, given the global model
@@ -603,7 +620,9 @@ class Algorithm:
     ``data.server_holdout_per_class``; empty if it does not), ``switches`` (the settings its
     behaviour tests use), ``depends_on`` (the settings beyond its own options whose values its
     numbers depend on, where mpifed would not count them: ``("train.rounds",)`` for a schedule
-    over the rounds), and override :meth:`messages` and :meth:`extend_model` where they add to
+    over the rounds), ``own_server_step`` (why its server role steps the global model itself, as
+    FedAvgM's momentum does, so that it refuses any ``server_optimizer`` but sgd at lr 1; empty
+    if it does not), and override :meth:`messages` and :meth:`extend_model` where they add to
     FedAvg's.
     """
 
@@ -613,6 +632,7 @@ class Algorithm:
     needs_server_data: ClassVar[str] = ""
     switches: ClassVar[Switches] = Switches()
     depends_on: ClassVar[tuple[str, ...]] = ()   # dotted config keys: part of the run's identity with this method
+    own_server_step: ClassVar[str] = ""   # why its server takes its own step (then server_optimizer must be sgd, lr 1)
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options
@@ -633,7 +653,14 @@ class Algorithm:
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
-        """Problems with the rest of the run's configuration for this method, each naming the fix."""
+        """Problems with the rest of the run's configuration for this method, each naming the fix
+        (a method that overrides it adds its own to these)."""
+        chosen = cfg.server_optimizer
+        if cls.own_server_step and not SERVER_OPTIMIZERS.get(chosen.name).returns_aggregate(chosen.options):
+            return [f"server_optimizer: algorithm {cfg.algorithm.name!r} takes its own server step "
+                    f"({cls.own_server_step}), so it cannot take server_optimizer {chosen.name!r} as well; set "
+                    f"server_optimizer=sgd with lr 1 (the default), or choose another algorithm (fedavg with "
+                    f"server_optimizer=sgdm is fedavgm with buffers: average)"]
         return []
 
     def server(self, tools: ServerTools) -> Server:

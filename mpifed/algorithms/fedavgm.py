@@ -63,4 +63,5 @@ class FedAvgM(Algorithm):
                         "or the clients' plain average")
 
     Server = FedAvgMServer
+    own_server_step = "server momentum beta with server_lr"
     switches = Switches(on=("algorithm.beta=0.9",), off=("algorithm.beta=0", "algorithm.server_lr=1"))

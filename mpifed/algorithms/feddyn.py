@@ -130,6 +130,7 @@ class FedDyn(Algorithm):
 
     Client = FedDynClient
     Server = FedDynServer
+    own_server_step = "the server model mean - h/alpha"
     # no alpha reduces it to FedAvg: test_feddyn_* cover it
     switches = Switches(on=("algorithm.alpha=0.1", "train.participation=0.6"))
 
@@ -141,9 +142,9 @@ class FedDyn(Algorithm):
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:
+        problems = super().check_config(cfg)
         if cfg.algorithm.options.optimizer != "official":
-            return []
-        problems = []
+            return problems
         if cfg.train.optimizer != "sgd":
             problems.append(f"algorithm feddyn with optimizer official trains with plain SGD; set train.optimizer=sgd "
                             f"(not {cfg.train.optimizer})")

@@ -47,7 +47,8 @@ class FedNovaClient(Client):
 
 class FedNovaServer(Server):
     """w <- w - tau_eff * sum_k p_k (w - w_k) / a_k, tau_eff = sum_k p_k a_k (parameters);
-    float buffers (BatchNorm statistics) are averaged with the weights p_k."""
+    float buffers (BatchNorm statistics) are averaged with the weights p_k. The run's server
+    optimiser then steps from w to that model (sgd at lr 1: the model itself)."""
 
     def aggregate(self, server_round, weights, replies):
         s, p = replies.sums, self.setup.num_params
@@ -56,7 +57,7 @@ class FedNovaServer(Server):
         new = torch.empty_like(weights)
         new[:p] = weights[:p] - (self.tau_eff * s.update / total).to(weights.dtype)
         new[p:] = (s.buffers / total).to(weights.dtype)
-        return new
+        return self.server_step(weights, new)
 
     def log(self):
         return {"tau_eff": round(self.tau_eff, 4)}

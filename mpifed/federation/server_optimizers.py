@@ -33,14 +33,13 @@ from typing import Any, ClassVar
 import torch
 
 from mpifed.plugin.options import NoOptions, opt
-from mpifed.plugin.registry import Registry
-
-SERVER_OPTIMIZERS: Registry = Registry("server optimizer", "mpifed.federation.server_optimizers")
+from mpifed.plugin.registry import SERVER_OPTIMIZERS
 
 
 class ServerOptimizer:
     """Steps the parameters ``x[:num_params]`` of the global model with the round's aggregate; the
-    float buffers after them take the aggregate. ``state``: the attributes a checkpoint keeps."""
+    float buffers after them take the aggregate. ``state``: the attributes a checkpoint keeps;
+    ``steps``: the steps taken by this object (the round checks that a method's aggregation took one)."""
 
     Options: ClassVar[type] = NoOptions
     state: ClassVar[tuple[str, ...]] = ()
@@ -48,14 +47,21 @@ class ServerOptimizer:
     def __init__(self, options: Any, num_params: int) -> None:
         self.options = options
         self.num_params = num_params
+        self.steps = 0
+
+    @classmethod
+    def returns_aggregate(cls, options: Any) -> bool:
+        """Whether, with ``options``, every step returns the aggregate itself (then nothing is computed)."""
+        return False
 
     @property
     def identity(self) -> bool:
         """Whether every step returns the aggregate itself (then nothing is computed)."""
-        return False
+        return self.returns_aggregate(self.options)
 
     def step(self, x: torch.Tensor, aggregate: torch.Tensor) -> torch.Tensor:
         """The new global float state from the current one ``x`` and the round's ``aggregate``."""
+        self.steps += 1
         if self.identity:
             return aggregate
         new = aggregate.clone()
@@ -68,11 +74,13 @@ class ServerOptimizer:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.state}
+        """The ``state`` attributes (tensors on the CPU, or None before the first step)."""
+        return {name: None if getattr(self, name) is None else getattr(self, name).cpu() for name in self.state}
 
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
+    def load_state_dict(self, saved: dict[str, Any], device: torch.device | str = "cpu") -> None:
+        """Restore what :meth:`state_dict` returned, its tensors on ``device``."""
         for name in self.state:
-            setattr(self, name, saved[name])
+            setattr(self, name, None if saved[name] is None else saved[name].to(device))
 
 
 @SERVER_OPTIMIZERS.register("sgd")
@@ -83,9 +91,9 @@ class SGD(ServerOptimizer):
     class Options:
         lr: float = opt(1.0, "server learning rate (1: the aggregate itself)", min=0, exclusive_min=True)
 
-    @property
-    def identity(self) -> bool:
-        return self.options.lr == 1.0
+    @classmethod
+    def returns_aggregate(cls, options: Any) -> bool:
+        return options.lr == 1.0
 
     def update(self, x: torch.Tensor, aggregate: torch.Tensor) -> torch.Tensor:
         return x - self.options.lr * (x - aggregate)
@@ -98,7 +106,8 @@ class SGDM(ServerOptimizer):
     @dataclass
     class Options:
         lr: float = opt(1.0, "server learning rate", min=0, exclusive_min=True)
-        momentum: float = opt(0.9, "server momentum beta (Hsu et al.; Flower's FedAvgM defaults to 0)", min=0, max=1)
+        momentum: float = opt(0.9, "server momentum beta (Hsu et al.'s 0.9, as FL-bench; frameworks disagree: Flower's "
+                                   "FedAvgM defaults to 0, FedNTD's code uses 0.7)", min=0, max=1)
 
     state = ("velocity",)
 
@@ -117,8 +126,9 @@ class AdaptiveOptions:
     lr: float = opt(0.01, "server learning rate eta (the paper tunes it per task)", min=0, exclusive_min=True)
     beta1: float = opt(0.9, "first-moment decay (the paper's 0.9)", min=0, max=1)
     beta2: float = opt(0.99, "second-moment decay (the paper's 0.99; unused by adagrad)", min=0, max=1)
-    tau: float = opt(1e-3, "adaptivity tau: added to sqrt(v), and v starts at tau^2 (the paper's 1e-3; Flower "
-                           "uses 1e-9 in one API)", min=0, exclusive_min=True)
+    tau: float = opt(1e-3, "adaptivity tau: added to sqrt(v), and v starts at tau^2 (the paper's 1e-3; frameworks "
+                           "disagree: Flower's FedAdam takes 1e-9 in one API and 1e-3 in another)", min=0,
+                     exclusive_min=True)
 
 
 class Adaptive(ServerOptimizer):

@@ -1,4 +1,4 @@
-"""Named plug-ins of one kind (algorithms, models, data sets, partitions), one way for all.
+"""Named plug-ins of one kind (algorithms, models, data sets, partitions, server optimisers), one way for all.
 
 An entry registers itself where it is defined, with an explicit name::
 
@@ -134,3 +134,4 @@ ALGORITHMS: Registry = Registry("algorithm", "mpifed.algorithms")
 MODELS: Registry = Registry("model", "mpifed.models")
 DATASETS: Registry = Registry("data set", "mpifed.data.sets")
 PARTITIONS: Registry = Registry("partition", "mpifed.data.partitions")
+SERVER_OPTIMIZERS: Registry = Registry("server optimizer", "mpifed.federation.server_optimizers")

@@ -46,6 +46,7 @@ class RoundServer:
         self.run_dir = run
         flat = method.tools.flat
         self.device = flat.floats.device
+        self.optimizer = method.tools.optimizer
         self.rounds_done = 0               # rounds trained so far: the next round's 0-based index
         self.model_sent = False            # the last evaluation broadcast the global model as it is now
         self.holders: dict[int, int] = {}  # client -> the worker holding its state in memory
@@ -72,6 +73,8 @@ class RoundServer:
             self._restore(resume)
             method.start(self.global_floats)
             method.load_state_dict(resume["algorithm"])
+            if "server_optimizer" in resume:     # a checkpoint from before server optimisers: sgd, no state
+                self.optimizer.load_state_dict(resume["server_optimizer"], self.device)
         # made now: a name not declared fails before round 1
         self.first_down = self._method_downlink(self.rounds_done + 1)
         # a finished run trained further is running again, from now
@@ -117,7 +120,15 @@ class RoundServer:
         sums = Fields(self.layouts.sums.what, {k: v.to(self.device) for k, v in replies.sums})
         rows = Fields(self.layouts.rows.what, {k: v.to(self.device) for k, v in replies.rows})
         mine = Replies(sums, rows, replies.clients)
+        steps = self.optimizer.steps
         new = self.method.aggregate(plan.number, self.global_floats, mine).to(torch.float32)
+        if self.optimizer.steps == steps and not self.optimizer.identity:
+            name = type(self.method).__name__
+            raise ProtocolError(f"{name}.aggregate (round {plan.number}) took no step of the server optimiser "
+                                f"server_optimizer: {self.cfg.server_optimizer.name}: it neither calls "
+                                f"super().aggregate nor returns self.server_step(weights, its_aggregate). Return "
+                                f"that, or declare why the method steps itself (its Algorithm's own_server_step), "
+                                f"which refuses any server_optimizer but sgd at lr 1")
         bad = int((~torch.isfinite(new)).sum())
         if bad:
             scalars = ", ".join(f"{k}={float(v):.6g}" for k, v in sums if v.numel() == 1)
@@ -215,6 +226,7 @@ class RoundServer:
             "global_floats": self.global_floats.cpu(),
             "global_ints": self.global_ints.cpu(),
             "algorithm": self.method.state_dict(),
+            "server_optimizer": self.optimizer.state_dict(),
             "metrics": self.records.metrics,
             "config": self.cfg_dict,
             "config_math": math_fingerprint(self.cfg_dict),

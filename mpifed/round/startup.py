@@ -342,11 +342,12 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
                 manifest: Manifest, transform: BatchTransform, run: RunDir, workers: int,
                 resume_command: str) -> RoundServer:
     """The server rank's side: the run directory, the global model (initial or resumed) and the
-    method's server role with the server-held data, its first downlink checked against the
-    declaration; ``resume_command`` continues the run."""
+    method's server role with the server-held data and the server optimiser, its first downlink
+    checked against the declaration; ``resume_command`` continues the run."""
     from mpifed.algorithms.base import ServerTools
     from mpifed.data.shards import read_shard
     from mpifed.data.store import ClientData, to_device
+    from mpifed.plugin.registry import SERVER_OPTIMIZERS
     from mpifed.round.server import RoundServer
     run.create()
     run.write_config(resolved.config)
@@ -359,7 +360,10 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
     if manifest.server_size:
         shard = read_shard(manifest.server_path)
         server_data = ClientData(-1, *to_device(shard.inputs, shard.labels, setup.device))
-    tools = ServerTools(flat=flat, transform=transform, data=server_data, eval_batch_size=cfg.train.eval_batch_size)
+    chosen = cfg.server_optimizer
+    optimizer = SERVER_OPTIMIZERS.get(chosen.name)(chosen.options, setup.num_params)
+    tools = ServerTools(flat=flat, transform=transform, data=server_data, eval_batch_size=cfg.train.eval_batch_size,
+                        optimizer=optimizer)
     if resume is None and resolved.resuming and not resolved.new:
         run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")
     elif resume is not None:

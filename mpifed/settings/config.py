@@ -30,7 +30,7 @@ from mpifed.settings import plugins as plugin_code
 from mpifed.files import safe_yaml
 from mpifed.plugin.options import ConfigError, NoOptions, opt
 from mpifed.files.packaged import find_config
-from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, Registry, nearest
+from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, SERVER_OPTIMIZERS, Registry, nearest
 
 
 @dataclass
@@ -71,6 +71,7 @@ _algorithms = _options_of(ALGORITHMS)
 _partitions = _options_of(PARTITIONS)
 _datasets = _options_of(DATASETS)
 _models = _options_of(MODELS)
+_server_optimizers = _options_of(SERVER_OPTIMIZERS)
 
 
 # ------------------------------------------------------------------------ schema
@@ -257,6 +258,8 @@ class Config:
     model: Choice = choice(_models, "digits_cnn", "network (digits_cnn, fedavg_cnn, resnet8, ...)")
     train: TrainConfig = section(TrainConfig, "rounds and local optimisation")
     algorithm: Choice = choice(_algorithms, "fedavg", "federated algorithm (fedavg, fedntd, fedgkd, ...)")
+    server_optimizer: Choice = choice(_server_optimizers, "sgd", "the server's step from the global model to the "
+                                      "round's aggregate (sgd, sgdm, adagrad, adam, yogi; sgd at lr 1: the aggregate)")
     resources: ResourcesConfig = section(ResourcesConfig, "devices, threads, memory")
     comm: CommConfig = section(CommConfig, "collective timeouts and idle waiting")
     code: CodeConfig = section(CodeConfig, "the code of the chosen entries that come from plugins, by hash (recorded "
