@@ -70,3 +70,114 @@ def test_an_optimisers_state_is_what_a_resume_continues_from(name):
     resumed = make(name)
     resumed.load_state_dict({k: v.clone() for k, v in first.state_dict().items()})
     assert torch.equal(whole.step(x, avg), resumed.step(x, avg))
+
+
+# ---------------------------------------------------------------- through the server's aggregation
+def bn_setup():
+    """A Setup whose model has BatchNorm: float buffers (running mean and variance) after the parameters."""
+    from mpifed.algorithms.base import Setup
+    from mpifed.local.flat import FlatModel
+    from mpifed.models.base import SplitNet
+    from mpifed.settings.config import TrainConfig
+
+    def new_model():
+        body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(4))
+        return FlatModel(SplitNet(body, torch.nn.Linear(4, 3)))
+    flat = new_model()
+    return Setup(3, 4, 4, flat.num_floats, flat.num_params, flat.ints.numel(), 4, TrainConfig(), torch.device("cpu"),
+                 new_model)
+
+
+def server_of(method, setup, optimizer=None, **options):
+    from mpifed.algorithms.base import ServerTools
+    from mpifed.data.transforms import BatchTransform
+    cls = ALGORITHMS.get(method)
+    tools = ServerTools(setup.new_model(), BatchTransform([0.5], [0.5], 0, False, 0, "cpu"), None, 5, optimizer)
+    return cls(cls.Options(**options), setup).server(tools)
+
+
+def replies(setup, seed):
+    g = torch.Generator().manual_seed(seed)
+    models = torch.randn(3, setup.num_floats, generator=g, dtype=torch.float64)
+    weights = torch.tensor([2.0, 3.0, 5.0], dtype=torch.float64)
+    return Replies({"model": (models * weights[:, None]).sum(0), "weight": weights.sum().reshape(1)}, {}, [])
+
+
+def test_sgd_at_lr_1_through_the_server_is_todays_fedavg_bit_for_bit():
+    setup = bn_setup()
+    w = torch.randn(setup.num_floats)
+    plain, stepped = server_of("fedavg", setup), server_of("fedavg", setup, make("sgd", setup.num_params))
+    for seed in range(3):
+        r = replies(setup, seed)
+        mean = (r.sums.model / r.sums.weight).to(torch.float32)
+        assert torch.equal(plain.aggregate(seed + 1, w, r), mean)
+        assert torch.equal(stepped.aggregate(seed + 1, w, r), mean)
+
+
+@pytest.mark.parametrize("name", ["adagrad", "adam", "yogi"])
+def test_one_adaptive_step_through_the_server_follows_algorithm_2_and_the_buffers_take_the_mean(name):
+    setup = bn_setup()
+    p, lr, b1, b2, tau = setup.num_params, 0.05, 0.9, 0.99, 1e-3
+    assert setup.num_floats > p                                   # the BatchNorm statistics follow the parameters
+    server = server_of("fedavg", setup, make(name, setup.num_params, lr=lr))
+    w = torch.randn(setup.num_floats, generator=torch.Generator().manual_seed(9))
+    r = replies(setup, 0)
+    new = server.aggregate(1, w, r)
+    mean = (r.sums.model / r.sums.weight).to(torch.float32)
+    d = (mean - w)[:p].double()                                   # Reddi et al., Alg. 2: Delta, then m, v from tau^2
+    m = (1 - b1) * d
+    v0 = torch.full_like(d, tau ** 2)
+    v = {"adagrad": v0 + d * d, "adam": b2 * v0 + (1 - b2) * d * d,
+         "yogi": v0 - (1 - b2) * d * d * torch.sign(v0 - d * d)}[name]
+    expected = w[:p].double() + lr * m / (v.sqrt() + tau)
+    assert torch.allclose(new[:p].double(), expected, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(new[:p], mean[:p])
+    assert torch.equal(new[p:], mean[p:])
+
+
+def test_fedgkds_buffer_and_fedcsds_teacher_hold_the_stepped_model():
+    setup = small_setup()
+    w = torch.randn(setup.num_floats)
+    gkd = server_of("fedgkd", setup, make("adam", setup.num_params, lr=0.1))
+    new = gkd.aggregate(1, w, replies(setup, 0))
+    assert torch.equal(gkd.buffer[-1], new)
+    csd = server_of("fedcsd", setup, make("adam", setup.num_params, lr=0.1))
+    csd.start(w)
+    before = csd.ema.clone()
+    new = csd.aggregate(1, w, replies(setup, 0))
+    a = csd.options.alpha
+    assert torch.equal(csd.ema, a * before + (1 - a) * new)
+
+
+def test_fednova_steps_from_its_normalised_model():
+    setup = small_setup()
+    w = torch.randn(setup.num_floats)
+    g = torch.Generator().manual_seed(1)
+    sums = {"update": torch.randn(setup.num_params, generator=g, dtype=torch.float64),
+            "tau": torch.tensor([12.0], dtype=torch.float64), "buffers": torch.zeros(0, dtype=torch.float64),
+            "weight": torch.tensor([3.0], dtype=torch.float64)}
+    nova = server_of("fednova", setup).aggregate(1, w, Replies(sums, {}, []))
+    half = server_of("fednova", setup, make("sgd", setup.num_params, lr=0.5)).aggregate(1, w, Replies(sums, {}, []))
+    assert torch.allclose(half, w + 0.5 * (nova - w))
+
+
+@pytest.mark.parametrize("method", ["fedavgm", "feddyn"])
+def test_methods_with_their_own_server_step_refuse_another_optimiser(method):
+    from mpifed.plugin.options import ConfigError
+    from mpifed.settings import config
+    config.load([], [f"algorithm.name={method}", "server_optimizer.name=sgd", "server_optimizer.lr=1"])
+    with pytest.raises(ConfigError, match=rf"server_optimizer: algorithm '{method}' takes its own server step"):
+        config.load([], [f"algorithm.name={method}", "server_optimizer.name=adam"])
+    with pytest.raises(ConfigError, match="set server_optimizer=sgd with lr 1"):
+        config.load([], [f"algorithm.name={method}", "server_optimizer.lr=0.5"])
+
+
+def test_sgdm_through_the_server_is_fedavgm_with_averaged_buffers_bit_for_bit():
+    setup = bn_setup()
+    sgdm = server_of("fedavg", setup, make("sgdm", setup.num_params, lr=0.7, momentum=0.9))
+    fedavgm = server_of("fedavgm", setup, beta=0.9, server_lr=0.7, buffers="average")
+    w_sgdm = w_fedavgm = torch.randn(setup.num_floats)
+    for seed in range(4):
+        w_sgdm, w_fedavgm = sgdm.aggregate(seed + 1, w_sgdm, replies(setup, seed)), fedavgm.aggregate(
+            seed + 1, w_fedavgm, replies(setup, seed))
+        assert torch.equal(w_sgdm, w_fedavgm)
