@@ -181,3 +181,14 @@ def test_sgdm_through_the_server_is_fedavgm_with_averaged_buffers_bit_for_bit():
         w_sgdm, w_fedavgm = sgdm.aggregate(seed + 1, w_sgdm, replies(setup, seed)), fedavgm.aggregate(
             seed + 1, w_fedavgm, replies(setup, seed))
         assert torch.equal(w_sgdm, w_fedavgm)
+
+
+def test_the_default_is_no_part_of_a_runs_identity_and_another_choice_is():
+    from mpifed.settings import config
+    default = config.math_fingerprint(config.load([], [])[1])
+    assert "server_optimizer" not in default      # runs made before server optimisers keep their identity
+    assert "server_optimizer" not in config.math_fingerprint(config.load([], ["server_optimizer.lr=1"])[1])
+    adam = config.math_fingerprint(config.load([], ["server_optimizer.name=adam"])[1])
+    assert adam["server_optimizer"]["name"] == "adam"
+    half = config.math_fingerprint(config.load([], ["server_optimizer.lr=0.5"])[1])
+    assert half["server_optimizer"] == {"name": "sgd", "lr": 0.5}

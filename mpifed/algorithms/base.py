@@ -61,15 +61,14 @@ from mpifed.algorithms.inputs import (  # noqa: F401 (Buffer and UndeclaredInput
     Buffer, InputBuffers, Inputs, ReadOnlyOptions, StepView, UndeclaredInput, UndeclaredState, kept_state, merged_parts)
 from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
-from mpifed.federation.server_optimizers import ServerOptimizer
 from mpifed.local.flat import FlatModel
 from mpifed.models.base import Classifier
 from mpifed.local.optim import FlatOptimizer
 from mpifed.plugin.options import NoOptions
-from mpifed.plugin.registry import SERVER_OPTIMIZERS
 from mpifed.local.steps import LocalSteps
 
 if TYPE_CHECKING:
+    from mpifed.federation.server_optimizers import ServerOptimizer
     from mpifed.settings.config import TrainConfig
 
 Shape = tuple[int, ...]
@@ -632,7 +631,7 @@ class Algorithm:
     needs_server_data: ClassVar[str] = ""
     switches: ClassVar[Switches] = Switches()
     depends_on: ClassVar[tuple[str, ...]] = ()   # dotted config keys: part of the run's identity with this method
-    own_server_step: ClassVar[str] = ""   # why its server takes its own step (then server_optimizer must be sgd, lr 1)
+    own_server_step: ClassVar[str] = ""   # why its server steps itself: it takes no server_optimizer but sgd at lr 1
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options
@@ -653,14 +652,7 @@ class Algorithm:
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
-        """Problems with the rest of the run's configuration for this method, each naming the fix
-        (a method that overrides it adds its own to these)."""
-        chosen = cfg.server_optimizer
-        if cls.own_server_step and not SERVER_OPTIMIZERS.get(chosen.name).returns_aggregate(chosen.options):
-            return [f"server_optimizer: algorithm {cfg.algorithm.name!r} takes its own server step "
-                    f"({cls.own_server_step}), so it cannot take server_optimizer {chosen.name!r} as well; set "
-                    f"server_optimizer=sgd with lr 1 (the default), or choose another algorithm (fedavg with "
-                    f"server_optimizer=sgdm is fedavgm with buffers: average)"]
+        """Problems with the rest of the run's configuration for this method, each naming the fix."""
         return []
 
     def server(self, tools: ServerTools) -> Server:

@@ -142,9 +142,9 @@ class FedDyn(Algorithm):
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:
-        problems = super().check_config(cfg)
         if cfg.algorithm.options.optimizer != "official":
-            return problems
+            return []
+        problems = []
         if cfg.train.optimizer != "sgd":
             problems.append(f"algorithm feddyn with optimizer official trains with plain SGD; set train.optimizer=sgd "
                             f"(not {cfg.train.optimizer})")

@@ -694,9 +694,9 @@ def cross_checks(cfg: Config) -> list[str]:
 
 def entry_checks(cfg: Config) -> list[str]:
     """The chosen entries' own checks of the rest of the configuration: the ``check_config(cfg)``
-    hook an algorithm, model, data set or partition may define (FedNova needs SGD, say)."""
+    hook an algorithm, model, data set, partition or server optimiser may define (FedNova needs SGD, say)."""
     chosen = [(ALGORITHMS, cfg.algorithm), (MODELS, cfg.model), (DATASETS, cfg.data.dataset),
-              (PARTITIONS, cfg.data.partition)]
+              (PARTITIONS, cfg.data.partition), (SERVER_OPTIMIZERS, cfg.server_optimizer)]
     errors = []
     for registry, picked in chosen:
         check = getattr(registry.get(picked.name), "check_config", None)
@@ -872,6 +872,9 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     train.local_epochs under train.local_steps; and train.rounds when the learning-rate schedule
     depends on it; and the keys the chosen method declares it depends on, ``Algorithm.depends_on``)."""
     out = _filter_math(Config, d)
+    for key, default in _later_defaults().items():
+        if out.get(key) == default:     # a run that leaves a later section at its defaults keeps its identity
+            out.pop(key)
     train = d.get("train", {})
     if isinstance(train, dict) and train.get("lr_schedule") == "cosine":
         out.setdefault("train", {})["rounds"] = train.get("rounds")
@@ -880,6 +883,13 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     for key in _method_depends_on(d):
         _put(out, key, lookup(d, key))
     return out
+
+
+@functools.cache
+def _later_defaults() -> dict[str, Any]:
+    """The sections added after runs were archived (the server optimiser) at their defaults: absent from
+    the math fingerprint, as they were before the sections existed."""
+    return {"server_optimizer": Config().server_optimizer.to_dict()}
 
 
 def _method_depends_on(d: dict[str, Any]) -> tuple[str, ...]:
