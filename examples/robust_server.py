@@ -26,7 +26,8 @@ def trimmed_mean(rows: torch.Tensor, trim: float) -> torch.Tensor:
 
 class TrimmedMeanServer(Server):
     def aggregate(self, server_round, weights, replies):
-        return trimmed_mean(replies.rows.model.double(), self.options.trim).to(torch.float32)
+        # the run's server_optimizer steps from the global model to this aggregate (sgd at lr 1: the aggregate)
+        return self.server_step(weights, trimmed_mean(replies.rows.model.double(), self.options.trim).to(torch.float32))
 
 
 class ModelRowClient(Client):
