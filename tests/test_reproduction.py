@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from mpifed.entry import reproduction
 from mpifed.entry.table import search_table, summarize
 from mpifed.run import provenance
 from mpifed.tables import machine_check
-from mpifed.tables.summary import claim_label
 from mpifed.tables.table_file import Table, load_table, resolve, settled
 
 pytestmark = pytest.mark.unit
@@ -167,31 +167,27 @@ def test_a_report_wide_family_adjusts_each_claim_over_every_tables_claims(capsys
     assert f"over all {mine.report_family} claims of the report's tables (--family)" in out
 
 
-def test_the_opening_summary_lists_the_claims_that_survive_one_adjustment_over_the_report():
-    """REPRODUCTION.md's "In short" gives the report-wide family: its size, and exactly the claims
-    that survive Holm's adjustment over every declared claim of the archived tables, as --summary
-    --family prints them."""
-    files = [table for table, _ in ARCHIVED.values()]
-    summaries = []
-    for table_file in files:
-        t = resolved(table_file)
-        summaries.append(summarize(t))
-    summaries = [s for s in summaries if s.all_claims]
-    rows = []
-    for i, s in enumerate(summaries):
-        s.with_report_family(summaries[:i] + summaries[i + 1:])
-        for t in s.claims:
-            wide = s.report_holm[id(t)]
-            if claim_label(t.result, wide) in ("supported", "not supported (the other way)"):
-                rows.append(f"| {s.name(t.claim.above)} > {s.name(t.claim.below)} | {t.setting} | "
-                            f"{t.result.text(verdict=False)} | {t.holm_p:.3f} | {wide:.3f} |")
+def test_the_reports_generated_parts_are_what_the_archived_runs_give():
+    """REPRODUCTION.md's generated parts, the report-wide labels of its opening ("In short") and every
+    declared claim of every table with both labels (its appendix), are what mpifed.entry.reproduction
+    writes from results/ now, and every table the report cites is in its family."""
+    assert set(reproduction.REPORT_TABLES) == {table for table, _ in ARCHIVED.values() if _archived(table).claims}
+    found = reproduction.summaries({path: resolved(path) for path in reproduction.REPORT_TABLES})
     text = (REPO / REPRODUCTION).read_text()
+    assert reproduction.rewrite(text, reproduction.blocks(found)) == text, \
+        f"{REPRODUCTION}'s generated parts are stale: python -m mpifed.entry.reproduction {REPRODUCTION} --write"
     opening = text[text.index("## In short"):]
-    opening = opening[:opening.index("\n- **")]
-    family = summaries[0].report_family
-    assert f"all {family} claims" in opening and f"{len(rows)} of them survive" in opening
-    quoted = [line for line in opening.splitlines() if line.startswith("| ") and " > " in line]
-    assert sorted(quoted) == sorted(rows), "the opening table is not what --summary --family gives"
+    assert "<!-- generated: report-wide -->" in opening[:opening.index("\n- **")], \
+        "the opening summary does not lead with the report-wide labels (before its first finding)"
+
+
+def test_a_generated_part_is_rewritten_between_its_markers_and_an_unknown_or_missing_one_is_named():
+    text = "a\n<!-- generated: x -->\nold\n<!-- end -->\nb\n"
+    assert reproduction.rewrite(text, {"x": "new"}) == "a\n<!-- generated: x -->\nnew\n<!-- end -->\nb\n"
+    with pytest.raises(ValueError, match=r"nothing generates: \['x'\]"):
+        reproduction.rewrite(text, {"y": "new"})
+    with pytest.raises(ValueError, match=r"lacks the generated parts \['y'\]"):
+        reproduction.rewrite(text, {"x": "new", "y": "new"})
 
 
 def test_the_local_work_table_is_what_the_archived_runs_measure():

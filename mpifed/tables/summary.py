@@ -210,16 +210,7 @@ class Summary:
                              f"tables (--family)" if self.report_holm else "")
                           + (f"; the table declares that its claims need {self.claims[0].needs} seeds (claim_seeds)"
                              if self.claims[0].needs else ""), ""]
-            wide = " report-wide Holm p | report-wide label |" if self.report_holm else ""
-            lines += ["| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |" + wide
-                      + " without normality |", "| --- | --- | --- | --- | --- |" + " --- |" * (3 if wide else 1)]
-            for t in self.claims:
-                shown = t.result.text(verdict=False) if t.result is not None else "-"
-                free = t.result.distribution_free() if t.result is not None else "-"
-                claim = f"{self.name(t.claim.above)} > {self.name(t.claim.below)}"
-                report = f" {self.report_holm[id(t)]:.3f} | {t.labelled(self.report_holm[id(t)])} |" \
-                    if self.report_holm else ""
-                lines.append(f"| {claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |{report} {free} |")
+            lines += self.claims_table()
             lines += ["", f"Labels of the {len(self.claims)} claims shown, after the table's Holm adjustment: "
                           f"{label_counts([t.label for t in self.claims])}."]
             if self.report_holm:
@@ -232,6 +223,21 @@ class Summary:
         if self.left_out:
             lines += ["", f"Left out ({len(self.left_out)}):"] + [f"  {line}" for line in self.left_out]
         return "\n".join(lines)
+
+    def claims_table(self) -> list[str]:
+        """The shown claims as markdown lines, a row each: the difference, the table's Holm p and label,
+        the report-wide ones where :meth:`with_report_family` gave them, the test without normality."""
+        wide = " report-wide Holm p | report-wide label |" if self.report_holm else ""
+        lines = ["| claim | setting | difference [95% CI], seeds ahead, p | Holm p | label |" + wide
+                 + " without normality |", "| --- | --- | --- | --- | --- |" + " --- |" * (3 if wide else 1)]
+        for t in self.claims:
+            shown = t.result.text(verdict=False) if t.result is not None else "-"
+            free = t.result.distribution_free() if t.result is not None else "-"
+            claim = f"{self.name(t.claim.above)} > {self.name(t.claim.below)}"
+            report = f" {self.report_holm[id(t)]:.3f} | {t.labelled(self.report_holm[id(t)])} |" \
+                if self.report_holm else ""
+            lines.append(f"| {claim} | {t.setting} | {shown} | {t.holm_p:.3f} | {t.label} |{report} {free} |")
+        return lines
 
     def seed_tables(self) -> str:
         """Per setting with results, each method's metric seed by seed, and each method minus the
