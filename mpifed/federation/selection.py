@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mpifed.plugin.options import NoOptions, opt
-from mpifed.plugin.registry import Registry
+from mpifed.plugin.registry import SELECTORS
 
-SELECTORS: Registry = Registry("selection", "mpifed.federation.selection")
+__all__ = ["SELECTORS", "Known", "Outcome", "Selector"]
 
 
 @dataclass

@@ -30,7 +30,8 @@ from mpifed.settings import plugins as plugin_code
 from mpifed.files import safe_yaml
 from mpifed.plugin.options import ConfigError, NoOptions, opt
 from mpifed.files.packaged import find_config
-from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, SERVER_OPTIMIZERS, Registry, nearest
+from mpifed.settings.system import SystemConfig
+from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, SELECTORS, SERVER_OPTIMIZERS, Registry, nearest
 
 
 @dataclass
@@ -72,6 +73,7 @@ _partitions = _options_of(PARTITIONS)
 _datasets = _options_of(DATASETS)
 _models = _options_of(MODELS)
 _server_optimizers = _options_of(SERVER_OPTIMIZERS)
+_selectors = _options_of(SELECTORS)
 
 
 # ------------------------------------------------------------------------ schema
@@ -260,6 +262,10 @@ class Config:
     algorithm: Choice = choice(_algorithms, "fedavg", "federated algorithm (fedavg, fedntd, fedgkd, ...)")
     server_optimizer: Choice = choice(_server_optimizers, "sgd", "the server's step from the global model to the "
                                       "round's aggregate (sgd, sgdm, adagrad, adam, yogi; sgd at lr 1: the aggregate)")
+    selection: Choice = choice(_selectors, "uniform", "which available clients a round samples (uniform, weighted, "
+                                                      "oort; docs/federations.md)")
+    system: SystemConfig = section(SystemConfig, "the simulated federation: virtual clock, devices, availability, "
+                                                 "deadlines, local work (off by default; docs/federations.md)")
     resources: ResourcesConfig = section(ResourcesConfig, "devices, threads, memory")
     comm: CommConfig = section(CommConfig, "collective timeouts and idle waiting")
     code: CodeConfig = section(CodeConfig, "the code of the chosen entries that come from plugins, by hash (recorded "
@@ -887,9 +893,10 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _later_defaults() -> dict[str, Any]:
-    """The sections added after runs were archived (the server optimiser) at their defaults: absent from
-    the math fingerprint, as they were before the sections existed."""
-    return {"server_optimizer": Config().server_optimizer.to_dict()}
+    """The sections added after runs were archived (the server optimiser, client selection, the simulated
+    federation) at their defaults: absent from the math fingerprint, as they were before the sections existed."""
+    return {"server_optimizer": Config().server_optimizer.to_dict(), "selection": Config().selection.to_dict(),
+            "system": to_dict(SystemConfig())}
 
 
 def _method_depends_on(d: dict[str, Any]) -> tuple[str, ...]:
