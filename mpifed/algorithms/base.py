@@ -282,6 +282,7 @@ class ClientContext:
     seen: int = 0
     extra: dict[str, float] = field(default_factory=dict)   # per-client figures for clients.jsonl
     runner: LocalSteps = field(default_factory=LocalSteps)  # how local steps run (precision, CUDA graphs)
+    step_limit: int = 0             # the local steps the server's plan allows this round (0: the full local work)
 
     @property
     def model(self) -> Classifier:
@@ -310,8 +311,9 @@ class ClientContext:
     @property
     def epochs(self) -> int:
         """The passes over its data this client makes this round: train.local_epochs, or with
-        train.local_steps as many as its steps need (the last one cut short where they end)."""
-        steps = self.train_cfg.local_steps
+        train.local_steps (or a step limit from the round's plan) as many as its steps need (the last
+        one cut short where they end)."""
+        steps = self.step_limit or self.train_cfg.local_steps
         return -(-steps // self.batches_per_epoch) if steps else self.train_cfg.local_epochs
 
     def batches(self) -> Iterator[Batch]:
@@ -540,7 +542,7 @@ class Client:
 
         A fresh optimiser (and momentum) for every client in every round, as the papers do.
         """
-        limit = self.setup.train.local_steps
+        limit = ctx.step_limit or self.setup.train.local_steps
         ctx.model.train()
         opt = self.optimizer(ctx)
         seen_by_step = ctx if self.eager_reason() else StepView(ctx)
@@ -632,10 +634,18 @@ class Algorithm:
     switches: ClassVar[Switches] = Switches()
     depends_on: ClassVar[tuple[str, ...]] = ()   # dotted config keys: part of the run's identity with this method
     own_server_step: ClassVar[str] = ""   # why its server steps itself: it takes no server_optimizer but sgd at lr 1
+    extra_forwards: ClassVar[int] = 0   # forward passes per sample beyond FedAvg's forward and backward (the clock's)
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options
         self.setup = setup
+
+    @classmethod
+    def forward_passes(cls, options: Any) -> int:
+        """Forward passes one local step costs per sample (the virtual clock's compute time): FedAvg's
+        forward and backward count 3 (FedScale's factor), plus :attr:`extra_forwards` (a teacher's, MOON's
+        two models'); a method whose count depends on its options overrides this."""
+        return 3 + cls.extra_forwards
 
     def messages(self) -> Messages:
         """FedAvg's: the weighted model sum and the weights, summed over clients."""

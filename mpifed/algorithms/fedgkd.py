@@ -98,6 +98,8 @@ class FedGKD(Algorithm):
     contrastive term).
     """
 
+    extra_forwards = 1   # the averaged teacher's forward (the virtual clock's compute)
+
     @dataclass
     class Options:
         buffer_size: int = opt(5, "M, the number of past global models averaged into the teacher", min=1)
@@ -215,6 +217,11 @@ class FedGKDVote(Algorithm):
     switches = Switches(on=("algorithm.lam=0.5", "algorithm.buffer_size=2", "data.server_holdout_per_class=3"),
                         off=("algorithm.lam=0", "data.server_holdout_per_class=3"),
                         reference=("algorithm.name=fedavg", "data.server_holdout_per_class=3"))
+
+    @classmethod
+    def forward_passes(cls, options):
+        """One teacher forward per buffered model, beside FedAvg's 3 (the virtual clock's compute)."""
+        return 3 + options.buffer_size
 
     def messages(self):
         m = self.options.buffer_size

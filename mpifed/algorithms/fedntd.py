@@ -51,6 +51,8 @@ class FedNTD(Algorithm):
     loss. The convex combination is the form that says exactly that and nothing more.
     """
 
+    extra_forwards = 1   # the global model's forward (the virtual clock's compute)
+
     @dataclass
     class Options:
         tau: float = opt(1.0, "temperature of the not-true softmax", min=0, exclusive_min=True)

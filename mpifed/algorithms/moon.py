@@ -111,6 +111,8 @@ class Moon(Algorithm):
     data set: see configs/papers). The server is FedAvg's.
     """
 
+    extra_forwards = 2   # the global and the previous local model's forwards (the virtual clock's compute)
+
     @dataclass
     class Options:
         mu: float = opt(1.0, "weight of the model-contrastive loss", min=0)

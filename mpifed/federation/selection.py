@@ -135,9 +135,11 @@ class Oort(Selector):
         self.explore_share = max(self.explore_share * o.exploration_decay, o.exploration_min)
         preferred = self._preferred()
         tried = np.array(sorted(self.arms), dtype=np.int64)
+        untried = available[~np.isin(available, tried)]
         tried = tried[np.isin(tried, available)]
-        exploit = self._exploit(server_round, tried, k - int(k * self.explore_share), preferred, rng)
-        untried = available[~np.isin(available, np.array(sorted(self.arms), dtype=np.int64))]
+        # exploitation takes the share exploration leaves, and what exploration cannot fill (too few untried)
+        exploit = self._exploit(server_round, tried, k - min(int(k * self.explore_share), len(untried)), preferred,
+                                rng)
         explore = self._explore(untried, k - len(exploit), preferred, rng, known)
         self.last_exploited = sorted(int(c) for c in exploit)
         return np.sort(np.concatenate([exploit, explore]).astype(np.int64))

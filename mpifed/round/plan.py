@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+SAMPLING = 0xC11E     # the stream of each round's client sampling draw
 
 @dataclass
 class RoundPlan:
@@ -22,6 +23,8 @@ class RoundPlan:
     model_held: bool = False    # every rank holds the global model already (the last round's evaluation sent it)
     last_trained: dict[int, int] = field(default_factory=dict)  # assigned client -> the round it last trained in
                                                                  # (methods with client state; absent: never)
+    steps: dict[int, int] = field(default_factory=dict)   # client -> its local step limit (system:; absent: the
+                                                          # full local work)
 
     @property
     def number(self) -> int:
@@ -38,7 +41,7 @@ def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) 
     m = clients_per_round(num_clients, participation)
     if m >= num_clients:
         return np.arange(num_clients)
-    rng = np.random.default_rng([seed, 0xC11E, rnd])
+    rng = np.random.default_rng([seed, SAMPLING, rnd])
     return np.sort(rng.choice(num_clients, size=m, replace=False))
 
 

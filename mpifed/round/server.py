@@ -28,6 +28,7 @@ from mpifed.local.optim import round_lr
 from mpifed.round.plan import RoundPlan, assign_clients, sample_clients, state_moves
 from mpifed.run.progress import Progress
 from mpifed.round.protocol import Layouts
+from mpifed.round.timeline import Timeline
 from mpifed.run.run_records import RunRecords
 from mpifed.run.rundir import RunDir, atomic_write
 from mpifed.round.signals import received, stop_requested
@@ -35,8 +36,10 @@ from mpifed.round.signals import received, stop_requested
 
 class RoundServer:
     def __init__(self, cfg: Config, cfg_dict: dict[str, Any], manifest: Manifest, method: Server, layouts: Layouts,
-                 workers: int, run: RunDir, resume: dict[str, Any] | None, resume_command: str) -> None:
+                 workers: int, run: RunDir, resume: dict[str, Any] | None, resume_command: str,
+                 timeline: Timeline) -> None:
         self.cfg = cfg
+        self.timeline = timeline
         self.layouts = layouts
         self.resume_command = resume_command
         self.cfg_dict = cfg_dict
@@ -87,7 +90,8 @@ class RoundServer:
         cfg, rnd = self.cfg, self.rounds_done
         if rnd >= cfg.train.rounds or stop_requested() or self.worker_stops:
             return RoundPlan(round=rnd, lr=0.0, stop=True, resume_rounds=self._resume_rounds())
-        clients = sample_clients(cfg.run.seed, rnd, self.manifest.num_clients, cfg.train.participation)
+        planned = self.timeline.plan(rnd)
+        clients = planned.clients
         assignment = assign_clients(clients, self.manifest.client_sizes, self.workers)
         moves = state_moves(assignment, self.holders)
         self.holders.update({cid: w for w, a in enumerate(assignment) for cid in a})
@@ -101,7 +105,7 @@ class RoundServer:
                          evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
                          resume_rounds=self._resume_rounds(), moves=moves, model_held=self.model_sent,
-                         last_trained=last)
+                         last_trained=last, steps=planned.steps)
 
     def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The global model and the method's down tensors (the first round's made at start-up)."""
@@ -120,6 +124,9 @@ class RoundServer:
         sums = Fields(self.layouts.sums.what, {k: v.to(self.device) for k, v in replies.sums})
         rows = Fields(self.layouts.rows.what, {k: v.to(self.device) for k, v in replies.rows})
         mine = Replies(sums, rows, replies.clients)
+        self.replies = mine
+        if not replies.clients:     # no client answered in time (system:): the round keeps the model
+            return
         steps = self.optimizer.steps
         new = self.method.aggregate(plan.number, self.global_floats, mine).to(torch.float32)
         if self.optimizer.steps == steps and not self.optimizer.identity:
@@ -141,7 +148,6 @@ class RoundServer:
         self.model_sent = False
         ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
         self.global_ints = torch.round(ints / samples).to(torch.int64)
-        self.replies = mine
 
     def evaluation_state(self) -> dict[str, torch.Tensor]:
         reported = self.method.reported(self.global_floats)
@@ -211,6 +217,7 @@ class RoundServer:
         if plan.evaluate:
             row.update(self.result)
         row.update(self.method.log())
+        row.update(self.timeline.finished(plan.round, reports))
         row["time"] = timing
         self.records.add_round(row, reports)
         self.run_dir.log(self.progress.line(plan.number, row))
@@ -227,6 +234,8 @@ class RoundServer:
             "global_ints": self.global_ints.cpu(),
             "algorithm": self.method.state_dict(),
             "server_optimizer": self.optimizer.state_dict(),
+            "timeline": self.timeline.state_dict(),    # the simulated time and the selector's state
+            "last_trained": dict(self.last_trained),
             "metrics": self.records.metrics,
             "config": self.cfg_dict,
             "config_math": math_fingerprint(self.cfg_dict),
@@ -246,7 +255,10 @@ class RoundServer:
         self.last_checkpoint_round = state["rounds_done"]
         self.last_checkpoint = checkpoint.path_for(self.run_dir.checkpoints, state["rounds_done"])
         self.elapsed_before = state["elapsed_s"]
-        if self.layouts.client_state.entries:   # the clients each round sampled: sampling depends on (seed, round) only
+        if "timeline" in state:
+            self.timeline.load_state_dict(state["timeline"])
+            self.last_trained = dict(state["last_trained"])
+        elif self.layouts.client_state.entries:   # an older checkpoint: each round sampled by (seed, round) only
             for rnd in range(self.rounds_done):
                 self.last_trained.update({int(c): rnd for c in sample_clients(self.cfg.run.seed, rnd,
                                                                              self.manifest.num_clients,

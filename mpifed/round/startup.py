@@ -349,6 +349,7 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
     from mpifed.data.store import ClientData, to_device
     from mpifed.plugin.registry import SERVER_OPTIMIZERS
     from mpifed.round.server import RoundServer
+    from mpifed.round.timeline import Timeline, costs
     run.create()
     run.write_config(resolved.config)
     resume = checkpoint.load_run_state(resolved.resume_from,
@@ -368,8 +369,9 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
         run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")
     elif resume is not None:
         run.log(f"[mpifed] resuming {run.path} after round {resume['rounds_done']} ({resolved.resume_from})")
+    timeline = Timeline(cfg, manifest.client_sizes, costs(layouts, type(algo).forward_passes(cfg.algorithm.options)))
     return RoundServer(cfg, resolved.config, manifest, algo.server(tools), layouts, workers, run, resume,
-                       resume_command)
+                       resume_command, timeline)
 
 
 def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ranks: list[dict[str, Any]],

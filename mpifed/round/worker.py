@@ -144,7 +144,7 @@ class Worker:
         ctx = ClientContext(cid=cid, server_round=plan.number, lr=plan.lr, flat=self.flat,
                             global_weights=self.down.weights, data=self.store.get(cid), transform=self.transform,
                             generator=torch.Generator(self.device).manual_seed(seed), train_cfg=self.setup.train,
-                            runner=self.runner)
+                            runner=self.runner, step_limit=plan.steps.get(cid, 0))
         layout = self.layouts.client_state
         stored = self.states.get(cid, plan.last_trained.get(cid)) if self.states is not None else None
         ctx.state = (Fields(layout.what, {k: v.to(self.device) for k, v in stored.items()}) if stored is not None

@@ -1,0 +1,190 @@
+"""The simulated federation on the server: which clients a round samples and trains, and for how
+many local steps, on the virtual clock (``system:`` and ``selection:``; docs/federations.md).
+
+Each round, on rank 0 before anything trains: the clients available at the simulated time
+(:class:`~mpifed.federation.clock.Availability`), the selector's pick among them (k times
+``system.overcommit``), each one's local work (``system.local_work``), then the clock's plan
+(:func:`~mpifed.federation.clock.plan_round`: dropouts, the first k to finish, the deadline). Every
+draw is keyed by (run seed, round, client), so the plan is the same in the debug mode, under MPI
+and after a resume; what is not a pure function of the key (the simulated time, the selector's
+state) is in the checkpoint.
+
+With the clock off, uniform selection and fixed local work, the pick is today's
+(:func:`~mpifed.round.plan.sample_clients`) and every client takes its full local work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpifed.algorithms.base import ClientReport
+from mpifed.data.store import holdout_size
+from mpifed.federation import keyed
+from mpifed.federation.clock import Availability, Devices, Policy, RoundTiming, plan_round, trace_rows
+from mpifed.federation.selection import SELECTORS, Known, Outcome
+from mpifed.federation.traces import read_availability_trace, read_device_trace
+from mpifed.round.plan import SAMPLING, clients_per_round
+from mpifed.round.protocol import Layouts
+from mpifed.settings.config import Config
+
+LOCAL_WORK, STRAGGLER = 0x10CA, 0x57A6     # keyed streams of the local work's draws
+
+
+@dataclass
+class Costs:
+    """What one client's round costs the clock: forward passes per sample, and bytes each way."""
+
+    passes: int
+    bytes_down: int
+    bytes_up: int
+
+
+@dataclass
+class Planned:
+    """Who trains in a round, and with how many local steps where fewer than the full work."""
+
+    clients: np.ndarray                                      # the clients that train, sorted
+    steps: dict[int, int] = field(default_factory=dict)      # client -> its step limit (absent: the full work)
+    sampled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    timing: RoundTiming | None = None                        # the clock's plan (None: the clock is off)
+
+
+def costs(layouts: Layouts, passes: int) -> Costs:
+    """A method's cost on the clock: ``passes`` forward passes per sample; down, the global model and the
+    method's down tensors; up, its per-client rows and its summed entries counted as float32 (what a
+    client sends; the sums travel as float64 between ranks only to add them up)."""
+    up = sum(int(np.prod(e.shape)) * 4 for e in layouts.sums.entries.values()) + layouts.rows.nbytes
+    return Costs(passes, layouts.model.nbytes + layouts.down.nbytes, up)
+
+
+def full_steps(sizes: np.ndarray, client_holdout: float, batch_size: int, local_epochs: int,
+               local_steps: int) -> np.ndarray:
+    """Each client's local steps in a round of full work (as :meth:`ClientContext.batches` counts them)."""
+    n = np.asarray(sizes, dtype=np.int64)
+    if client_holdout > 0:     # less the rows data.client_holdout keeps from training
+        n = n - np.array([holdout_size(int(c), client_holdout) for c in n], dtype=np.int64)
+    if local_steps:
+        return np.full(len(n), local_steps, dtype=np.int64)
+    batches = -(-n // batch_size) - ((n > 1) & (batch_size > 1) & (n % batch_size == 1)).astype(np.int64)
+    return np.maximum(batches, 1) * local_epochs
+
+
+class Timeline:
+    """The rounds' plans, the simulated clock and the selector's state, on the server."""
+
+    def __init__(self, cfg: Config, sizes: np.ndarray, costs: Costs, folder: Path | None = None) -> None:
+        self.cfg = cfg
+        self.system = s = cfg.system
+        self.seed = cfg.run.seed
+        self.num_clients = len(sizes)
+        self.k = clients_per_round(self.num_clients, cfg.train.participation)
+        self.costs = costs
+        self.selector = SELECTORS.get(cfg.selection.name)(cfg.selection.options)
+        self.sim_clock = 0.0
+        self.last: Planned | None = None
+        self.today = not s.simulated and cfg.selection.name == "uniform"
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.full = None if self.today else full_steps(sizes, cfg.data.client_holdout, cfg.train.batch_size,
+                                                       cfg.train.local_epochs, cfg.train.local_steps)
+        self.policy = Policy(s.deadline, s.overcommit, s.stragglers, s.dropout)
+        self.devices: Devices | None = None
+        self.availability: Availability | None = None
+        self.known = Known(self.sizes)
+        if s.clock:
+            self.devices, self.availability = self._devices(folder), self._availability(folder)
+            self.known = Known(self.sizes, self._seconds(np.arange(self.num_clients), self.full))
+
+    def _path(self, name: str, folder: Path | None) -> Path:
+        path = Path(name)
+        return path if path.is_absolute() or folder is None else folder / path
+
+    def _devices(self, folder: Path | None) -> Devices:
+        s = self.system
+        if s.device_trace:
+            trace = read_device_trace(self._path(s.device_trace, folder))
+            return Devices.from_trace(trace, trace_rows(self.num_clients, len(trace), s.trace_mapping, self.seed))
+        return Devices.drawn(self.num_clients, self.seed, s.speed_ms, s.speed_sigma, s.bandwidth, s.bandwidth_sigma)
+
+    def _availability(self, folder: Path | None) -> Availability:
+        s = self.system
+        if s.availability_trace:
+            trace = read_availability_trace(self._path(s.availability_trace, folder))
+            return Availability(self.num_clients, self.seed, trace=trace,
+                                rows=trace_rows(self.num_clients, len(trace), s.trace_mapping, self.seed))
+        if s.availability == "on-off":
+            return Availability(self.num_clients, self.seed, on=s.on_period, off=s.off_period)
+        return Availability(self.num_clients, self.seed)
+
+    def _seconds(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """The simulated seconds of the clients ``ids`` taking ``steps`` local steps (no deadline)."""
+        d, c = self.devices, self.costs
+        comm = (c.bytes_down + c.bytes_up) * 8 / 1000 / d.kbit_per_s[ids]
+        return comm + d.ms_per_sample[ids] / 1000 * self.cfg.train.batch_size * c.passes * steps
+
+    # ------------------------------------------------------------ a round
+    def plan(self, rnd: int) -> Planned:
+        """Round ``rnd`` (0-based)'s clients and their step limits."""
+        rng = keyed.generator(self.seed, SAMPLING, rnd)   # today's sampling draw, for the same (seed, round)
+        if self.today:
+            picked = self.selector.select(rnd + 1, np.arange(self.num_clients), self.k, rng, self.known)
+            self.last = Planned(picked, sampled=picked)
+            return self.last
+        available = np.arange(self.num_clients) if self.availability is None or self.availability.always else \
+            np.flatnonzero(self.availability.mask(self.sim_clock))
+        wanted = self.policy.sampled(self.k) if self.system.clock else self.k
+        picked = self.selector.select(rnd + 1, available, wanted, rng, self.known) if len(available) else \
+            np.zeros(0, dtype=np.int64)
+        steps = self._local_work(rnd + 1, picked)
+        if not self.system.clock:
+            self.last = Planned(picked, {c: n for c, n in steps.items() if n < self.full[c]}, sampled=picked)
+            return self.last
+        c = self.costs
+        timing = plan_round(self.seed, rnd + 1, picked, self.k, self.devices, self.policy, steps,
+                            self.cfg.train.batch_size, c.passes, c.bytes_down, c.bytes_up)
+        kept = np.array(timing.kept, dtype=np.int64)
+        self.last = Planned(kept, {cid: n for cid, n in timing.steps.items() if n < self.full[cid]}, picked, timing)
+        return self.last
+
+    def _local_work(self, server_round: int, ids: np.ndarray) -> dict[int, int]:
+        """Each client's local steps this round (``system.local_work``)."""
+        full = self.full[ids]
+        work = self.system.local_work
+        if work == "uniform":
+            full = 1 + (keyed.uniform(self.seed, LOCAL_WORK, server_round, ids) * full).astype(np.int64)
+        elif work == "straggler":
+            slow = (keyed.uniform(self.seed, STRAGGLER, server_round, ids) < self.system.straggler_share) & (full > 1)
+            fewer = 1 + (keyed.uniform(self.seed, LOCAL_WORK, server_round, ids) * (full - 1)).astype(np.int64)
+            full = np.where(slow, fewer, full)
+        return {int(c): int(n) for c, n in zip(ids, full)}
+
+    def finished(self, rnd: int, reports: list[ClientReport]) -> dict[str, Any]:
+        """Round ``rnd`` trained: the selector learns from it, the clock moves on; returns the
+        metrics row's simulated figures (none with the clock off) and each client's simulated seconds."""
+        planned = self.last
+        timing = planned.timing
+        by_client = {r.cid: r for r in reports}
+        outcomes = [Outcome(int(c), int(c) in by_client, timing.seconds[int(c)] if timing else 0.0,
+                            by_client[int(c)].samples if int(c) in by_client else 0,
+                            by_client[int(c)].train_loss if int(c) in by_client else None)
+                    for c in planned.sampled]
+        self.selector.observe(rnd + 1, outcomes)
+        if timing is None:
+            return {}
+        self.sim_clock += timing.sim_time
+        for r in reports:
+            r.extra["sim_seconds"] = min(timing.seconds[r.cid], self.system.deadline or timing.seconds[r.cid])
+        return {"sim_time": timing.sim_time, "sim_clock": self.sim_clock,
+                "bytes_down": self.costs.bytes_down * len(planned.sampled),
+                "bytes_up": self.costs.bytes_up * len(planned.clients),
+                "dropped": len(timing.dropped), "stragglers": len(timing.stragglers)}
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {"sim_clock": self.sim_clock, "selector": self.selector.state_dict()}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.sim_clock = saved["sim_clock"]
+        self.selector.load_state_dict(saved["selector"])
