@@ -62,8 +62,8 @@ def pages(leave_out: Collection[tuple[str, str]] = ()) -> dict[str, str]:
         "data.md": HEADER + "# Data sets and partitions\n\n" + table(DATASETS, "data.dataset", "Data sets", leave_out)
         + "\n" + table(PARTITIONS, "data.partition", "Partitions", leave_out),
         "config-reference.md": HEADER + "# Config reference\n\nChoices (`data.dataset`, `data.partition`, `model`, "
-        "`algorithm`, `server_optimizer`) take a `name` plus that entry's own keys, listed after the main "
-        "table. Where frameworks' defaults disagree (the server optimisers' tau and momentum), the key's "
+        "`algorithm`, `selection`, `server_optimizer`) take a `name` plus that entry's own keys, listed after the "
+        "main table. Where frameworks' defaults disagree (the server optimisers' tau and momentum), the key's "
         "meaning says so.\n\n" + config.reference(leave_out) + "\n",
     }
 

@@ -1,0 +1,112 @@
+"""The simulated federation in the round (system:, selection:; mpifed.round.timeline): off, the clients
+are today's; on, the plan decides who trains and for how many steps, the records say what the clock
+did, a resume equals the run never stopped, and the debug mode equals MPI with any rank count."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi_series, tiny
+from mpifed.round.plan import sample_clients
+from mpifed.round.timeline import Costs, Timeline, full_steps
+from mpifed.settings import config
+
+SIMULATED = ("data.num_clients=10", "train.participation=0.5", "train.local_epochs=2", "system.clock=true",
+             "system.speed_sigma=0.5", "system.bandwidth=100000", "system.bandwidth_sigma=0.5", "system.dropout=0.2",
+             "system.deadline=1.5", "system.overcommit=1.3", "system.stragglers=partial")
+SELECTORS = ("uniform", "weighted", "oort")
+
+
+def timeline(*sets: str, clients: int = 50) -> Timeline:
+    cfg, _ = config.load(None, [f"data.num_clients={clients}", *sets])
+    sizes = np.arange(clients) % 7 * 10 + 20
+    return Timeline(cfg, sizes, Costs(passes=3, bytes_down=400_000, bytes_up=400_000))
+
+
+@pytest.mark.parametrize("participation", [0.1, 0.5, 1.0])
+def test_uniform_selection_without_the_clock_samples_todays_clients(participation):
+    line = timeline(f"train.participation={participation}", "run.seed=7")
+    for rnd in range(5):
+        planned = line.plan(rnd)
+        assert np.array_equal(planned.clients, sample_clients(7, rnd, 50, participation))
+        assert planned.steps == {}
+
+
+def test_local_work_draws_fewer_steps_keyed_by_round_and_client():
+    full = full_steps(np.arange(50) % 7 * 10 + 20, 0.0, 32, 2, 0)
+    uniform = timeline("system.local_work=uniform", "train.participation=1.0")
+    a, b = uniform.plan(0), timeline("system.local_work=uniform", "train.participation=1.0").plan(0)
+    assert a.steps == b.steps and a.steps and all(1 <= n < full[c] for c, n in a.steps.items())
+    straggler = timeline("system.local_work=straggler", "system.straggler_share=0.3", "train.participation=1.0")
+    fewer = straggler.plan(0).steps
+    assert 0 < len(fewer) < 30 and all(1 <= n < full[c] for c, n in fewer.items())
+
+
+def test_the_clock_keeps_the_first_to_finish_and_cuts_stragglers():
+    line = timeline("system.clock=true", "system.speed_sigma=1.0", "system.deadline=2.0", "system.overcommit=1.5",
+                    "system.stragglers=partial", "train.participation=0.2")
+    planned = line.plan(0)
+    timing = planned.timing
+    assert len(planned.sampled) == 15 and len(planned.clients) <= 10
+    assert set(planned.steps) <= set(timing.stragglers)
+    row = line.finished(0, [])
+    assert row["sim_time"] == timing.sim_time and row["sim_clock"] == timing.sim_time
+    assert row["bytes_down"] == 400_000 * 15 and row["stragglers"] == len(timing.stragglers)
+
+
+def test_a_simulated_run_trains_the_planned_steps_and_records_the_clock(tmp_path):
+    run_debug(tiny(tmp_path, *SIMULATED, "train.rounds=3", name="sim"))
+    run = tmp_path / "runs" / "sim"
+    rows = metrics(run)
+    clients = _clients(run)
+    assert [r["clients"] for r in rows] == [len(c) for c in clients]
+    assert np.isclose(rows[-1]["sim_clock"], sum(r["sim_time"] for r in rows))
+    assert all(r["sim_time"] <= 1.5 and r["bytes_up"] > 0 for r in rows)
+    assert sum(r["stragglers"] for r in rows) > 0 and sum(r["dropped"] for r in rows) > 0
+    seconds = [c["extra"]["sim_seconds"] for per_round in clients for c in per_round]
+    assert max(seconds) <= 1.5 and min(seconds) > 0
+    cut = [c for per_round in clients for c in per_round if c["extra"]["sim_seconds"] == 1.5]
+    assert cut and all(c["steps"] < 2 * -(-c["samples"] // 16) for c in cut)   # partial: fewer than 2 epochs
+
+
+def test_a_round_that_no_client_finishes_keeps_the_model(tmp_path):
+    run_debug(tiny(tmp_path, "system.clock=true", "system.deadline=0.001", "train.rounds=2", name="empty"))
+    rows = metrics(tmp_path / "runs" / "empty")
+    assert [r["clients"] for r in rows] == [0, 0] and rows[0]["stragglers"] == 5
+    assert rows[0]["test_loss"] == rows[1]["test_loss"] and rows[1]["sim_clock"] == 0.002
+
+
+def test_oort_on_the_clock_resumed_equals_the_run_never_stopped(tmp_path):
+    sets = (*SIMULATED, "selection.name=oort", "selection.pacer_step=1")
+    run_debug(tiny(tmp_path, *sets, "train.rounds=6", name="full"))
+    run_debug(tiny(tmp_path, *sets, "train.rounds=3", name="cut"))
+    cut = tmp_path / "runs" / "cut"
+    run_debug(["--resume", str(cut), "--set", "train.rounds=6"])
+    assert_same_model(final_model(cut), final_model(tmp_path / "runs" / "full"))
+    assert metrics(cut) == metrics(tmp_path / "runs" / "full")
+
+
+@pytest.mark.mpi
+@pytest.mark.e2e
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_the_simulated_federation_under_mpi_equals_the_debug_mode(has_mpirun, tmp_path, ranks):
+    runs = {name: tiny(tmp_path, *SIMULATED, "train.rounds=3", f"selection.name={name}",
+                       name=f"{ranks}-{name}") for name in SELECTORS}
+    for name in SELECTORS:
+        run_debug(tiny(tmp_path, *SIMULATED, "train.rounds=3", f"selection.name={name}", name=f"debug-{name}"))
+    done = run_mpi_series(ranks, list(runs.values()), tmp_path / "series")
+    for name, p in zip(SELECTORS, done):
+        assert p.returncode == 0, f"mpirun -n {ranks} of {name} failed:\n{p.stdout}\n{p.stderr}"
+        mpi, debug = tmp_path / "runs" / f"{ranks}-{name}", tmp_path / "runs" / f"debug-{name}"
+        assert_same_model(final_model(mpi), final_model(debug), atol=1e-6)   # sums over ranks in another order
+        planned = ("clients", "sim_time", "sim_clock", "bytes_down", "bytes_up", "dropped", "stragglers", "test_acc")
+        assert [[r[k] for k in planned] for r in metrics(mpi)] == [[r[k] for k in planned] for r in metrics(debug)]
+        assert [_plan(c) for c in _clients(mpi)] == [_plan(c) for c in _clients(debug)]
+
+
+def _clients(run):
+    return [json.loads(line)["clients"] for line in (run / "clients.jsonl").read_text().splitlines()]
+
+
+def _plan(clients):
+    return sorted((c["cid"], c["steps"], c["extra"]["sim_seconds"], c["train_loss"]) for c in clients)
