@@ -2,6 +2,7 @@
 are today's; on, the plan decides who trains and for how many steps, the records say what the clock
 did, a resume equals the run never stopped, and the debug mode equals MPI with any rank count."""
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -110,3 +111,25 @@ def _clients(run):
 
 def _plan(clients):
     return sorted((c["cid"], c["steps"], c["extra"]["sim_seconds"], c["train_loss"]) for c in clients)
+
+
+def test_traces_are_prepared_with_the_data_and_drive_the_clock(tmp_path):
+    """FedScale-format traces (a device pickle, an availability CSV) are copied beside the shards, their
+    content part of the prepared data's identity, and the clock runs on them."""
+    device = tmp_path / "device.pkl"
+    device.write_bytes(pickle.dumps({1: {"computation": 1.0, "communication": 1e6},
+                                     2: {"computation": 500.0, "communication": 1e6}}))
+    behave = tmp_path / "behave.csv"
+    behave.write_text("client_id,finish_time,active,inactive\n1,100,0,100\n2,100,0;60,10;100\n")
+    sets = ("system.clock=true", f"system.device_trace={device}", f"system.availability_trace={behave}",
+            "system.deadline=5", "train.rounds=2")
+    run_debug(tiny(tmp_path, *sets, name="traced"))
+    folders = [p for p in (tmp_path / "data").iterdir() if (p / "traces").is_dir()]
+    assert len(folders) == 1 and sorted(f.name for f in (folders[0] / "traces").iterdir()) == [
+        "availability.csv", "device.pkl"]
+    clients = _clients(tmp_path / "runs" / "traced")
+    slow = [c for per_round in clients for c in per_round if c["cid"] % 2 == 1]   # trace row 2: 500 ms per sample
+    assert all(clients) and not slow and all(c["extra"]["sim_seconds"] < 5 for per_round in clients for c in per_round)
+    behave.write_text("client_id,finish_time,active,inactive\n1,100,0,100\n2,100,0,100\n")
+    run_debug(tiny(tmp_path, *sets, name="other-trace"))
+    assert len([p for p in (tmp_path / "data").iterdir() if (p / "traces").is_dir()]) == 2

@@ -369,7 +369,9 @@ def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: 
         run.log(f"[mpifed] no checkpoint in {run.path}: starting the run from round 1")
     elif resume is not None:
         run.log(f"[mpifed] resuming {run.path} after round {resume['rounds_done']} ({resolved.resume_from})")
-    timeline = Timeline(cfg, manifest.client_sizes, costs(layouts, type(algo).forward_passes(cfg.algorithm.options)))
+    traces = {kind: path for kind in ("device", "availability") if (path := manifest.trace(kind)) is not None}
+    timeline = Timeline(cfg, manifest.client_sizes, costs(layouts, type(algo).forward_passes(cfg.algorithm.options)),
+                        traces)
     return RoundServer(cfg, resolved.config, manifest, algo.server(tools), layouts, workers, run, resume,
                        resume_command, timeline)
 

@@ -75,7 +75,8 @@ def full_steps(sizes: np.ndarray, client_holdout: float, batch_size: int, local_
 class Timeline:
     """The rounds' plans, the simulated clock and the selector's state, on the server."""
 
-    def __init__(self, cfg: Config, sizes: np.ndarray, costs: Costs, folder: Path | None = None) -> None:
+    def __init__(self, cfg: Config, sizes: np.ndarray, costs: Costs, traces: dict[str, Path] | None = None) -> None:
+        """``traces``: the trace files to read by kind (device, availability), the copies prepared with the data."""
         self.cfg = cfg
         self.system = s = cfg.system
         self.seed = cfg.run.seed
@@ -94,24 +95,28 @@ class Timeline:
         self.availability: Availability | None = None
         self.known = Known(self.sizes)
         if s.clock:
-            self.devices, self.availability = self._devices(folder), self._availability(folder)
+            traces = traces or {}
+            missing = [f"system.{kind}_trace" for kind, given in (("device", s.device_trace),
+                                                                  ("availability", s.availability_trace))
+                       if given and kind not in traces]
+            if missing:
+                raise ValueError(f"{', '.join(missing)} is set but the prepared data holds no copy of it: prepare the "
+                                 f"data with this config (python -m mpifed.prepare), which copies the traces")
+            self.devices, self.availability = self._devices(traces.get("device")), \
+                self._availability(traces.get("availability"))
             self.known = Known(self.sizes, self._seconds(np.arange(self.num_clients), self.full))
 
-    def _path(self, name: str, folder: Path | None) -> Path:
-        path = Path(name)
-        return path if path.is_absolute() or folder is None else folder / path
-
-    def _devices(self, folder: Path | None) -> Devices:
+    def _devices(self, trace_file: Path | None) -> Devices:
         s = self.system
-        if s.device_trace:
-            trace = read_device_trace(self._path(s.device_trace, folder))
+        if trace_file is not None:
+            trace = read_device_trace(trace_file)
             return Devices.from_trace(trace, trace_rows(self.num_clients, len(trace), s.trace_mapping, self.seed))
         return Devices.drawn(self.num_clients, self.seed, s.speed_ms, s.speed_sigma, s.bandwidth, s.bandwidth_sigma)
 
-    def _availability(self, folder: Path | None) -> Availability:
+    def _availability(self, trace_file: Path | None) -> Availability:
         s = self.system
-        if s.availability_trace:
-            trace = read_availability_trace(self._path(s.availability_trace, folder))
+        if trace_file is not None:
+            trace = read_availability_trace(trace_file)
             return Availability(self.num_clients, self.seed, trace=trace,
                                 rows=trace_rows(self.num_clients, len(trace), s.trace_mapping, self.seed))
         if s.availability == "on-off":

@@ -8,6 +8,8 @@ Layout of a prepared folder::
     test.h5
     val.h5                 the validation set (only with data.val_size)
     server.h5              data held by the server (only with data.server_holdout_per_class)
+    traces/                the simulated federation's trace files, copied (only with system.device_trace or
+                           system.availability_trace; their content hashed into the spec)
 
 Clients are packed many to a file, not one file each: a population of a million clients is a
 few hundred files, not a million, without HDF5's overhead per file (8 KB, more than a small
@@ -26,6 +28,7 @@ into place, so a half-written folder is never seen.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -162,6 +165,11 @@ class Manifest:
     def server_path(self) -> Path:
         return self.root / "server.h5"
 
+    def trace(self, kind: str) -> Path | None:
+        """The copy of the ``kind`` (device, availability) trace prepared with the data, if any."""
+        entry = self.spec.get("traces", {}).get(kind)
+        return self.root / TRACES / entry["file"] if entry else None
+
     @staticmethod
     def load(root: Path) -> "Manifest":
         path = root / "manifest.json"
@@ -277,6 +285,7 @@ def prepare_spec(cfg: Config) -> dict[str, Any]:
     if modality(DATASETS.get(d.dataset.name)) == "text":
         from mpifed.data.tokenize import fingerprint as tokenizer_fingerprint
         text = {"text": {"tokenizer": tokenizer_fingerprint(d.tokenizer), "max_length": d.max_length}}
+    traces = _traces(cfg)
     return {
         "dataset": to_dict(d.dataset),
         "num_clients": d.num_clients,
@@ -288,7 +297,33 @@ def prepare_spec(cfg: Config) -> dict[str, Any]:
         "server_holdout_per_class": d.server_holdout_per_class,
         **text,
         **({"code": code} if code else {}),
+        **({"traces": traces} if traces else {}),    # absent without traces: earlier folders keep their names
     }
+
+
+TRACES = "traces"
+
+
+def _trace_paths(cfg: Config) -> dict[str, Path]:
+    """The trace files the config names (system.device_trace, system.availability_trace), by kind."""
+    given = (("device", cfg.system.device_trace), ("availability", cfg.system.availability_trace))
+    return {kind: Path(path) for kind, path in given if path}
+
+
+def _traces(cfg: Config) -> dict[str, dict[str, str]]:
+    """Each configured trace's name in the prepared folder and the SHA-256 of its content."""
+    out = {}
+    for kind, path in _trace_paths(cfg).items():
+        digest_of = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest_of.update(chunk)
+        except OSError as exc:
+            raise PreparedDataError(f"system.{kind}_trace: {path} cannot be read ({exc.strerror}); give the path of "
+                                    f"a trace file (relative to the folder the run starts in)") from None
+        out[kind] = {"file": kind + path.suffix.lower(), "sha256": digest_of.hexdigest()}
+    return out
 
 
 def prepared_dir(cfg: Config) -> Path:
@@ -432,6 +467,9 @@ def _build(cfg: Config, root: Path, replace: bool, log: Callable[[str], None]) -
     tmp = root.with_name(f"{root.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     try:
         shards = _write_shards(tmp, raw, val, split, common)
+        for kind, path in _trace_paths(cfg).items():
+            (tmp / TRACES).mkdir(exist_ok=True)
+            shutil.copyfile(path, tmp / TRACES / spec["traces"][kind]["file"])
         pooled = raw.train_x if len(split.pool) == len(split.labels) else select(raw.train_x, split.pool)
         mean, std = ([], []) if isinstance(raw.train_x, dict) else _channel_stats(pooled)
         test_groups = (np.bincount(raw.test_groups, minlength=len(raw.group_names)).tolist()
