@@ -32,7 +32,7 @@ from common import REPO  # noqa: E402
 
 def load(config: str, extra: list[str]):
     from mpifed.settings import config as cfgmod
-    from mpifed.run.prepared import ensure_prepared
+    from mpifed.preparation.build import ensure_prepared
     from mpifed.data.shards import read_client, read_shard
     cfg, _ = cfgmod.load([config], extra)
     m = ensure_prepared(cfg, log=lambda s: None)

@@ -21,7 +21,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from common import run_mpifed  # noqa: E402
 
 from mpifed.settings import config  # noqa: E402
-from mpifed.run.prepared import ensure_prepared, verify_blocks  # noqa: E402
+from mpifed.data.prepared import verify_blocks  # noqa: E402
+from mpifed.preparation.build import ensure_prepared  # noqa: E402
 
 
 def main() -> None:

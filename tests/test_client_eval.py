@@ -9,7 +9,7 @@ import torch
 from conftest import metrics, run_debug, run_mpi, tiny
 from mpifed.data.store import holdout_size, holdout_split
 from mpifed.local.evaluation import client_figures
-from mpifed.run.prepared import Manifest
+from mpifed.data.prepared import Manifest
 
 
 def test_a_clients_held_out_rows_are_its_own_fixed_and_leave_it_some_to_train():

@@ -11,7 +11,7 @@ from mpifed.settings import config
 from mpifed.data.raw import DataMissing, Dataset
 from mpifed.data.sets.idx import write_idx
 from mpifed.registry import DATASETS
-from mpifed.run.prepared import prepare
+from mpifed.preparation.build import prepare
 
 RNG = np.random.default_rng(0)
 

@@ -1,8 +1,9 @@
 """The modules of mpifed depend on each other one way: no import cycle, at import time or at run time,
 and no import up the folders of docs/architecture.md's tree (a module's layer is the folder it sits in).
 
-The graph is read from the source: every import a module can run (at module level or inside
-a function; ``if TYPE_CHECKING:`` blocks excluded), and every registry it reads (reading a
+The graph is read from the source: every import a module names (at module level, inside a
+function, or under ``if TYPE_CHECKING:``, since a type a module names is one it depends on), and
+every registry it reads (reading a
 registry imports the registry's plug-in modules). Registering (``@ALGORITHMS.register``) is
 not a read. A package's ``__init__`` counts for what it imports itself, not for the imports of
 its submodules.
@@ -46,24 +47,6 @@ def plugin_modules(r: registry.Registry, modules: dict[str, Path]) -> set[str]:
     return out
 
 
-def _type_checking(node: ast.AST) -> bool:
-    test = node.test if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _walk(node: ast.AST):
-    """Every node under ``node``, skipping the bodies of ``if TYPE_CHECKING:``."""
-    for child in ast.iter_child_nodes(node):
-        if _type_checking(child):
-            for other in child.orelse:
-                yield other
-                yield from _walk(other)
-            continue
-        yield child
-        yield from _walk(child)
-
-
 def dependencies(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The mpifed modules that module ``name`` imports or reads through a registry."""
     tree = ast.parse(path.read_text(), str(path))
@@ -71,7 +54,7 @@ def dependencies(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     deps: set[str] = set()
     registry_names: dict[str, str] = {}      # local name -> registry name (ALGORITHMS, ...)
     registry_module: set[str] = set()        # local names bound to the mpifed.plugin.registry module
-    nodes = list(_walk(tree))
+    nodes = list(ast.walk(tree))
     for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -320,6 +303,16 @@ def test_registry_reads_and_function_level_imports_count():
     assert "mpifed.plugin.registry" in graph["mpifed.algorithms.fedprox"]        # registering is an import, not a read
     assert "mpifed.algorithms.fedavg" not in graph["mpifed.algorithms.fedprox"]
     assert "mpifed.run.checkpoint" in graph["mpifed.entry.main"]                   # a function-level import
+
+
+def test_imports_for_type_checking_and_inside_functions_count(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from mpifed.local.flat import FlatModel\n"
+                    "else:\n    import mpifed.local.losses\n"
+                    "def f():\n    from mpifed.data import raw\n")
+    assert dependencies("mpifed.local.mine", path, module_files()) == {
+        "mpifed.local.flat", "mpifed.local.losses", "mpifed.data.raw"}
 
 
 def test_plugins_import_nothing_of_the_config():

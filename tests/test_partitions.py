@@ -258,7 +258,7 @@ def test_from_file_refuses_samples_the_server_holds(tmp_path):
 
 def test_a_changed_split_file_is_prepared_anew(tmp_path):
     from mpifed.settings import config
-    from mpifed.run.prepared import ensure_prepared
+    from mpifed.preparation.build import ensure_prepared
     path = write_split(tmp_path, [list(range(0, 40)), list(range(40, 80))])
     sets = ["data.dataset.name=synthetic", "data.dataset.train_samples=100", "data.num_clients=2",
             "data.partition.name=from_file", f"data.partition.path={path}", f"data.prepared_root={tmp_path / 'p'}"]

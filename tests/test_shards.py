@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 from mpifed.settings import config
-from mpifed.run import prepared
-from mpifed.run.prepared import (Manifest, PreparedDataError, block_starts, ensure_prepared, prepare, prepare_spec,
-                                 prepared_dir, verify_blocks, verify_files)
+from mpifed.data import prepared
+from mpifed.preparation import build
+from mpifed.data.prepared import Manifest, PreparedDataError, block_starts, verify_blocks, verify_files
+from mpifed.preparation.build import ensure_prepared, prepare
+from mpifed.preparation.spec import prepare_spec, prepared_dir
 from mpifed.registry import DATASETS
 from mpifed.data.shards import ShardError, read_client, read_rows, read_shard, write_block, write_shard
 
@@ -246,7 +248,7 @@ def test_a_block_that_holds_other_clients_than_the_index_is_caught_before_traini
 def test_preparing_holds_one_block_of_rows_at_a_time(tmp_path, monkeypatch):
     few_per_block(monkeypatch)
     written = []
-    monkeypatch.setattr(prepared, "write_block", lambda path, inputs, labels, *rest: written.append(len(labels)))
+    monkeypatch.setattr(build, "write_block", lambda path, inputs, labels, *rest: written.append(len(labels)))
     sizes = prepare(cfg_for(tmp_path, "data.num_clients=8"), log=lambda s: None).client_sizes
     assert written == [sizes[:3].sum(), sizes[3:6].sum(), sizes[6:].sum()]      # each block's rows, one by one
 
@@ -295,7 +297,7 @@ def test_concurrent_preparation_of_the_same_folder(tmp_path):
     """Processes that prepare the same folder at once (a job array) all end up using one copy."""
     import subprocess
     import sys
-    code = ("import sys; from mpifed import config; from mpifed.run.prepared import ensure_prepared; "
+    code = ("import sys; from mpifed import config; from mpifed.preparation.build import ensure_prepared; "
             "cfg, _ = config.load(overrides=sys.argv[1:]); print(ensure_prepared(cfg, log=lambda s: None).root)")
     sets = ["data.dataset.name=synthetic", "data.dataset.train_samples=3000", "data.num_clients=20",
             f"data.prepared_root={tmp_path}"]

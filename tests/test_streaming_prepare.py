@@ -12,7 +12,8 @@ from mpifed.data.image_rows import ImageRows
 from mpifed.data.shards import read_client
 from mpifed.data.sets import basic
 from mpifed.registry import DATASETS
-from mpifed.run import prepared
+from mpifed.data import prepared
+from mpifed.preparation import build
 from mpifed.settings import config
 
 
@@ -61,11 +62,11 @@ def test_images_in_a_file_prepare_the_folder_that_images_in_memory_do(tmp_path, 
     """Synthetic images above basic.STREAM_BYTES are drawn into a file: the same images, and the same
     prepared folder (every client's rows, the validation and server sets, the manifest)."""
     monkeypatch.setattr(prepared, "CLIENTS_PER_BLOCK", 8)
-    in_memory = prepared.prepare(cfg_for(tmp_path / "memory"), log=lambda s: None)
+    in_memory = build.prepare(cfg_for(tmp_path / "memory"), log=lambda s: None)
     monkeypatch.setattr(basic, "STREAM_BYTES", 0)
     raw = DATASETS.get("synthetic").load(cfg_for(tmp_path).data.dataset.options)
     assert isinstance(raw.train_x, ImageRows)
-    in_file = prepared.prepare(cfg_for(tmp_path / "file"), log=lambda s: None)
+    in_file = build.prepare(cfg_for(tmp_path / "file"), log=lambda s: None)
     manifest = [json.loads((m.root / "manifest.json").read_text()) for m in (in_memory, in_file)]
     assert manifest[0] == manifest[1] and len(manifest[0]["clients"]["blocks"]) == 4
     for cid in range(30):
@@ -78,7 +79,8 @@ def test_images_in_a_file_prepare_the_folder_that_images_in_memory_do(tmp_path, 
 PEAK = """
 import sys
 from mpifed.data.sets import basic
-from mpifed.run import prepared
+from mpifed.data import prepared
+from mpifed.preparation import build
 from mpifed.settings import config
 n, in_file, root = int(sys.argv[1]), sys.argv[2] == "file", sys.argv[3]
 basic.STREAM_BYTES = 0 if in_file else 2**62
@@ -87,7 +89,7 @@ prepared.CLIENTS_PER_BLOCK = 512
 cfg, _ = config.load(overrides=["data.dataset.name=synthetic", f"data.dataset.train_samples={n}",
                                 "data.dataset.test_samples=100", "data.dataset.channels=3", "data.dataset.size=32",
                                 f"data.num_clients={n // 5}", "data.partition=iid", f"data.prepared_root={root}"])
-prepared.prepare(cfg, log=lambda s: None)
+build.prepare(cfg, log=lambda s: None)
 # VmHWM, this process's own peak: ru_maxrss would keep the peak of the process it was forked from
 print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) // 1024)
 """

@@ -13,7 +13,8 @@ from conftest import REPO, env, run_debug, tiny
 from textdata import text_run, write_fortunes
 from mpifed.settings import config
 from mpifed.data.fingerprint import first_change
-from mpifed.run.prepared import prepare, raw_data_missing
+from mpifed.preparation.build import prepare
+from mpifed.preparation.spec import raw_data_missing
 from mpifed.data.raw import DataMissing
 from mpifed.data.shards import read_client, read_shard
 from mpifed.data.tokenize import TokenizerMissing

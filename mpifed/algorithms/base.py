@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Literal, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -65,11 +65,11 @@ from mpifed.local.flat import FlatModel
 from mpifed.models.base import Classifier
 from mpifed.local.optim import FlatOptimizer
 from mpifed.plugin.options import NoOptions
-from mpifed.local.steps import LocalSteps
+from mpifed.local.steps import Batch, LocalSteps
+from mpifed.local.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from mpifed.federation.server_optimizers import ServerOptimizer
-    from mpifed.settings.config import TrainConfig
 
 Shape = tuple[int, ...]
 
@@ -233,15 +233,6 @@ class Downlink(Fields):
         super().__init__(what, sent if isinstance(sent, Mapping) else dict(iter(sent)))
         object.__setattr__(self, "weights", weights)
         object.__setattr__(self, "ints", ints)
-
-
-@dataclass
-class Batch:
-    """One mini-batch: model inputs (augmented, normalised), labels, and the samples' indices."""
-
-    x: Any
-    y: torch.Tensor
-    index: torch.Tensor
 
 
 @dataclass

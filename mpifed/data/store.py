@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from mpifed.data.prepared import Manifest
 from mpifed.data.shards import Inputs, ShardError, read_client, read_rows
-
-if TYPE_CHECKING:
-    from mpifed.run.prepared import Manifest
 
 _HOLDOUT_SEED = 0x686F6C64     # with the client's id: a client holds out the same samples in every run
 

@@ -20,7 +20,7 @@ from mpifed import __version__
 from mpifed.settings import config, plugins
 from mpifed.run import results
 from mpifed.data.partitions import PartitionError
-from mpifed.run.prepared import PreparedDataError
+from mpifed.data.prepared import PreparedDataError
 from mpifed.data.raw import DataMissing
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.trained import TrainedError, evaluate, load

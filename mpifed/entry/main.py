@@ -205,7 +205,7 @@ def _run_path(args: argparse.Namespace, cfg: config.Config, d: dict[str, Any]) -
 def dry_run(args: argparse.Namespace, resolved: Resolved, size: int) -> str:
     """What the run would do, read without writing anything: its directory, its data, its work."""
     from mpifed.run import checkpoint
-    from mpifed.run.prepared import prepared_dir, raw_data_missing
+    from mpifed.preparation.spec import prepared_dir, raw_data_missing
     from mpifed.run.progress import count
     cfg = config.build(resolved.config)
     run = RunDir(resolved.run_path)
@@ -248,7 +248,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from mpifed.algorithms.base import NonFiniteLoss, ProtocolError
     from mpifed.round.client_state import ClientStateError
     from mpifed.data.partitions import PartitionError
-    from mpifed.run.prepared import PreparedDataError
+    from mpifed.data.prepared import PreparedDataError
     from mpifed.data.raw import DataMissing
     from mpifed.data.shards import ShardError
     from mpifed.round.placement import PlacementError

@@ -17,7 +17,9 @@ import numpy as np
 from mpifed import __version__
 from mpifed.settings import config
 from mpifed.data.download import MIRROR_ENV, DownloadError, fetch
-from mpifed.run.prepared import Manifest, ensure_prepared, prepare, prepared_dir
+from mpifed.data.prepared import Manifest
+from mpifed.preparation.build import ensure_prepared, prepare
+from mpifed.preparation.spec import prepared_dir
 from mpifed.data.raw import class_names
 from mpifed.plugin.registry import DATASETS
 

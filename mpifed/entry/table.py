@@ -192,7 +192,7 @@ def listing(table: Table, added: list[str], commands: bool = False) -> str:
     with its state and mpifed arguments, marked where its data is missing. Then the folders the
     missing data is expected in (a settled run, finished or diverged, needs none: archived runs read
     on a machine without the data are counted as such), and the estimated time left."""
-    from mpifed.run.prepared import raw_data_missing
+    from mpifed.preparation.spec import raw_data_missing
     folders: set[str] = set()
     tokenizers: set[str] = set()
     marks: dict[Path, str] = {}

@@ -22,14 +22,12 @@ rounding (the learning rate multiplies as a tensor instead of scaling inside one
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from mpifed.local.flat import FlatModel
-
-if TYPE_CHECKING:
-    from mpifed.settings.config import TrainConfig
+from mpifed.local.train_config import TrainConfig
 
 
 class FlatOptimizer(Protocol):

@@ -36,19 +36,40 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable
+from typing import Any, Callable, ContextManager, Hashable, Protocol
 
 import torch
 
 from mpifed.local.flat import FlatModel
 from mpifed.local.optim import FlatOptimizer, make_optimizer
+from mpifed.local.train_config import TrainConfig
 from mpifed.plugin.options import ConfigError
 
-if TYPE_CHECKING:
-    from mpifed.algorithms.base import Batch, Client, ClientContext
-    from mpifed.settings.config import TrainConfig
-
 WARMUP_STEPS = 3   # eager steps (on a side stream) before a graph is captured, as CUDA graph capture requires
+
+
+@dataclasses.dataclass
+class Batch:
+    """One mini-batch: model inputs (augmented, normalised), labels, and the samples' indices."""
+
+    x: Any
+    y: torch.Tensor
+    index: torch.Tensor
+
+
+class SteppedClient(Protocol):
+    """What :class:`LocalSteps` needs of a method's client role (:class:`~mpifed.algorithms.base.Client`):
+    its step, its training settings (``setup.train``), the key of its declared inputs' values
+    (``inputs.key()``) and why it runs eagerly, if it does. ``ctx`` (the client's
+    :class:`~mpifed.algorithms.base.ClientContext`) is passed through to the step unread."""
+
+    setup: Any
+    inputs: Any
+
+    def step(self, ctx: Any, opt: FlatOptimizer, batch: Batch) -> torch.Tensor: ...
+
+    @classmethod
+    def eager_reason(cls) -> str: ...
 
 
 class LocalSteps:
@@ -82,7 +103,7 @@ class LocalSteps:
         self._optimizer.reset(lr)
         return self._optimizer
 
-    def __call__(self, client: "Client", ctx: "ClientContext", opt: FlatOptimizer, batch: "Batch") -> torch.Tensor:
+    def __call__(self, client: SteppedClient, ctx: Any, opt: FlatOptimizer, batch: Batch) -> torch.Tensor:
         """Run ``client.step`` on ``batch`` (or replay its graph); the batch's loss."""
         if not self.graphs or len(batch.y) != client.setup.train.batch_size:
             return client.step(ctx, opt, batch)
@@ -119,7 +140,7 @@ class LocalSteps:
         torch.cuda.current_stream().wait_stream(self._side)
         return out
 
-    def _capture(self, client: "Client", ctx: "ClientContext", opt: FlatOptimizer, batch: "Batch") -> "_Graph":
+    def _capture(self, client: SteppedClient, ctx: Any, opt: FlatOptimizer, batch: Batch) -> "_Graph":
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         static = dataclasses.replace(batch, x=_clone(batch.x), y=batch.y.clone(), index=batch.index.clone())
@@ -132,12 +153,12 @@ class LocalSteps:
 class _Graph:
     """A captured step: its input batch at fixed addresses, and its loss."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, batch: "Batch", loss: torch.Tensor) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, batch: Batch, loss: torch.Tensor) -> None:
         self.graph = graph
         self.batch = batch
         self.loss = loss
 
-    def replay(self, batch: "Batch") -> torch.Tensor:
+    def replay(self, batch: Batch) -> torch.Tensor:
         _copy(self.batch.x, batch.x)
         self.batch.y.copy_(batch.y)
         self.batch.index.copy_(batch.index)
@@ -157,7 +178,7 @@ def _copy(into: Any, x: Any) -> None:
         into.copy_(x)
 
 
-def _shapes(batch: "Batch") -> tuple:
+def _shapes(batch: Batch) -> tuple:
     x = batch.x
     parts = (sorted((k, tuple(v.shape), v.dtype) for k, v in x.items()) if isinstance(x, dict)
              else [(tuple(x.shape), x.dtype)])

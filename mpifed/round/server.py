@@ -20,7 +20,7 @@ import torch
 from mpifed.run import checkpoint
 from mpifed.algorithms.base import Fields, ProtocolError, Replies, Server
 from mpifed.settings.config import Config, math_fingerprint
-from mpifed.run.prepared import Manifest
+from mpifed.data.prepared import Manifest
 from mpifed.data.store import holdout_size
 from mpifed.local.evaluation import client_figures, evaluation_figures, validation
 from mpifed.comm.handoff import EXIT_STOPPED, describe_signal, note_resume_point

@@ -42,7 +42,7 @@ from mpifed.comm import handoff
 from mpifed.round import signals
 from mpifed.algorithms.base import NonFiniteLoss
 from mpifed.comm.collectives import Comm
-from mpifed.run.prepared import Manifest, verify_blocks
+from mpifed.data.prepared import Manifest, verify_blocks
 from mpifed.run.progress import count
 from mpifed.round.protocol import RoundProtocol, build_layouts
 from mpifed.run.rundir import LockLost, RunDir
@@ -263,7 +263,8 @@ def check_extras(cfg: config.Config) -> None:
 
 def prepare(cfg: config.Config) -> Path:
     """Rank 0: the prepared data's folder (prepared now if it is not yet), its files checked."""
-    from mpifed.run.prepared import ensure_prepared, verify_files
+    from mpifed.data.prepared import verify_files
+    from mpifed.preparation.build import ensure_prepared
     manifest = ensure_prepared(cfg, log=print)
     verify_files(manifest)
     return manifest.root

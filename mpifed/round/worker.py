@@ -19,7 +19,7 @@ import torch
 
 from mpifed.algorithms.base import Client, ClientContext, ClientReport, Downlink, Fields, Setup, checked, zeros
 from mpifed.round.client_state import ClientStates
-from mpifed.run.prepared import Manifest
+from mpifed.data.prepared import Manifest
 from mpifed.data.store import ClientStore, load_client_batches, load_eval_batches
 from mpifed.data.transforms import BatchTransform
 from mpifed.local.evaluation import evaluate_share

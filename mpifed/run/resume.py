@@ -229,7 +229,7 @@ def check_same_data(run_path: Path, state: dict[str, Any], cfg: config.Config) -
     ``from_file`` partition edited since, another tokenizer). A checkpoint that predates this
     record is not checked."""
     from mpifed.data.partitions import PartitionError
-    from mpifed.run.prepared import prepare_spec
+    from mpifed.preparation.spec import prepare_spec
     stored = state.get("data_spec")
     if stored is None:
         return

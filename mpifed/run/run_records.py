@@ -12,7 +12,7 @@ from typing import Any
 from mpifed.run import results
 from mpifed.algorithms.base import ClientReport
 from mpifed.settings.config import Config
-from mpifed.run.prepared import Manifest
+from mpifed.data.prepared import Manifest
 from mpifed.local.evaluation import TEST_COLUMNS
 from mpifed.run.progress import count
 from mpifed.run.rundir import RunDir

@@ -19,7 +19,8 @@ import yaml
 
 from mpifed.settings import config, plugins
 from mpifed.run import provenance
-from mpifed.run.prepared import Manifest, ensure_prepared
+from mpifed.data.prepared import Manifest
+from mpifed.preparation.build import ensure_prepared
 from mpifed.data.raw import class_names
 from mpifed.data.store import load_eval_batches
 from mpifed.data.transforms import BatchTransform, TokenTransform, make_transform
