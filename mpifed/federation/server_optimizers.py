@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from mpifed.plugin.options import NoOptions, opt
-from mpifed.plugin.registry import ALGORITHMS, SERVER_OPTIMIZERS
+from mpifed.plugin.registry import SERVER_OPTIMIZERS
 
 
 class ServerOptimizer:
@@ -53,18 +53,6 @@ class ServerOptimizer:
     def returns_aggregate(cls, options: Any) -> bool:
         """Whether, with ``options``, every step returns the aggregate itself (then nothing is computed)."""
         return False
-
-    @classmethod
-    def check_config(cls, cfg: Any) -> list[str]:
-        """A method that steps the global model itself (its Algorithm's ``own_server_step``) takes no
-        other step: only sgd at lr 1."""
-        own = ALGORITHMS.get(cfg.algorithm.name).own_server_step
-        if not own or cls.returns_aggregate(cfg.server_optimizer.options):
-            return []
-        return [f"server_optimizer: algorithm {cfg.algorithm.name!r} takes its own server step ({own}), so it "
-                f"cannot take server_optimizer {cfg.server_optimizer.name!r} as well; set server_optimizer=sgd with "
-                f"lr 1 (the default), or choose another algorithm (fedavg with server_optimizer=sgdm is fedavgm "
-                f"with buffers: average)"]
 
     @property
     def identity(self) -> bool:
