@@ -12,7 +12,7 @@ module does with a registry while it is imported: a look-up then (which would ne
 entries still being imported) is an error.
 
 An entry may define ``check_config(cfg) -> list[str]``: the problems of the rest of the
-run's configuration for this entry, each naming the fix (:func:`mpifed.settings.config.entry_checks`).
+run's configuration for this entry, each naming the fix (:func:`mpifed.settings.validate.entry_checks`).
 This module imports nothing of mpifed; reading a registry imports its plug-ins.
 """
 from __future__ import annotations
