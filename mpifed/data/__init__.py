@@ -1,1 +1,1 @@
-"""Data sets, partitions, HDF5 shards and the prepare step."""
+"""Data sets, partitions, HDF5 shards, a prepared folder on disk and the client data in memory."""

@@ -1,1 +1,1 @@
-"""A run on disk: its directory, records, checkpoints and provenance, what an existing one allows, its prepared data."""
+"""A run on disk: its directory, records, checkpoints and provenance, what an existing one allows."""

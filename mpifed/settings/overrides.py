@@ -1,7 +1,6 @@
 """The command line's ``--set key.path=value`` overrides, read into a layer of the config."""
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from typing import Any, Union
@@ -10,33 +9,12 @@ import yaml
 
 from mpifed.files import safe_yaml
 from mpifed.plugin.options import ConfigError
-from mpifed.settings.schema import Config, type_hints
+from mpifed.settings.schema import key_type
 
 
 def _is_string_key(path: tuple[str, ...], data: dict[str, Any]) -> bool:
     """Whether the config key at ``path`` holds text (so ``run.name=off`` stays the string 'off')."""
-    cls: Any = Config
-    node: Any = data
-    for i, key in enumerate(path):
-        if not dataclasses.is_dataclass(cls):
-            return False
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        if key not in fields:
-            return False
-        f = fields[key]
-        node = node.get(key) if isinstance(node, dict) else None
-        if "registry" in f.metadata:
-            if i == len(path) - 1:
-                return False
-            name = node.get("name") if isinstance(node, dict) else node
-            options = f.metadata["registry"]().get(name)
-            if options is None:
-                return False
-            if path[i + 1] == "name":
-                return i + 1 == len(path) - 1
-            cls = options
-            continue
-        cls = type_hints(cls)[key]
+    cls = key_type(path, data)
     args = typing.get_args(cls) if typing.get_origin(cls) in (Union, types.UnionType) else (cls,)
     return str in args
 

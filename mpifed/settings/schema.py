@@ -238,16 +238,34 @@ def type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def is_choice_path(path: tuple[str, ...]) -> bool:
+def key_type(path: tuple[str, ...], data: Any = None) -> Any:
+    """The type the config key at ``path`` holds (:class:`Choice` for a choice section), or None where the
+    schema has no such key. A key inside a choice (its ``name`` or an option) is found when ``data`` (a
+    plain config dict) chooses a known entry."""
     cls: Any = Config
+    node: Any = data
     for i, key in enumerate(path):
         if not dataclasses.is_dataclass(cls):
-            return False
+            return None
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if key not in fields:
-            return False
+            return None
         f = fields[key]
-        if "registry" in f.metadata:
-            return i == len(path) - 1
-        cls = type_hints(cls)[key]
-    return False
+        node = node.get(key) if isinstance(node, dict) else None
+        if "registry" not in f.metadata:
+            cls = type_hints(cls)[key]
+            continue
+        if i == len(path) - 1:
+            return Choice
+        name = node.get("name") if isinstance(node, dict) else node
+        cls = f.metadata["registry"]().get(name) if name is not None else None
+        if cls is None:
+            return None
+        if path[i + 1] == "name":
+            return str if i + 1 == len(path) - 1 else None
+    return cls
+
+
+def is_choice_path(path: tuple[str, ...]) -> bool:
+    """Whether the config key at ``path`` is a choice section (``algorithm``, ``data.partition``)."""
+    return key_type(path) is Choice
