@@ -259,3 +259,14 @@ def test_a_config_file_is_read_afresh_each_time(tmp_path):
     assert config.read_yaml(f)["train"]["rounds"] == 3
     f.write_text("train: {rounds: 4}\n")
     assert config.load([str(f)])[0].train.rounds == 4
+
+
+def test_mpifed_config_names_the_objects_of_the_modules_that_do_each_job():
+    """``mpifed.config`` names the config's interface; each name is the object of the module that does its job."""
+    from mpifed import config as public
+    from mpifed.local.train_config import TrainConfig
+    from mpifed.settings import fingerprint, schema, validate
+    assert public.TrainConfig is TrainConfig and public.Config is schema.Config
+    assert public.build is validate.build and public.math_fingerprint is fingerprint.math_fingerprint
+    assert all(hasattr(public, name) for name in config.__all__)
+    assert schema.Config.__dataclass_fields__["train"].default_factory is TrainConfig
