@@ -34,8 +34,8 @@ protocol (:mod:`mpifed.round.protocol`) carries between them. One round, in orde
 
 What the client role's hooks leave for the loss (a per-round temperature, a client's correction)
 is declared once too, in :meth:`Algorithm.inputs` (:mod:`mpifed.algorithms.inputs`): buffers
-allocated once and set in place as ``self.inputs.<name>``; a built role keeps nothing else on
-``self`` but what its ``__init__`` made, so a captured step never replays a stale value.
+allocated once and set in place as ``self.inputs.<name>``, so a captured step never replays a stale
+value (``mpifed check-method`` proves it by replaying the captured step against an eager one).
 
 Every message is declared once, in :meth:`Algorithm.messages`, and read back by name as an
 attribute of a :class:`Fields` (``down.teacher``, ``ctx.state.control``, ``replies.sums.model``);
@@ -50,7 +50,6 @@ The base classes are FedAvg: clients minimise cross-entropy and send n_k w_k and
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Literal, Mapping
 
@@ -58,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from mpifed.algorithms.inputs import (  # noqa: F401 (Buffer and UndeclaredInput: for method files to import here)
-    Buffer, InputBuffers, Inputs, ReadOnlyOptions, StepView, UndeclaredInput, UndeclaredState, kept_state, merged_parts)
+    Buffer, InputBuffers, Inputs, UndeclaredInput, merged_parts)
 from mpifed.data.store import ClientData, rows, take
 from mpifed.data.transforms import BatchTransform
 from mpifed.local.flat import FlatModel
@@ -463,10 +462,10 @@ class Client:
 
     A role keeps on ``self`` only what its ``__init__`` builds (teachers, generators: objects
     loaded in place); what its hooks set for the loss, per round or per client, are its method's
-    declared inputs (``self.inputs``, :class:`~mpifed.algorithms.inputs.Inputs`). Once the method
-    has built it (:meth:`Algorithm.client`), setting any other attribute raises
-    :class:`~mpifed.algorithms.inputs.UndeclaredState`. ``eager`` says why the role's steps must
-    not be captured as CUDA graphs (empty: they can be, see :meth:`eager_reason`).
+    declared inputs (``self.inputs``, :class:`~mpifed.algorithms.inputs.Inputs`): anything else its
+    step reads is replayed stale by a captured step (``mpifed check-method`` finds it). ``eager`` says
+    why the role's steps must not be captured as CUDA graphs (empty: they can be, see
+    :meth:`eager_reason`).
     """
 
     eager: ClassVar[str] = ""
@@ -476,16 +475,6 @@ class Client:
         self.setup = setup
         if "inputs" not in self.__dict__:       # a role built directly, not by its method: no inputs
             self.inputs = InputBuffers(Inputs(), setup.device if setup is not None else "cpu")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if self.__dict__.get("_sealed", False):
-            where = sys._getframe(1).f_code.co_qualname
-            raise UndeclaredState(
-                f"{where} sets self.{name} on {type(self).__name__}, a built client role: what a hook keeps for later "
-                f"hooks or the loss is a declared input. Declare it in the method's inputs() (e.g. "
-                f"Inputs(round={{{name!r}: ()}}) for a scalar set per round, Inputs(client=...) per client) and set "
-                f"self.inputs.{name}; or build it once in __init__")
-        object.__setattr__(self, name, value)
 
     @classmethod
     def eager_reason(cls) -> str:
@@ -536,12 +525,11 @@ class Client:
         limit = ctx.step_limit or self.setup.train.local_steps
         ctx.model.train()
         opt = self.optimizer(ctx)
-        seen_by_step = ctx if self.eager_reason() else StepView(ctx)
         for epoch in range(ctx.epochs):
             ctx.epoch = epoch
             epoch_loss = torch.zeros((), device=ctx.data.labels.device)
             for batch in ctx.batches():
-                loss = ctx.runner(self, seen_by_step, opt, batch)
+                loss = ctx.runner(self, ctx, opt, batch)
                 epoch_loss += loss.detach() * len(batch.y)
                 ctx.steps += 1
                 ctx.seen += len(batch.y)
@@ -586,9 +574,9 @@ class Client:
         """The local objective on one batch (FedAvg: cross-entropy), from the batch, the model
         (``out``, ``ctx.model``), the round's ``ctx.global_weights``, objects built in ``__init__``
         (teachers) and the declared ``self.inputs``. Unless the role runs eagerly
-        (:meth:`eager_reason`), ``ctx`` here is a :class:`~mpifed.algorithms.inputs.StepView`:
-        per-client fields (``ctx.state``, ``ctx.lr``, ``ctx.server_round``...) raise, as a captured step
-        would replay them stale."""
+        (:meth:`eager_reason`), a per-client field of ``ctx`` (``ctx.state``, ``ctx.lr``,
+        ``ctx.server_round``...) read here is replayed stale by a captured step: copy it into a declared
+        input in :meth:`begin_client`."""
         return F.cross_entropy(out.logits, batch.y)
 
     def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor] | Fields:
@@ -665,29 +653,12 @@ class Algorithm:
         return server
 
     def client(self) -> Client:
-        """The client role, with its declared inputs allocated on the run's device and its options
-        read-only; sealed (no attribute set after ``__init__``). A role whose source sets ``self.<name>``
-        outside ``__init__`` is an :class:`~mpifed.algorithms.inputs.UndeclaredState`."""
+        """The client role, with its declared inputs allocated on the run's device."""
         role = self.Client
-        kept = kept_state(role, Client)
-        if kept:
-            raise UndeclaredState(_kept_message(role, kept))
         client = role.__new__(role)
-        object.__setattr__(client, "inputs", InputBuffers(self.inputs(), self.setup.device))
-        client.__init__(ReadOnlyOptions(self.options), self.setup)
-        mutable = sorted(name for name, value in vars(client).items() if isinstance(value, (list, dict, set)))
-        if mutable:
-            raise UndeclaredState(f"{role.__name__}.__init__ keeps {mutable} as mutable containers: a hook could "
-                                  f"change them behind a captured step. Build them as tuples, or declare what changes "
-                                  f"in the method's inputs()")
-        object.__setattr__(client, "_sealed", True)
+        client.inputs = InputBuffers(self.inputs(), self.setup.device)
+        client.__init__(self.options, self.setup)
         return client
-
-
-def _kept_message(role: type, kept: list[str]) -> str:
-    return (f"{role.__name__} keeps state outside __init__ ({'; '.join(kept)}): a captured step would replay what it "
-            f"held when captured. Declare each value in the method's inputs() (Inputs(round={{...}}) when round_start "
-            f"sets it, Inputs(client={{...}}) when begin_client does) and set and read it as self.inputs.<name>")
 
 
 # the hooks a role may override, with the arguments the round passes them (after self)
@@ -710,9 +681,8 @@ def _parameters(hook: Any) -> list[str]:
 
 def role_problems(cls: Any) -> list[str]:
     """Why a registered algorithm cannot run in the round (empty when it can): not an Algorithm,
-    roles that are not a Server and a Client, a hook that cannot take the round's arguments, a
-    client role that keeps undeclared state, or a server ``state`` that is not a tuple of
-    attribute names."""
+    roles that are not a Server and a Client, a hook that cannot take the round's arguments, or a
+    server ``state`` that is not a tuple of attribute names."""
     import inspect
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         return ["is not a subclass of mpifed.algorithms.base.Algorithm (register the method's Algorithm class)"]
@@ -745,9 +715,6 @@ def role_problems(cls: Any) -> list[str]:
             problems.append(f"{cls.Client.__name__}.capture_key is no longer read: whether a step is captured follows "
                             f"from the method's inputs() (declare what the loss reads there; eager = \"<why>\" to opt "
                             f"out); remove capture_key")
-        kept = kept_state(cls.Client, Client)
-        if kept:
-            problems.append(_kept_message(cls.Client, kept))
     depends = cls.depends_on
     if not isinstance(depends, tuple) or not all(isinstance(k, str) and "." in k for k in depends):
         problems.append(f"{cls.__name__}.depends_on is {depends!r}; it names the settings the method's numbers depend "

@@ -17,12 +17,13 @@ copies into its buffer (a number fills it), so its address never changes: a capt
 captured. The Python-valued entries (``bool``, ``int``, ``float``) select the step's graph (one
 per value). Before each round the ``round`` entries are zeroed (``False``, ``0``); before each
 client, the ``client`` ones.
+
+Whether a step reads anything else is checked by behaviour, not by syntax: ``mpifed check-method``
+(:mod:`mpifed.round.capture_check`) replays the captured step against an eager one, and a run with
+``resources.cuda_graphs`` checks the first replay of each graph in each round.
 """
 from __future__ import annotations
 
-import ast
-import inspect
-import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Union
 
@@ -34,13 +35,7 @@ _VALUES: dict[type, Any] = {bool: False, int: 0, float: 0.0}
 
 
 class UndeclaredInput(AttributeError):
-    """A client role read or set an input its method's inputs() do not declare, or its loss read a
-    per-client field of the context."""
-
-
-class UndeclaredState(AttributeError):
-    """A client role kept state on ``self`` outside ``__init__`` (or changed its options) instead of
-    declaring it in its method's inputs()."""
+    """A client role read or set an input its method's inputs() do not declare."""
 
 
 @dataclass(frozen=True)
@@ -186,106 +181,3 @@ def _copy_into(name: str, buf: torch.Tensor, value: Any) -> None:
         raise ValueError(f"inputs.{name} is declared with shape {tuple(buf.shape)}; got a tensor of shape "
                          f"{tuple(value.shape)}")
     buf.copy_(value.reshape(buf.shape))
-
-
-class ReadOnlyOptions:
-    """A client role's options: read as the method's options, never set (a setting that changes per
-    round or per client is a declared input)."""
-
-    __slots__ = ("_ReadOnlyOptions__options",)
-
-    def __init__(self, options: Any) -> None:
-        object.__setattr__(self, "_ReadOnlyOptions__options", options)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_ReadOnlyOptions__"):
-            raise AttributeError(name)
-        return getattr(self.__options, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise UndeclaredState(f"a client role's options are read-only (options.{name}); a value that changes per "
-                              f"round or per client is a declared input: Inputs(round={{{name!r}: ()}}) in the "
-                              f"method's inputs(), set as self.inputs.{name} and read there by the loss")
-
-    def __repr__(self) -> str:
-        return f"ReadOnly({self.__options!r})"
-
-
-class StepView:
-    """What the step of a capturable client role reads of its :class:`ClientContext`: the model
-    (``model``, ``flat``), the round's global weights, the transform, the step runner and the
-    training settings; ``data`` too, except in captured steps (a teacher's per-client cache reads
-    it). Every other field changes per client or per step (``state``, ``lr``, ``round``, ``epoch``,
-    ``cid``...): reading it raises :class:`UndeclaredInput`, in every mode, so a loss that would
-    replay a stale value under ``resources.cuda_graphs`` fails on the CPU too."""
-
-    __slots__ = ("_StepView__ctx",)
-    FIELDS = frozenset({"model", "flat", "global_weights", "transform", "runner", "train_cfg"})
-
-    def __init__(self, ctx: Any) -> None:
-        object.__setattr__(self, "_StepView__ctx", ctx)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_StepView__"):
-            raise AttributeError(name)
-        ctx = self.__ctx
-        if name in self.FIELDS or (name == "data" and not ctx.runner.graphs):
-            return getattr(ctx, name)
-        raise UndeclaredInput(
-            f"the local step reads ctx.{name}, which a captured step (resources.cuda_graphs) would replay as it was "
-            f"when captured: copy what the loss needs into a declared input in begin_client or round_start "
-            f"(Inputs(client={{{name!r}: ...}}) in the method's inputs(), read as self.inputs.{name}), or give the "
-            f"client role an eager = \"<why>\" reason to run its steps eagerly")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise UndeclaredInput(f"the local step sets ctx.{name}; a step changes only the model (keep per-batch sums "
-                              f"in on_batch, which runs eagerly)")
-
-
-def kept_state(role: type, base: type) -> list[str]:
-    """Where ``role`` (a subclass of ``base``) or a class between them stores into anything reached
-    from ``self`` but its inputs (``self.x = ...``, ``self.options.x = ...``, ``self.teacher.t = ...``,
-    ``self.cache[k] = ...``) outside ``__init__``, read from the source (none found where the source
-    is unavailable)."""
-    found = []
-    for klass in role.__mro__:
-        if klass is base or not issubclass(klass, base):
-            break
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
-        for func in (body.body if body is not None else []):
-            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or func.name == "__init__":
-                continue
-            for node in ast.walk(func):
-                for target in _targets(node):
-                    path = _under_self(target)
-                    if path is not None and not path.startswith("inputs."):
-                        found.append(f"{klass.__name__}.{func.name} sets self.{path}")
-    return found
-
-
-def _targets(node: ast.AST) -> list[ast.expr]:
-    if isinstance(node, ast.Assign):
-        targets = node.targets
-    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-        targets = [node.target]
-    else:
-        return []
-    flat = []
-    for t in targets:
-        flat.extend(t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
-    return flat
-
-
-def _under_self(target: ast.expr) -> str | None:
-    """``a.b[...]`` for a store into ``self.a.b[...]``, else None."""
-    parts = []
-    while isinstance(target, (ast.Attribute, ast.Subscript)):
-        parts.append(target.attr if isinstance(target, ast.Attribute) else "[...]")
-        target = target.value
-    if not (parts and isinstance(target, ast.Name) and target.id == "self"):
-        return None
-    return ".".join(reversed(parts)).replace(".[", "[")

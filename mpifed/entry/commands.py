@@ -9,6 +9,7 @@ commands:
   evaluate a finished run's model on its test set, validation set or a config's (= python -m mpifed.evaluate)
   config   list the configs shipped with mpifed, or copy them to edit
   slurm    write the Slurm job scripts shipped with mpifed into ./slurm
+  check-method  check that each method a file registers is right when its step is captured (CUDA graphs)
 
 `mpifed COMMAND --help` shows a command's own arguments. `mpifed --config X ...` (options
 without a command) is `mpifed run --config X ...`.
@@ -24,7 +25,8 @@ from mpifed import __version__
 
 COMMANDS = {"run": "mpifed.entry.main", "launch": "mpifed.entry.launch", "prepare": "mpifed.entry.prepare",
             "table": "mpifed.entry.table", "report": "mpifed.entry.report", "evaluate": "mpifed.entry.evaluate",
-            "config": "mpifed.entry.configs", "slurm": "mpifed.entry.jobscripts"}
+            "config": "mpifed.entry.configs", "slurm": "mpifed.entry.jobscripts",
+            "check-method": "mpifed.entry.check_method"}
 
 
 def command_main(name: str) -> Callable[[list[str]], int] | None:

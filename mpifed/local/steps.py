@@ -21,14 +21,16 @@ per worker and reset for each client (:func:`~mpifed.local.optim.make_optimizer`
 ``capturable``), the round's downlink tensors are copied into fixed buffers, and teachers
 compute their outputs batch by batch inside the graph instead of caching them per client.
 
-What a step reads besides the batch and the model is declared, so capture is correct by
-construction: a method's per-round and per-client values are its declared inputs
-(:class:`~mpifed.algorithms.inputs.Inputs`), tensors written in place into buffers that never
-move, and its Python-valued inputs (a flag, a count) select one graph per value. The step of a
-capturable role sees the client's context through a
-:class:`~mpifed.algorithms.inputs.StepView`, which refuses per-client fields in every mode, and
-a built role refuses new attributes. A role that collects per-batch sums, makes its own step,
-optimiser or training loop, or sets ``eager`` runs eagerly
+What a step reads besides the batch and the model is declared: a method's per-round and
+per-client values are its declared inputs (:class:`~mpifed.algorithms.inputs.Inputs`), tensors
+written in place into buffers that never move, and its Python-valued inputs (a flag, a count)
+select one graph per value. That the step reads nothing else is proved by behaviour: the first
+replay of each graph in every round after the one it was captured in is compared with an eager
+step from the same saved model, optimiser and BatchNorm state, and a replay that leaves it stops
+the run (:class:`~mpifed.local.trace.StaleCapture`, naming the line that read the value); one
+extra step a graph a round. ``mpifed check-method`` does the same on the CPU for every replay
+(:mod:`mpifed.local.trace`). A role that collects per-batch sums, makes its own step, optimiser
+or training loop, or sets ``eager`` runs eagerly
 (:meth:`~mpifed.algorithms.base.Client.eager_reason`), and says so once.
 """
 from __future__ import annotations
@@ -42,10 +44,15 @@ import torch
 
 from mpifed.local.flat import FlatModel
 from mpifed.local.optim import FlatOptimizer, make_optimizer
+from mpifed.local.trace import (RELATIVE_TOLERANCE, Op, OpRecorder, Snapshot, StaleCapture, TracedStep,
+                                first_difference, parted, stale_message)
 from mpifed.local.train_config import TrainConfig
 from mpifed.plugin.options import ConfigError
 
 WARMUP_STEPS = 3   # eager steps (on a side stream) before a graph is captured, as CUDA graph capture requires
+BACKENDS = ("cuda", "trace", "eager")
+CHECKS = ("rounds", "every")
+
 
 
 @dataclasses.dataclass
@@ -60,8 +67,9 @@ class Batch:
 class SteppedClient(Protocol):
     """What :class:`LocalSteps` needs of a method's client role (:class:`~mpifed.algorithms.base.Client`):
     its step, its training settings (``setup.train``), the key of its declared inputs' values
-    (``inputs.key()``) and why it runs eagerly, if it does. ``ctx`` (the client's
-    :class:`~mpifed.algorithms.base.ClientContext`) is passed through to the step unread."""
+    (``inputs.key()``) and why it runs eagerly, if it does. Of ``ctx`` (the client's
+    :class:`~mpifed.algorithms.base.ClientContext`) it reads the round (``server_round``) and the model
+    (``flat``), to check a replay against an eager step."""
 
     setup: Any
     inputs: Any
@@ -71,17 +79,33 @@ class SteppedClient(Protocol):
     @classmethod
     def eager_reason(cls) -> str: ...
 
-
 class LocalSteps:
     """One worker's way of running local steps (``resources.precision`` and ``resources.cuda_graphs``);
-    the default runs them eagerly in float32."""
+    the default runs them eagerly in float32.
 
-    def __init__(self, precision: str = "fp32", graphs: bool = False, log: Callable[[str], None] | None = None) -> None:
+    ``graphs`` lays the step out for capture (the worker's capturable optimiser, downlink tensors in
+    fixed buffers, teachers run per batch); ``backend`` says how a step is captured: ``cuda`` (CUDA
+    graphs), ``trace`` (:class:`~mpifed.local.trace.TracedStep`, the CPU stand-in) or ``eager`` (never:
+    the eager twin a captured run is compared with). ``check`` says which replays are compared with
+    an eager step from the same state (:class:`~mpifed.local.trace.StaleCapture` where they part):
+    ``rounds``, the first replay of each graph in each round after the one it was captured in (the
+    first replay after capture reads the values capture read, so it would prove nothing); ``every``,
+    every replay (``mpifed check-method``).
+    """
+
+    def __init__(self, precision: str = "fp32", graphs: bool = False, log: Callable[[str], None] | None = None,
+                 backend: str = "cuda", check: str = "rounds") -> None:
+        if backend not in BACKENDS or check not in CHECKS:
+            raise ValueError(f"LocalSteps: backend {backend!r}, check {check!r}; backend is one of {BACKENDS}, check "
+                             f"one of {CHECKS}")
         self.precision = precision
         self.graphs = graphs
         self.log = log
+        self.backend = backend
+        self.check = check
         self._captured: dict[Hashable, _Graph] = {}
         self._warm: Counter = Counter()
+        self._records: dict[Hashable, list[Op]] = {}
         self._told: set[str] = set()
         self._optimizer: FlatOptimizer | None = None
         self._pool: Any = None
@@ -105,7 +129,7 @@ class LocalSteps:
 
     def __call__(self, client: SteppedClient, ctx: Any, opt: FlatOptimizer, batch: Batch) -> torch.Tensor:
         """Run ``client.step`` on ``batch`` (or replay its graph); the batch's loss."""
-        if not self.graphs or len(batch.y) != client.setup.train.batch_size:
+        if not self.graphs or self.backend == "eager" or len(batch.y) != client.setup.train.batch_size:
             return client.step(ctx, opt, batch)
         reason = type(client).eager_reason()
         if reason:
@@ -117,11 +141,14 @@ class LocalSteps:
         if graph is None:
             if self._warm[key] < WARMUP_STEPS:
                 self._warm[key] += 1
-                return self._on_side_stream(lambda: client.step(ctx, opt, batch))
+                return self._warm_up(key, lambda: client.step(ctx, opt, batch))
             graph = self._captured[key] = self._capture(client, ctx, opt, batch)
+            graph.record = self._records.pop(key)
             self._tell(f"captured {type(client).__name__} {key[0]}",
                        f"[mpifed] resources.cuda_graphs: {type(client).__name__}'s local step captured "
                        f"(state {key[0]}, batch {key[1]}); replayed from now on")
+        if self.check == "every" or ctx.server_round not in (graph.captured, graph.checked):
+            return self._checked_replay(graph, client, ctx, opt, batch)
         return graph.replay(batch)
 
     def _tell(self, topic: str, text: str) -> None:
@@ -130,6 +157,15 @@ class LocalSteps:
             self._told.add(topic)
             if self.log is not None:
                 self.log(text)
+
+    def _warm_up(self, key: Hashable, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """An eager step before capture; the last one's operations are recorded (what capture will read)."""
+        last = self._warm[key] == WARMUP_STEPS
+        with OpRecorder(keep=last) as recorder:
+            out = run() if self.backend == "trace" else self._on_side_stream(run)
+        if last:
+            self._records[key] = recorder.ops
+        return out
 
     def _on_side_stream(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self._side is None:
@@ -141,29 +177,66 @@ class LocalSteps:
         return out
 
     def _capture(self, client: SteppedClient, ctx: Any, opt: FlatOptimizer, batch: Batch) -> "_Graph":
+        if self.backend == "trace":
+            def step(x: Any, y: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+                return client.step(ctx, opt, dataclasses.replace(batch, x=x, y=y, index=index))
+            traced = TracedStep(step, batch.x, batch.y, batch.index, _changed_by_step(ctx, opt))
+            held = _static(batch)
+            return _Graph(lambda: traced.replay(held.x, held.y, held.index), held, ctx.server_round)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        static = dataclasses.replace(batch, x=_clone(batch.x), y=batch.y.clone(), index=batch.index.clone())
+        static = _static(batch)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             loss = client.step(ctx, opt, static)
-        return _Graph(graph, static, loss)
+        return _Graph(lambda: (graph.replay(), loss)[1], static, ctx.server_round)
+
+    def _checked_replay(self, graph: "_Graph", client: SteppedClient, ctx: Any, opt: FlatOptimizer,
+                        batch: Batch) -> torch.Tensor:
+        """Replay ``graph`` on ``batch`` after an eager step from the same state (then put back); a replay that
+        leaves the eager step is a :class:`StaleCapture` naming the line that read the changed value."""
+        saved = Snapshot.of(_changed_by_step(ctx, opt))
+        start = ctx.flat.floats.clone()
+        with OpRecorder(keep=True) as recorder:
+            client.step(ctx, opt, batch)
+        eager = ctx.flat.floats.clone()
+        saved.restore()
+        loss = graph.replay(batch)
+        gap = parted(eager, ctx.flat.floats, start)
+        if gap > RELATIVE_TOLERANCE:
+            raise StaleCapture(stale_message(type(client).__name__, ctx.server_round, graph.captured, gap,
+                                             first_difference(graph.record, recorder.ops)))
+        graph.checked = ctx.server_round
+        return loss
 
 
 class _Graph:
-    """A captured step: its input batch at fixed addresses, and its loss."""
+    """A captured step: its input batch at fixed addresses, how to replay it (returning its loss), the round
+    it was captured in, the last round a replay of it was checked, and the operations of the step before it."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, batch: Batch, loss: torch.Tensor) -> None:
-        self.graph = graph
+    def __init__(self, run: Callable[[], torch.Tensor], batch: Batch, captured: int) -> None:
+        self.run = run
         self.batch = batch
-        self.loss = loss
+        self.captured = captured
+        self.checked = captured
+        self.record: list[Op] = []
 
     def replay(self, batch: Batch) -> torch.Tensor:
         _copy(self.batch.x, batch.x)
         self.batch.y.copy_(batch.y)
         self.batch.index.copy_(batch.index)
-        self.graph.replay()
-        return self.loss
+        return self.run()
+
+
+def _static(batch: Batch) -> Batch:
+    return dataclasses.replace(batch, x=_clone(batch.x), y=batch.y.clone(), index=batch.index.clone())
+
+
+def _changed_by_step(ctx: Any, opt: FlatOptimizer) -> list[torch.Tensor]:
+    """What a step may change: the model's state (BatchNorm's statistics and counters included), its
+    gradient and the optimiser's tensors."""
+    flat = ctx.flat
+    return [flat.floats, flat.ints, flat.grad, *(v for v in vars(opt).values() if isinstance(v, torch.Tensor))]
 
 
 def _clone(x: Any) -> Any:
