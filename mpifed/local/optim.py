@@ -79,29 +79,43 @@ class FlatSGD(_Flat):
 
 
 class FlatAdam(_Flat):
+    """Adam (AdamW with ``decoupled``) on the flat model, its learning rate and step count Python numbers."""
+
     def __init__(self, flat: FlatModel, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
                  decoupled: bool) -> None:
         super().__init__(flat, lr, weight_decay)
         self.b1, self.b2 = betas
         self.eps = eps
         self.decoupled = decoupled
-        self.t = 0
+        self.t: int | torch.Tensor = 0
         self.m = torch.zeros_like(flat.grad)
         self.v = torch.zeros_like(flat.grad)
 
+    @property
+    def rate(self) -> float | torch.Tensor:
+        """The learning rate the update reads."""
+        return self.lr
+
     @torch.no_grad()
     def step(self) -> None:
-        w = self.params
-        g = self.flat.grad
+        """One Adam update, the same arithmetic whether the learning rate and t are Python numbers (eager) or
+        0-d tensors (:class:`GraphAdam`: t in float64, as Python's arithmetic)."""
+        w, g, lr = self.params, self.flat.grad, self.rate
         if self.weight_decay and self.decoupled:
-            w.mul_(1 - self.lr * self.weight_decay)
+            w.mul_(1 - lr * self.weight_decay)
         elif self.weight_decay:
             g = g.add(w, alpha=self.weight_decay)
         self.t += 1
         self.m.mul_(self.b1).add_(g, alpha=1 - self.b1)
         self.v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
-        denom = (self.v.sqrt() / math.sqrt(1 - self.b2 ** self.t)).add_(self.eps)
-        w.addcdiv_(self.m, denom, value=-self.lr / (1 - self.b1 ** self.t))
+        correction2 = 1 - self.b2 ** self.t
+        denom = (self.v.sqrt() / (torch.sqrt(correction2).float() if isinstance(correction2, torch.Tensor)
+                                  else math.sqrt(correction2))).add_(self.eps)
+        size = lr / (1 - self.b1 ** self.t)
+        if isinstance(size, torch.Tensor):
+            w.sub_(self.m / denom * size.float())
+        else:
+            w.addcdiv_(self.m, denom, value=-size)
 
 
 class GraphSGD(_Flat):
@@ -132,21 +146,19 @@ class GraphSGD(_Flat):
         w.sub_(d * self.lr_t)
 
 
-class GraphAdam(_Flat):
-    """:class:`FlatAdam` with its state, the step count t included, at fixed addresses (for a captured
-    step); :meth:`reset` starts a client."""
+class GraphAdam(FlatAdam):
+    """:class:`FlatAdam` with its state, the learning rate and the step count t included, at fixed addresses
+    (for a captured step); :meth:`reset` starts a client."""
 
     def __init__(self, flat: FlatModel, betas: tuple[float, float], eps: float, weight_decay: float,
                  decoupled: bool) -> None:
-        super().__init__(flat, 0.0, weight_decay)
-        self.b1, self.b2 = betas
-        self.eps = eps
-        self.decoupled = decoupled
+        super().__init__(flat, 0.0, betas, eps, weight_decay, decoupled)
         self.lr_t = torch.zeros((), device=flat.grad.device)
-        self.t = torch.zeros((), dtype=torch.float64,
-                             device=flat.grad.device)   # float64, as FlatAdam's Python arithmetic
-        self.m = torch.zeros_like(flat.grad)
-        self.v = torch.zeros_like(flat.grad)
+        self.t = torch.zeros((), dtype=torch.float64, device=flat.grad.device)   # float64, as FlatAdam's Python t
+
+    @property
+    def rate(self) -> torch.Tensor:
+        return self.lr_t
 
     def reset(self, lr: float) -> None:
         self.lr = lr
@@ -154,20 +166,6 @@ class GraphAdam(_Flat):
         self.t.zero_()
         self.m.zero_()
         self.v.zero_()
-
-    @torch.no_grad()
-    def step(self) -> None:
-        w = self.params
-        g = self.flat.grad
-        if self.weight_decay and self.decoupled:
-            w.mul_(1 - self.lr_t * self.weight_decay)
-        elif self.weight_decay:
-            g = g.add(w, alpha=self.weight_decay)
-        self.t.add_(1)
-        self.m.mul_(self.b1).add_(g, alpha=1 - self.b1)
-        self.v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
-        denom = (self.v.sqrt() / torch.sqrt(1 - self.b2 ** self.t).float()).add_(self.eps)
-        w.sub_(self.m / denom * (self.lr_t / (1 - self.b1 ** self.t)).float())
 
 
 def make_optimizer(flat: FlatModel, lr: float, cfg: TrainConfig, capturable: bool = False) -> FlatOptimizer:

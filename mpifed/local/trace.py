@@ -52,7 +52,7 @@ class Op:
 
     name: str
     constants: tuple
-    where: tuple[str, ...]
+    where: tuple[tuple[str, int, str], ...]
 
 
 def _constants(args: tuple, kwargs: dict) -> tuple:
@@ -60,18 +60,23 @@ def _constants(args: tuple, kwargs: dict) -> tuple:
     return tuple(("tensor", tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in flat)
 
 
-def _caller_lines() -> tuple[str, ...]:
-    """The lines of the step that led to the operation being dispatched, outermost first, as ``file:line in
-    function: code``: the frames below the step runner (:mod:`mpifed.local.steps`), outside torch and this module."""
-    lines = []
+def _caller_frames() -> tuple[tuple[str, int, str], ...]:
+    """The frames of the step that led to the operation being dispatched, outermost first, as (file, line,
+    function): those below the step runner (:mod:`mpifed.local.steps`), outside torch and this module."""
+    frames = []
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename not in _RUNNERS:
         name = frame.f_code.co_filename
         if not (name.startswith(_TORCH) or name == __file__):
-            lines.append(f"{name}:{frame.f_lineno} in {frame.f_code.co_name}: "
-                         f"{linecache.getline(name, frame.f_lineno).strip()}")
+            frames.append((name, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
-    return tuple(reversed(lines))
+    return tuple(reversed(frames))
+
+
+def lines(frames: tuple[tuple[str, int, str], ...]) -> str:
+    """Frames as ``file:line in function: code``, joined by ``->`` (outermost first)."""
+    return " -> ".join(f"{name}:{line} in {function}: {linecache.getline(name, line).strip()}"
+                       for name, line, function in frames) or "an unknown line"
 
 
 class OpRecorder(TorchDispatchMode):
@@ -87,14 +92,13 @@ class OpRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func._schema.name
         if name in _HOST_READS:
-            where = _caller_lines()
             raise HostRead(f"the local step reads a tensor's value on the host ({name.split('::')[1]}) at "
-                           f"{where[-1] if where else 'an unknown line'}: a captured step cannot (on a GPU capture "
+                           f"{lines(_caller_frames())}: a captured step cannot (on a GPU capture "
                            f"fails; the value would be fixed at capture). Keep the value a tensor (torch.where instead "
                            f"of if, t * x instead of float(t) * x), or compute it in round_start or begin_client into "
                            f"a declared input")
         if self.keep:
-            self.ops.append(Op(name, _constants(args, kwargs), _caller_lines()))
+            self.ops.append(Op(name, _constants(args, kwargs), _caller_frames()))
         return func(*args, **kwargs)
 
 
@@ -161,7 +165,7 @@ def stale_message(method: str, server_round: int, captured_round: int, gap: floa
         line = ("the step's operations were given the same Python values as at capture, so the replay read a "
                 "tensor that moved (a tensor made anew outside __init__ and read by the step)")
     else:
-        line = (f"it reads a value that changed since capture, at {' -> '.join(diff.where) or 'an unknown line'} "
+        line = (f"it reads a value that changed since capture, at {lines(diff.where)} "
                 f"({diff.name.split('::')[-1]} is given {_shown(diff.constants)} now)")
     return (f"{method}'s captured step left the eager step in round {server_round} (captured in round "
             f"{captured_round}; relative difference {gap:.3g} in the update): {line}. A captured step replays the "
