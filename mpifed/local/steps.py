@@ -203,7 +203,7 @@ class LocalSteps:
         saved.restore()
         loss = graph.replay(batch)
         gap = parted(eager, ctx.flat.floats, start)
-        if gap > RELATIVE_TOLERANCE:
+        if gap > RELATIVE_TOLERANCE[self.backend]:
             raise StaleCapture(stale_message(type(client).__name__, ctx.server_round, graph.captured, gap,
                                              first_difference(graph.record, recorder.ops)))
         graph.checked = ctx.server_round

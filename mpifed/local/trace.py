@@ -35,7 +35,9 @@ from torch.utils._pytree import tree_flatten
 _HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item", "aten::equal"})
 _TORCH = str(Path(torch.__file__).parent)
 _RUNNERS = {str(Path(__file__).with_name("steps.py"))}    # the step runner: the frames above it are the round
-RELATIVE_TOLERANCE = 1e-5    # a replay's update may differ from the eager step's by this much (relative norm)
+# how far a replay's update may differ from the eager step's (relative norm): a traced step replays the same CPU
+# kernels (it agrees to the bit); a CUDA graph may run kernels whose atomic adds sum in another order
+RELATIVE_TOLERANCE = {"trace": 1e-5, "cuda": 1e-3}
 
 
 class HostRead(RuntimeError):
