@@ -144,9 +144,9 @@ def test_check_method_flags_each_idiom_with_its_line_and_round_and_passes_the_de
     path.write_text(IDIOMS)
     lines = {m.group(1): i for i, text in enumerate(IDIOMS.splitlines(), start=1)
              for m in [re.search(r"# line:(\w+)", text)] if m}
-    p = command(tmp_path, "mpifed", "check-method", str(path), "--rounds", "3", check=False)
+    p = command(tmp_path, "mpifed", "check-method", str(path), "--rounds", "2", check=False)
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "idiom_declared: the captured step equals the eager step over 3 rounds" in p.stdout
+    assert "idiom_declared: the captured step equals the eager step over 2 rounds" in p.stdout
     failures = {m.group(1): m.group(0) for m in re.finditer(r"method (\w+): .*", p.stderr)}
     assert sorted(failures) == sorted(lines)
     for name, line in lines.items():

@@ -7,12 +7,13 @@ with ``make_fx(..., tracing_mode="real")`` (the tensors it reads are held by ref
 graph holds addresses; every Python value it reads is baked into the graph, as capture bakes it)
 and replays the traced graph for later steps, clients and rounds.
 
-A step that reads a value the method did not declare replays it stale. :func:`compare_step` finds
-it by behaviour: from one saved model, optimiser, BatchNorm and random state it runs the step
-eagerly, then replays the graph, and :class:`StaleCapture` says where they part. The line of the
-step that read the value is found from what the step's operations were given
-(:class:`OpRecorder`): the first operation whose Python constant differs between the step recorded
-before capture and the step recorded now.
+A step that reads a value the method did not declare replays it stale. The step runner
+(:class:`~mpifed.local.steps.LocalSteps`, with either kind of capture) finds it by behaviour: from
+one saved model, optimiser, BatchNorm and random state (:class:`Snapshot`) it runs the step
+eagerly, then replays the graph, and :class:`StaleCapture` says where they part
+(:func:`stale_message`). The line of the step that read the value is found from what the step's
+operations were given (:class:`OpRecorder`): the first operation whose Python constant differs
+between the step recorded before capture and the step recorded now (:func:`first_difference`).
 
 A step that reads a tensor's value on the host (``.item()``, ``float(t)``, ``bool(t)``) cannot be
 captured at all (a real capture fails; ``make_fx`` would bake the value silently):
