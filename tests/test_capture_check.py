@@ -225,3 +225,15 @@ def test_a_host_read_in_the_step_is_its_own_error():
     with pytest.raises(HostRead, match=r"reads a tensor's value on the host \(_local_scalar_dense\) at "
                                        r".*test_capture_check.py:\d+ in loss"):
         HostReading(None, setup).train(_context(setup, LocalSteps(graphs=True, backend="trace"), 1))
+
+
+def test_check_method_says_when_a_method_does_not_run_at_all(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("from mpifed.algorithms.base import Algorithm, Client\nfrom mpifed.registry import ALGORITHMS\n\n\n"
+                    "class Broken(Client):\n    def loss(self, ctx, batch, out):\n"
+                    "        return out.no_such_thing\n\n\n"
+                    "@ALGORITHMS.register('broken')\nclass BrokenMethod(Algorithm):\n    Client = Broken\n")
+    p = command(tmp_path, "mpifed", "check-method", str(path), check=False)
+    assert p.returncode == 2 and "method broken did not run on the check's tiny data" in p.stderr
+    assert "AttributeError" in p.stderr and "Traceback" not in p.stderr
+    assert command(tmp_path, "mpifed", "check-method", str(path), "--rounds", "1", check=False).returncode == 2

@@ -9,7 +9,7 @@ eagerly (:mod:`mpifed.round.capture_check`), e.g.
 
 Exit status 0 when every captured step equals the eager one; 1 when one does not, with the method,
 the line of the step that reads the value, the round where the replay left the eager step, and what
-to do; 2 when a file cannot be loaded or registers no method.
+to do; 2 when a file cannot be loaded, registers no method, or a method does not run at all.
 """
 from __future__ import annotations
 
@@ -27,8 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mpifed check-method", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", metavar="FILE", help="a Python file (or module) that registers methods")
-    p.add_argument("--rounds", type=int, default=4, help="rounds to run (more where a method's warm-up needs more)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="rounds to run, at least 2 (a method with a buffer_size option runs buffer_size + 2: its "
+                        "warm-up, then rounds past it)")
     args = p.parse_args(argv)
+    if args.rounds < 2:
+        print(f"mpifed check-method: --rounds {args.rounds}: a captured step can only leave the eager one in a round "
+              f"after the one it was captured in; give 2 or more", file=sys.stderr)
+        return 2
     failed = False
     for spec in args.files:
         try:
@@ -42,7 +48,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"with @ALGORITHMS.register(\"name\")", file=sys.stderr)
             return 2
         for name in names:
-            result = check_method(name, ALGORITHMS.get(name), rounds=args.rounds)
+            try:
+                result = check_method(name, ALGORITHMS.get(name), rounds=args.rounds)
+            except Exception as exc:
+                print(f"mpifed check-method: method {name} did not run on the check's tiny data (a small network on "
+                      f"1 x 2 x 2 inputs, 3 classes, 4 clients): {type(exc).__name__}: {exc}. Fix the method, or "
+                      f"check what it needs of the data or the network", file=sys.stderr)
+                return 2
             if result.ok:
                 print(f"{name}: the captured step equals the eager step over {result.rounds} rounds")
             else:
