@@ -37,7 +37,8 @@ def test_sgdm_is_fedavgm_bit_for_bit(tmp_path):
 
 
 def test_adam_stopped_and_resumed_equals_uninterrupted_debug(adam_debug, tmp_path):
-    run_debug(adam_run(tmp_path, "train.rounds=2", name="cut"))
+    p = run_debug(adam_run(tmp_path, "train.rounds=2", name="cut"))
+    assert "server optimizer adam (lr 0.02, beta1 0.9, beta2 0.99, tau 0.001)" in p.stdout + p.stderr
     cut = tmp_path / "runs" / "cut"
     saved = checkpoint.load_run_state(checkpoint.latest(cut / "checkpoints"))["server_optimizer"]
     assert set(saved) == {"m", "v"} and all(isinstance(t, torch.Tensor) for t in saved.values())

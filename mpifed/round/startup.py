@@ -386,6 +386,10 @@ def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ra
     mode = f"MPI, {size} ranks (1 server + {size - 1} workers)" if size > 1 else "single process (debug mode)"
     run.log(f"[mpifed] {cfg.algorithm.name} on {cfg.data.dataset.name}: {count(manifest.num_clients, 'client')}, "
             f"{count(cfg.train.rounds, 'round')}; {mode}; run directory {run.path}")
+    chosen = cfg.server_optimizer
+    if chosen != config.Config().server_optimizer:
+        options = ", ".join(f"{key} {value}" for key, value in config.to_dict(chosen.options).items())
+        run.log(f"[mpifed] server optimizer {chosen.name} ({options}): the server steps to each round's aggregate")
     if size > 1:
         run.log(f"[mpifed]   {rank_summary(ranks)}" + ("" if verbose else " (log.txt and --verbose: a line per rank)"))
     for r in ranks:
