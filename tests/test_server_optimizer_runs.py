@@ -89,3 +89,18 @@ def test_a_method_that_skips_the_servers_step_is_stopped_with_the_fix(tmp_path, 
     assert "MeanServer.aggregate (round 1) took no step of the server optimiser" in out, out[-2000:]
     assert "self.server_step(weights, its_aggregate)" in out and "own_server_step" in out
     run_debug(tiny(tmp_path, "algorithm.name=skips_the_step", name="default") + ["--plugin", str(plugin)])
+
+
+def test_a_checkpoint_from_before_server_optimisers_resumes_and_refuses_another_optimiser(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=4", name="full"))
+    run_debug(tiny(tmp_path, "train.rounds=2", name="old"))
+    old = tmp_path / "runs" / "old"
+    path = checkpoint.latest(old / "checkpoints")
+    payload = checkpoint.load_run_state(path)
+    assert payload.pop("server_optimizer") == {}                   # sgd keeps no state
+    checkpoint.save(path.parent, payload["rounds_done"], payload, keep=2)
+    p = run_debug(["--resume", str(old), "--set", "train.rounds=4", "server_optimizer.name=adam"], check=False)
+    assert p.returncode == 2 and "server_optimizer" in p.stderr, p.stderr
+    run_debug(["--resume", str(old), "--set", "train.rounds=4"])
+    assert_same_model(final_model(old), final_model(tmp_path / "runs" / "full"))
+    assert metrics(old) == metrics(tmp_path / "runs" / "full")
