@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from pathlib import Path
 
 import pytest
 
 from mpifed.entry import reproduction
 from mpifed.entry.table import search_table, summarize
-from mpifed.run import provenance
+from mpifed.run import provenance, results
 from mpifed.tables import machine_check
+from mpifed.tables.stats import paired
+from mpifed.tables.summary import Summary, run_value
 from mpifed.tables.table_file import Table, load_table, resolve, settled
 
 pytestmark = pytest.mark.unit
@@ -204,3 +207,117 @@ def test_the_local_work_table_is_what_the_archived_runs_measure():
                    f"{mean / theirs:.2g}x |")
             assert row in report, f"results/{folder}: {REPRODUCTION} lacks {row}"
     assert declared == 13
+
+
+# ------------------------------------------------------------------ every figure of the report, checked
+SIGNED = r"[-+]\d+\.\d+ \[[-+]\d+\.\d+, [-+]\d+\.\d+\]"      # a paired difference [95% CI]
+SPREAD = r"-?\d+\.\d+ ± \d+\.\d+"                              # a mean ± sample std over seeds
+EARLIER = "## The earlier report, re-read"    # from here on, the earlier report's seeds, given in its text
+NOT_ARCHIVED = {"+3.83 [+3.21, +4.46]": "the earlier report's interval (50 images per client, 200 rounds), quoted",
+                "+5.93 [+0.15, +11.72]": "FedGKD Table 3's first run, whose records were lost"}
+
+
+def _left_out(t: Table) -> set[str]:
+    """The figures of a table's runs that --summary leaves out as of another configuration (the first
+    runs before a search's choice moved, kept beside the final runs): each group's mean ± sd, and its
+    paired difference with each group of the same setting that --summary keeps, in either order."""
+    kept: dict[tuple[str, str], dict[int, float]] = {}
+    other: dict[tuple[str, str], dict[int, float]] = {}
+    for r in t.runs:
+        pattern = re.compile(re.escape(r.plain_name) + r"(-[0-9a-f]{10})?")
+        paths = [r.path] + sorted(p for p in r.root.glob(f"{r.plain_name}*")
+                                  if p != r.path and pattern.fullmatch(p.name))
+        for i, path in enumerate(paths):
+            value = run_value(t.metric, path) if settled(path) else None
+            if value is not None:
+                (other if i else kept).setdefault((r.setting, r.method), {})[r.seed] = value
+    found = {results.Stat(list(v.values())).text(2) for v in other.values()}
+    for (setting, _), mine in other.items():
+        for (s, _), theirs in kept.items():
+            if s == setting:
+                found |= {c.text(verdict=False) for c in (paired(mine, theirs), paired(theirs, mine)) if c}
+    return {f for text in found for f in re.findall(f"{SIGNED}|{SPREAD}", text)}
+
+
+@functools.cache
+def _figures() -> frozenset[str]:
+    """Every mean ± sd and paired difference [95% CI] the archived runs give: --summary --by-seed of
+    each table, in its metric and in the paper's, with its diverged runs counted at chance as well, and
+    the runs it leaves out as of another configuration."""
+    found: set[str] = set()
+    for table_file, _ in ARCHIVED.values():
+        t = resolved(table_file)
+        views = [summarize(t)]
+        if any("diverged" in why for why in views[0].left_out):
+            views.append(summarize(t, diverged_as=10.0))
+        if t.paper_metric is not None:
+            theirs = resolved(table_file)
+            theirs.metric, theirs.paper_metric = t.paper_metric, None
+            views.append(summarize(theirs))
+        for s in views:
+            found |= set(re.findall(f"{SIGNED}|{SPREAD}", f"{s.markdown()}\n{s.seed_tables()}"))
+        found |= _left_out(t)
+    return frozenset(found)
+
+
+def _report() -> str:
+    """REPRODUCTION.md up to the earlier report's re-reading, with the minus signs --summary writes."""
+    text = (REPO / REPRODUCTION).read_text().replace("\u2212", "-")
+    return text[:text.index(EARLIER)]
+
+
+def test_every_mean_and_interval_the_report_gives_is_what_the_archived_runs_give():
+    unknown = [f for f in re.findall(f"{SIGNED}|{SPREAD}", _report()) if f not in _figures() and f not in NOT_ARCHIVED]
+    assert not unknown, f"{REPRODUCTION} gives figures that no archived run gives (python -m mpifed.table TABLE " \
+                        f"--runs-root results --summary --by-seed): {unknown}"
+
+
+@functools.cache
+def _family() -> tuple[Summary, ...]:
+    return tuple(reproduction.summaries({path: resolved(path) for path in reproduction.REPORT_TABLES}).values())
+
+
+def _kind(label: str) -> str:
+    """What a label says, in the words a hand-written row may use for it."""
+    label = label.lower()
+    for words, kind in (("not a test", "not a test"), ("not tested yet", "not tested yet"),
+                        ("interval alone", "by its interval alone"), ("the other way", "the other way"),
+                        ("inconclusive", "inconclusive"), ("supported", "supported")):
+        if words in label:
+            return kind
+    return label
+
+
+def test_every_claim_row_written_by_hand_gives_the_claims_label_and_distribution_free_test():
+    """A claims table written by hand in a section (beside the paper's margins) gives, for each claim
+    it quotes, the label the table's Holm adjustment gives and, where it has the column, the exact
+    sign-flip p and the bootstrap range, as the archived runs give them."""
+    text = reproduction.BLOCK.sub("", _report())
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    wrong, quoted = [], 0
+    for s in _family():
+        for t in s.claims:
+            if t.result is None:
+                continue
+            key = f"{t.result.text(verdict=False)} | {t.holm_p:.3f} | "
+            for line in (line for line in lines if key in line):
+                quoted += 1
+                cells = [c.strip() for c in line.split(key, 1)[1].split("|")]
+                if _kind(cells[0]) != _kind(t.label):
+                    wrong.append(f"{line} (the label is {t.label!r})")
+                free = f"{t.result.p_sign_flip:.3f}, [{t.result.boot[0]:+.2f}, {t.result.boot[1]:+.2f}]"
+                if any(re.fullmatch(r"\d\.\d{3}, \[.*\]", c) and c != free for c in cells):
+                    wrong.append(f"{line} (sign-flip p and bootstrap range: {free})")
+    assert quoted and not wrong, f"{REPRODUCTION}'s hand-written claim rows differ from the archived runs: {wrong}"
+
+
+def test_the_report_wide_family_size_is_the_one_the_prose_gives():
+    size = len([t for s in _family() for t in s.claims])
+    said = {int(n) for n in re.findall(r"(?:the report's|all) (\d+)(?: declared)? claims", _report())}
+    said |= {int(n) for n in re.findall(r"over the report's (\d+)", _report())}
+    assert said == {size}, f"{REPRODUCTION} gives the report-wide family as {sorted(said)}; it holds {size} claims"
+
+
+def test_every_table_the_report_cites_records_one_machine_model():
+    warned = [s.title for s in _family() if any(n.startswith("WARNING: these runs come from") for n in s.notes)]
+    assert not warned, f"{REPRODUCTION} says every table ran on one machine model; --summary warns for {warned}"
