@@ -318,6 +318,27 @@ def test_the_report_wide_family_size_is_the_one_the_prose_gives():
     assert said == {size}, f"{REPRODUCTION} gives the report-wide family as {sorted(said)}; it holds {size} claims"
 
 
+def test_every_holm_p_and_claim_count_the_prose_gives_is_the_archived_runs():
+    """A report-wide Holm p the prose quotes is one the report-wide adjustment gives; a count of a
+    table's claims is its table's (in a section that runs one table) or one of the tables' sizes."""
+    text = reproduction.BLOCK.sub("", _report())
+    wide = {f"{s.report_holm[id(t)]:.3f}" for s in _family() for t in s.claims}
+    quoted = [p for m in re.finditer(r"report-wide(?: Holm p)?,? (\d\.\d{3})(?:,? and (\d\.\d{3}))?|over the "
+                                     r"report's \d+(?: claims)?,? (?:its Holm p is )?(\d\.\d{3})(?: and (\d\.\d{3}))?",
+                                     text) for p in m.groups() if p]
+    assert quoted and not [p for p in quoted if p not in wide], \
+        f"{REPRODUCTION} quotes report-wide Holm p's that the report-wide adjustment does not give: " \
+        f"{[p for p in quoted if p not in wide]}"
+    sizes = {path: len(s.claims) for path, s in zip(reproduction.REPORT_TABLES, _family())}
+    wrong = []
+    for section in text.split("\n## "):
+        named = [path for path in sizes if path in section]
+        allowed = {sizes[named[0]]} if len(named) == 1 else set(sizes.values())
+        said = re.findall(r"over the table's (\d+)|the table's (\d+) declared claims|over the (\d+) claims", section)
+        wrong += [f"{section.splitlines()[0]}: {n}" for found in said for n in found if n and int(n) not in allowed]
+    assert not wrong, f"{REPRODUCTION} gives a table's claim count that is not its table's: {wrong}"
+
+
 def test_every_table_the_report_cites_records_one_machine_model():
     warned = [s.title for s in _family() if any(n.startswith("WARNING: these runs come from") for n in s.notes)]
     assert not warned, f"{REPRODUCTION} says every table ran on one machine model; --summary warns for {warned}"
