@@ -179,6 +179,9 @@ def test_the_reports_generated_parts_are_what_the_archived_runs_give():
     text = (REPO / REPRODUCTION).read_text()
     assert reproduction.rewrite(text, reproduction.blocks(found)) == text, \
         f"{REPRODUCTION}'s generated parts are stale: python -m mpifed.entry.reproduction {REPRODUCTION} --write"
+    family = re.search(r'T="([^"]*)"', text)
+    assert family and family.group(1).split() == list(reproduction.REPORT_TABLES), \
+        "the report's --family command does not name the tables of mpifed.entry.reproduction.REPORT_TABLES"
     opening = text[text.index("## In short"):]
     assert "<!-- generated: report-wide -->" in opening[:opening.index("\n- **")], \
         "the opening summary does not lead with the report-wide labels (before its first finding)"
