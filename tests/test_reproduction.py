@@ -342,6 +342,19 @@ def test_every_holm_p_and_claim_count_the_prose_gives_is_the_archived_runs():
     assert not wrong, f"{REPRODUCTION} gives a table's claim count that is not its table's: {wrong}"
 
 
+def test_the_choices_at_a_grids_edge_the_report_counts_are_those_summary_names():
+    """The protocol's count of each table's choices left at an edge of what was searched, of the
+    setting x method pairs searched, as --summary's search notes name them."""
+    text = _report()
+    said = {("bench/methods" if name.startswith("the methods") else name.strip("`")): (int(n), int(m))
+            for name, n, m in re.findall(r"(`[a-z]+/[a-z0-9]+`|the methods\s+benchmark) (\d+) of (\d+) once", text)}
+    found = {}
+    for path, s in zip(reproduction.REPORT_TABLES, _family()):
+        pairs = re.findall(r"^ {2}\S+ x \S+: .*$", "\n".join(s.notes), re.M)
+        found[reproduction.short(path)] = (sum("at the grid's edge" in line for line in pairs), len(pairs))
+    assert said == found, f"{REPRODUCTION}'s choices at an edge (of those searched) differ from --summary's: {found}"
+
+
 def test_every_table_the_report_cites_records_one_machine_model():
     warned = [s.title for s in _family() if any(n.startswith("WARNING: these runs come from") for n in s.notes)]
     assert not warned, f"{REPRODUCTION} says every table ran on one machine model; --summary warns for {warned}"
