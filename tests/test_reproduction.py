@@ -101,6 +101,31 @@ def test_every_search_across_machines_is_rechecked_on_one_and_quoted(folder):
     assert not missing, f"{report_file} does not quote these lines of the recheck of results/{folder}: {missing}"
 
 
+def test_the_rechecks_totals_are_the_sums_of_each_tables():
+    """The headline of "Searches across machines, rechecked on one": searches, re-runs and re-runs
+    repeating their first run, summed over every table's --recheck from results/recheck/."""
+    here = _recheck_machine()
+    searches, reruns, same, chosen_alike = {}, 0, 0, 0
+    for folder, (table_file, _) in ARCHIVED.items():
+        t = resolved(table_file)
+        checks = machine_check.plan(t, RECHECK, here)
+        if not checks:
+            continue
+        line = re.search(r"(\d+) searches compared candidates from more than one machine: (\d+) choose the same on "
+                         r"this machine, \d+ another; (\d+) of the (\d+) re-run candidates trained identically",
+                         machine_check.report(checks, t, here))
+        assert line, f"results/{folder}: --recheck's report has no totals line"
+        searches[folder] = int(line.group(1))
+        chosen_alike, same, reruns = (chosen_alike + int(line.group(2)), same + int(line.group(3)),
+                                      reruns + int(line.group(4)))
+    mine = sum(n for folder, n in searches.items() if ARCHIVED[folder][1] == REPRODUCTION)
+    said = re.search(r"Every choice stands: (\d+) searches \((\d+) in this report, (\d+) in the methods benchmark\),"
+                     r"\s+(\d+)\s+re-runs, (\d+) of them repeating", (REPO / REPRODUCTION).read_text())
+    assert said and chosen_alike == sum(searches.values())
+    assert tuple(map(int, said.groups())) == (sum(searches.values()), mine, sum(searches.values()) - mine, reruns,
+                                              same), f"{REPRODUCTION}'s recheck totals: {searches}, {reruns}, {same}"
+
+
 ONE_MACHINE = [("fedntd-table1", "fmnist-lda0.1")]   # columns whose final runs the report says record one machine
 
 
