@@ -5,7 +5,14 @@ seed-by-seed row of every finished column with each of its declared claims' inte
 Holm-adjusted p, recomputed from the runs, appear in the report as printed; where a final run
 diverged, so do the claims with it counted at chance (the check the report gives beside); and
 every search that compared candidates from more than one machine has its --recheck on one machine
-archived in results/recheck/ and quoted."""
+archived in results/recheck/ and quoted.
+
+docs/REPRODUCTION.md, up to its re-reading of the earlier report (whose 3-seed figures were never
+archived), is checked whole: its generated parts (the report-wide labels, every declared claim with
+both labels) are what mpifed.entry.reproduction writes from results/ now; every mean ± sd and every
+paired interval it gives is one the archived runs give; every hand-written claim row gives its
+claim's difference, Holm p, label and distribution-free test; and the counts and report-wide Holm
+p's its prose quotes are the runs'."""
 from __future__ import annotations
 
 import copy
