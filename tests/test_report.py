@@ -17,7 +17,7 @@ from mpifed.run import results
 from mpifed.tables import plots
 from mpifed.settings.config import digest, result_fingerprint
 from mpifed.registry import ALGORITHMS
-from mpifed.entry.report import display_name
+from mpifed.tables.collection import display_name
 from mpifed.entry.report import main as report_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -160,7 +160,8 @@ def test_a_figure_at_a_columns_width_keeps_every_text_at_7_pt_or_more(tmp_path, 
 
 
 def test_a_methods_colour_follows_its_algorithm_whatever_its_runs_are_called(tmp_path):
-    from mpifed.entry.report import Collection, method_colours
+    from mpifed.tables.collection import Collection
+    from mpifed.tables.figures import method_colours
     runs = {}
     for label, algorithm in (("FedNTD", "fedntd"), ("digits-lda0.1-fedntd", "fedntd"), ("mine", "fedavg"),
                              ("tuned", "fedavg")):

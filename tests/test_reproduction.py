@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from mpifed.entry import reproduction
-from mpifed.entry.table import search_table, summarize
+from mpifed.tables.summarize import search_table, summarize
 from mpifed.run import provenance, results
 from mpifed.tables import machine_check
 from mpifed.tables.stats import paired

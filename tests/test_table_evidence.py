@@ -23,7 +23,8 @@ from mpifed.settings import config
 from mpifed.run import results
 from mpifed.tables import stats
 from mpifed.run.rundir import RunDir
-from mpifed.entry.table import main as table_main, search_table, summarize
+from mpifed.entry.table import main as table_main
+from mpifed.tables.summarize import search_table, summarize
 from mpifed.tables.table_file import load_table, resolve, settled
 from mpifed.tables.tuning import SearchChoice, grid_columns
 

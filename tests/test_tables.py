@@ -12,7 +12,8 @@ from conftest import REPO
 
 from mpifed.settings import config
 from mpifed.run import results
-from mpifed.entry.table import main as table_main, summarize
+from mpifed.entry.table import main as table_main
+from mpifed.tables.summarize import summarize
 from mpifed.tables.table_file import load_table, resolve
 
 

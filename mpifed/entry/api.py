@@ -198,7 +198,7 @@ def table_summary(table: str | Path, runs_root: str | Path = "runs", *, override
     each cell's values (``.mean``, ``.std``, ``.n``), ``.paired[(setting, method)]`` each method's
     paired difference from the reference (``.mean``, ``.low``, ``.high``, ``.p``), ``.claims`` the
     declared claims with their Holm-adjusted p and label, ``.by_seed`` the metric per seed."""
-    from mpifed.entry.table import summarize
+    from mpifed.tables.summarize import summarize
     from mpifed.tables.table_file import load_table, resolve
     loaded = load_table(table, str(runs_root), list(plugins))
     resolve(loaded, list(overrides))

@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from mpifed.entry.table import summarize
+from mpifed.tables.summarize import summarize
 from mpifed.tables.summary import COUNTED, Summary, label_counts
 from mpifed.tables.table_file import Table, load_table, resolve
 

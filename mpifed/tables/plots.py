@@ -1,6 +1,6 @@
 """Figures: curves against round with a band over seeds, per-class accuracy and partition heatmaps.
 
-Needs matplotlib (``pip install 'mpifed[plots]'``); only :mod:`mpifed.entry.report` and
+Needs matplotlib (``pip install 'mpifed[plots]'``); only :mod:`mpifed.tables.figures` and
 ``python -m mpifed.prepare --plot`` import this module, so the trainer never needs it.
 Figures are sized and labelled for a paper: integer round ticks, a fixed colour per method
 (:func:`colours`), titles that say what was run.

@@ -3,7 +3,7 @@ against a reference seed by seed (:mod:`mpifed.tables.stats`), the claims declar
 labelled by its interval and Holm's adjustment over them all, and notes on how far the numbers can
 be trusted (the machines the runs come from, test subsets, metrics that choose on the test set).
 
-:mod:`mpifed.entry.table` builds one from a table file's finished runs; :mod:`mpifed.entry.report` from
+:mod:`mpifed.tables.summarize` builds one from a table file's finished runs; :mod:`mpifed.tables.report_tables` from
 folders of runs.
 """
 from __future__ import annotations
