@@ -25,6 +25,7 @@ import pytest
 from mpifed.entry import reproduction
 from mpifed.tables.summarize import search_table, summarize
 from mpifed.run import provenance, results
+from mpifed.run.rundir import PROVENANCE
 from mpifed.tables import machine_check
 from mpifed.tables.stats import paired
 from mpifed.tables.summary import Summary, run_value
@@ -87,7 +88,7 @@ def test_every_archived_table_is_listed_here():
 def _recheck_machine() -> dict[str, frozenset[str]]:
     """The one machine every archived re-run of results/recheck/ ran on."""
     found = {tuple(sorted(provenance.hardware(provenance.read(p.parent) or {}).items()))
-             for p in RECHECK.rglob(provenance.FILE)}
+             for p in RECHECK.rglob(PROVENANCE)}
     assert len(found) == 1, f"results/recheck/ holds re-runs from {len(found)} machines: a recheck is made on one"
     return dict(found.pop())
 

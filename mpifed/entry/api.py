@@ -25,10 +25,11 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import yaml
 
 from mpifed.settings import config
-from mpifed.run import results
 from mpifed.tables import trained
 from mpifed.plugin.options import ConfigError
+from mpifed.run.record import RunRecord
 from mpifed.run.rundir import RunDir, claim_new, default_run_name
+from mpifed.run.state import RunState
 from mpifed.tables.summary import Summary
 
 ConfigLike = str | Path | Mapping[str, Any]
@@ -62,24 +63,24 @@ class Run:
     @property
     def config(self) -> dict[str, Any]:
         """The resolved configuration (config.yaml)."""
-        return RunDir(self.path).read_config()
+        return RunRecord(self.path).config
 
     @property
-    def status(self) -> str | None:
+    def status(self) -> RunState | None:
         """running, stopped, finished, failed (a run whose processes died reads as failed), diverged (failed: its
         loss became NaN or infinite) or damaged (finished, its metrics.jsonl cut short: resume it to write it
-        again); None before it starts."""
-        return RunDir(self.path).state()
+        again); None before it starts. A :class:`~mpifed.run.state.RunState`: it compares equal to its string."""
+        return RunRecord(self.path).state
 
     @property
     def summary(self) -> dict[str, Any]:
         """summary.json: final and best accuracy, forgetting, timing (empty until the run stops or finishes)."""
-        return results.read_json(self.path / "summary.json")
+        return RunRecord(self.path).summary
 
     def metrics(self) -> list[dict[str, Any]]:
         """One dict per round (metrics.jsonl): lr, train_loss, and test_acc, test_loss, per_class_acc ... where
         evaluated."""
-        return results.read_rows(self.path)
+        return RunRecord(self.path).metrics()
 
     def model(self, device: str = "cpu") -> Model:
         """The trained network and its input transform (see :func:`load_model`)."""

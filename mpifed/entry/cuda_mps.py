@@ -49,6 +49,7 @@ import yaml
 
 from mpifed.files import safe_yaml
 from mpifed.settings.config import ConfigError, ResourcesConfig, load_resources
+from mpifed.run.rundir import CONFIG
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER_WAIT_S = 10.0     # how long a new daemon may take to list its server
@@ -222,7 +223,7 @@ def job_resources(mpifed_args: list[str]) -> ResourcesConfig:
     args, _ = p.parse_known_args(mpifed_args)
     base = None
     if args.resume:
-        saved = Path(args.resume) / "config.yaml"
+        saved = Path(args.resume) / CONFIG
         try:
             base = safe_yaml.read(saved) if saved.is_file() else None
         except (OSError, yaml.YAMLError):

@@ -18,12 +18,12 @@ import sys
 
 from mpifed import __version__
 from mpifed.settings import config, plugins
-from mpifed.run import results
 from mpifed.data.partitions import PartitionError
 from mpifed.data.prepared import PreparedDataError
 from mpifed.data.raw import DataMissing
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.trained import TrainedError, evaluate, load
+from mpifed.run.record import RunRecord
 
 
 def report(path: str, data: str, figures: dict, names: list[str], recorded: float | None) -> str:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[mpifed.evaluate] {exc}", file=sys.stderr)
             code = 2
             continue
-        recorded = results.read_json(trained.path / "summary.json").get("final_test_acc")
+        recorded = RunRecord(trained.path).summary.get("final_test_acc")
         if a.json:
             print(json.dumps({"run": run, **figures, "recorded_final_test_acc": recorded}))
         else:

@@ -30,8 +30,9 @@ from mpifed.run.progress import Progress
 from mpifed.round.protocol import Layouts
 from mpifed.round.timeline import Timeline
 from mpifed.run.run_records import RunRecords
-from mpifed.run.rundir import RunDir, atomic_write
+from mpifed.run.rundir import MODEL, RunDir, atomic_write
 from mpifed.round.signals import received, stop_requested
+from mpifed.run.state import RunState
 
 
 class RoundServer:
@@ -81,7 +82,7 @@ class RoundServer:
         # made now: a name not declared fails before round 1
         self.first_down = self._method_downlink(self.rounds_done + 1)
         # a finished run trained further is running again, from now
-        self.records.status("running", self.rounds_done, self.last_checkpoint)
+        self.records.status(RunState.RUNNING, self.rounds_done, self.last_checkpoint)
         note_resume_point(self.describe_checkpoint())
 
     # ------------------------------------------------------------ the round, in order
@@ -183,8 +184,8 @@ class RoundServer:
             self.checkpoint(rounds_done)
         if finished and self.cfg.run.save_model:
             self._save_model()
-        self.records.finish("finished" if finished else "stopped", rounds_done, self.last_checkpoint, self.elapsed(),
-                            self.first_round_at, usage)
+        self.records.finish(RunState.FINISHED if finished else RunState.STOPPED, rounds_done, self.last_checkpoint,
+                            self.elapsed(), self.first_round_at, usage)
         if not finished:
             if rounds_done == 0:
                 self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
@@ -245,7 +246,7 @@ class RoundServer:
         self.last_checkpoint = checkpoint.save(self.run_dir.checkpoints, rounds_done, payload,
                                                self.cfg.run.keep_checkpoints)
         self.last_checkpoint_round = rounds_done
-        self.records.status("running", rounds_done, self.last_checkpoint)
+        self.records.status(RunState.RUNNING, rounds_done, self.last_checkpoint)
         note_resume_point(self.describe_checkpoint())
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -284,4 +285,4 @@ class RoundServer:
         flat.load(self.method.reported(self.global_floats), self.global_ints)
         buf = io.BytesIO()
         torch.save(flat.model.state_dict(), buf)
-        atomic_write(self.run_dir.path / "model.pt", buf.getvalue())
+        atomic_write(self.run_dir.path / MODEL, buf.getvalue())

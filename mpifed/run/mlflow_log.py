@@ -26,6 +26,7 @@ from typing import Any
 
 from mpifed.run.rundir import atomic_write
 from mpifed.run.tensorboard_log import leaves, scalars
+from mpifed.run.state import RunState
 
 RECORD = "mlflow.json"
 _VALUE_LIMIT = 6000   # MLflow's longest parameter value
@@ -132,14 +133,14 @@ class MlflowLog:
     def add_row(self, row: dict[str, Any]) -> None:
         self._metrics(scalars(row), step=row["round"])
 
-    def finish(self, status: str, summary: Path | None = None) -> None:
+    def finish(self, status: RunState, summary: Path | None = None) -> None:
         """End the MLflow run as ``status`` (finished, stopped or failed), first logging ``summary``."""
         if summary is not None and summary.exists():
             self.client.log_artifact(self.run_id, str(summary))
             numbers = json.loads(summary.read_text())
             self._metrics([(k, v) for k, v in numbers.items() if k in ("final_test_acc", "best_test_acc", "forgetting")
                            and isinstance(v, (int, float))], step=numbers.get("rounds_done", 0))
-        ended = {"finished": "FINISHED", "stopped": "KILLED"}.get(status, "FAILED")
+        ended = {RunState.FINISHED: "FINISHED", RunState.STOPPED: "KILLED"}.get(status, "FAILED")
         self.client.set_terminated(self.run_id, status=ended)
 
     def _metrics(self, values: list[tuple[str, float]], step: int) -> None:

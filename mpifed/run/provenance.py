@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from mpifed import __version__
-from mpifed.run.rundir import atomic_write
+from mpifed.run.rundir import PROVENANCE, atomic_write
 
-FILE = "provenance.json"
 
 
 def cpu_model() -> str:
@@ -135,7 +134,7 @@ def segment(ranks: list[dict[str, Any]], start_round: int,
 def read(run_dir: Path) -> dict[str, Any] | None:
     """A run's provenance (``{"segments": [...]}``); None when it has none or it cannot be read."""
     try:
-        data = json.loads((Path(run_dir) / FILE).read_text())
+        data = json.loads((Path(run_dir) / PROVENANCE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("segments"), list) else None
@@ -146,7 +145,7 @@ def record(run_dir: Path, ranks: list[dict[str, Any]], start_round: int,
     """Add this start's segment to the run's provenance (atomically; the file is made on the first start)."""
     found = read(run_dir) or {"segments": []}
     found["segments"].append(segment(ranks, start_round, plugins))
-    atomic_write(Path(run_dir) / FILE, json.dumps(found, indent=1) + "\n")
+    atomic_write(Path(run_dir) / PROVENANCE, json.dumps(found, indent=1) + "\n")
 
 
 def recorded_plugins(run_dir: Path) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from mpifed.local.evaluation import forgetting as forgetting_of
 from mpifed.files.nofollow import LinkRefused, read_text
+from mpifed.run.rundir import METRICS
 
 KINDS = ("final", "best", "last_k", "at_best")
 KEYS = ("kind", "column", "k", "select", "rounds_to", "forgetting", "at_rounds", "groups")
@@ -165,7 +166,7 @@ class Metric:
                 + (["forgetting"] if self.forgetting else []))
 
 
-def read_rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+def read_rows(run_dir: Path, name: str = METRICS) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl (or another JSON-lines file of it, such as clients.jsonl; a
     line cut short by a crash is skipped)."""
     try:

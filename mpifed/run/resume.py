@@ -36,7 +36,8 @@ from mpifed.run import checkpoint, provenance
 from mpifed.settings import config, plugins
 from mpifed.settings.plugins import COPIES
 from mpifed.run.progress import count
-from mpifed.run.rundir import KILLED, LOCK, MARKER, NotOurs, RunDir, RunLocked
+from mpifed.run.rundir import CONFIG, KILLED, LOCK, MARKER, NotOurs, RunDir, RunLocked
+from mpifed.run.state import RunState
 
 
 class RunError(RuntimeError):
@@ -76,7 +77,7 @@ def saved_config(run: RunDir) -> dict[str, Any]:
         fix = (f"Restore it from the run's checkpoint, which holds the resolved config under the key 'config': "
                f"python -c \"import sys, yaml; from pathlib import Path; from mpifed.run.checkpoint import load; "
                f"print(yaml.safe_dump(load(Path(sys.argv[1]))['config'], sort_keys=False), end='')\" "
-               f"{latest} > {run.path / 'config.yaml'}")
+               f"{latest} > {run.path / CONFIG}")
     raise RunError(f"--resume {run.path}: its config.yaml {problem}, so the run's settings are unknown; nothing "
                    f"was changed. {fix}")
 
@@ -134,7 +135,7 @@ def finished_as_asked(run: RunDir, cfg: config.Config) -> bool:
     """Whether the run is finished with the rounds ``cfg`` asks for (a resume that has nothing to do,
     which even a read-only run directory allows)."""
     status = run.status()
-    return status is not None and status["state"] == "finished" and status.get("rounds_done") == cfg.train.rounds
+    return status is not None and status["state"] == RunState.FINISHED and status.get("rounds_done") == cfg.train.rounds
 
 
 def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
@@ -143,19 +144,19 @@ def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dic
     (``resolved``; ``saved`` is the run's config.yaml), or a RunError saying why it cannot
     (``trusted``: the checkpoint may hold other Python objects, see :func:`mpifed.run.checkpoint.load`)."""
     status = run.status()
-    if status is not None and status["state"] == "running":   # this process holds the lock: the writer is gone
-        status = {**status, "state": "failed", "error": KILLED}
+    if status is not None and status["state"] == RunState.RUNNING:   # this process holds the lock: the writer is gone
+        status = {**status, "state": RunState.FAILED, "error": KILLED}
     latest = checkpoint.latest(run.checkpoints)
     if latest is not None:
         decision = _from_checkpoint(run, cfg, resolved, saved, checkpoint.load_run_state(latest, trusted), status)
         if decision.nothing_to_do:
             return decision
-    elif status is not None and status["state"] == "finished":
+    elif status is not None and status["state"] == RunState.FINISHED:
         return _finished_without_checkpoint(run, cfg, status)
-    elif status is not None and status["state"] == "damaged":
+    elif status is not None and status["state"] == RunState.DAMAGED:
         raise RunError(f"cannot resume {run.path}: {run.metrics_problem(status.get('rounds_done'))}, and it has no "
                        f"checkpoint left to write it from; nothing was changed. Start it again with --overwrite")
-    if status is not None and status["state"] == "damaged":
+    if status is not None and status["state"] == RunState.DAMAGED:
         print(f"[mpifed] {run.path} is finished, but {run.metrics_problem(status.get('rounds_done'))}: writing its "
               f"records again from {latest}", flush=True)
     elif status is not None and status.get("error"):
@@ -189,7 +190,7 @@ def _from_checkpoint(run: RunDir, cfg: config.Config, resolved: dict[str, Any], 
     if any(k.split(".")[0] == "code" for k in predates) and any((resolved.get("code") or {}).values()):
         print(f"[mpifed] {run.path}'s checkpoint predates the record of a run's code: resuming with the plugins "
               f"loaded now", flush=True)
-    if status is not None and status["state"] == "finished" and state["rounds_done"] == rounds:
+    if status is not None and status["state"] == RunState.FINISHED and state["rounds_done"] == rounds:
         return Decision(nothing_to_do=f"[mpifed] {run.path} is finished ({count(rounds, 'round')}): nothing to resume, "
                                       f"nothing changed. To train it further, resume with "
                                       f"--set train.rounds=<more than {rounds}>")

@@ -15,10 +15,10 @@ from mpifed.settings.config import Config
 from mpifed.data.prepared import Manifest
 from mpifed.local.evaluation import TEST_COLUMNS
 from mpifed.run.progress import count
-from mpifed.run.rundir import RunDir
+from mpifed.run.rundir import CLIENT_ACC, CLIENTS, METRICS, STATUS, SUMMARY, RunDir
+from mpifed.run.state import RunState
 
 
-CLIENT_ACC = "client_acc.jsonl"
 
 
 class RunRecords:
@@ -31,12 +31,12 @@ class RunRecords:
         self.manifest = manifest
         self.run = run
         self.metrics: list[dict[str, Any]] = list(metrics or [])
-        logs = ("clients.jsonl", CLIENT_ACC) if cfg.data.client_holdout else ("clients.jsonl",)
+        logs = (CLIENTS, CLIENT_ACC) if cfg.data.client_holdout else (CLIENTS,)
         if metrics is None:
-            for log in ("metrics.jsonl", *logs):
+            for log in (METRICS, *logs):
                 run.write_rows(log, [])
         else:
-            run.write_rows("metrics.jsonl", self.metrics)
+            run.write_rows(METRICS, self.metrics)
             for log in logs:
                 run.keep_rounds(log, rounds_done)
         self.tensorboard = None
@@ -63,33 +63,33 @@ class RunRecords:
         if per_client is not None:
             self.run.append_row(CLIENT_ACC, {"round": row["round"], "acc": per_client})
         self.metrics.append(row)
-        self.run.append_row("metrics.jsonl", row)
+        self.run.append_row(METRICS, row)
         if self.tensorboard is not None:
             self.tensorboard.add_row(row)
         for tracker in (self.mlflow, self.wandb):
             if tracker is not None:
                 tracker.add_row(row)
-        self.run.append_row("clients.jsonl", {"round": row["round"], "clients": [asdict(r) for r in clients]})
+        self.run.append_row(CLIENTS, {"round": row["round"], "clients": [asdict(r) for r in clients]})
 
-    def status(self, state: str, rounds_done: int, last_checkpoint: Path | None) -> None:
-        self.run.write_json("status.json", {"state": state, "rounds_done": rounds_done,
+    def status(self, state: RunState, rounds_done: int, last_checkpoint: Path | None) -> None:
+        self.run.write_json(STATUS, {"state": state, "rounds_done": rounds_done,
                                             "checkpoint": str(last_checkpoint) if last_checkpoint else None})
 
-    def finish(self, status: str, rounds_done: int, last_checkpoint: Path | None, wall_time_s: float,
+    def finish(self, status: RunState, rounds_done: int, last_checkpoint: Path | None, wall_time_s: float,
                first_round_at: float, usage: list[tuple[float, float]]) -> None:
         """The run ended (``finished`` or ``stopped``): summary.json, status.json and the log's last line;
         the trackers closed."""
         summary = self._summary(status, rounds_done, last_checkpoint, wall_time_s, first_round_at, usage)
-        self.run.write_json("summary.json", summary)
+        self.run.write_json(SUMMARY, summary)
         self.status(status, rounds_done, last_checkpoint)
         self._tell(status, rounds_done, summary)
-        self._close(status, self.run.path / "summary.json")
+        self._close(status, self.run.path / SUMMARY)
 
     def abandon(self) -> None:
         """The run failed: end what tracks it (its MLflow and W&B runs are marked failed)."""
-        self._close("failed", None)
+        self._close(RunState.FAILED, None)
 
-    def _close(self, status: str, summary: Path | None) -> None:
+    def _close(self, status: RunState, summary: Path | None) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
@@ -104,7 +104,7 @@ class RunRecords:
             return self.metrics
         return [{k: v for k, v in r.items() if k not in TEST_COLUMNS} for r in self.metrics]
 
-    def _summary(self, status: str, rounds_done: int, last_checkpoint: Path | None, wall_time_s: float,
+    def _summary(self, status: RunState, rounds_done: int, last_checkpoint: Path | None, wall_time_s: float,
                  first_round_at: float, usage: list[tuple[float, float]]) -> dict[str, Any]:
         rows = self._rows()
         best_acc, best_round = results.best(rows)
@@ -142,9 +142,9 @@ class RunRecords:
             summary["final_client_acc"] = evaluated[-1]
         return summary
 
-    def _tell(self, status: str, rounds_done: int, summary: dict[str, Any]) -> None:
+    def _tell(self, status: RunState, rounds_done: int, summary: dict[str, Any]) -> None:
         where = f"wall time {summary['wall_time_s']:.1f} s; results in {self.run.path}"
-        last = "final" if status == "finished" else "latest"      # a stopped run has no final accuracy yet
+        last = "final" if status == RunState.FINISHED else "latest"      # a stopped run has no final accuracy yet
         if summary["final_test_acc"] is not None:
             chosen = (f"; best validation accuracy {summary['best_val_acc']:.4f} at round {summary['best_val_round']}, "
                       f"test accuracy there {summary['test_acc_at_best_val']:.4f}"

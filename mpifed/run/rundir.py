@@ -11,6 +11,8 @@
     log.txt          what rank 0 printed, plus each rank's host and device
     checkpoints/     see checkpoint.py
     client_state/    see client_state.py
+    client_acc.jsonl per evaluation: each client's accuracy on its held-out rows (data.client_holdout)
+    provenance.json  each start: when, from which round, which software and machines (provenance.py)
     plugins/         a copy of the source of each plugin the run loaded (see plugins.py)
     .mpifed-run      marks a directory mpifed made: mpifed writes only into a new or empty folder or one
                      with this marker, and --overwrite replaces only such a directory
@@ -50,10 +52,25 @@ import yaml
 
 from mpifed.files import safe_yaml
 from mpifed.files.nofollow import open_append, open_lock, read_bytes, read_text
+from mpifed.run.state import RunState
 
+# the files and folders of a run directory, named here only (the module docstring says what each holds)
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+CLIENTS = "clients.jsonl"
+CLIENT_ACC = "client_acc.jsonl"         # each client's accuracy on its held-out rows (data.client_holdout)
+SUMMARY = "summary.json"
+STATUS = "status.json"
+PROVENANCE = "provenance.json"          # where and with which software each start ran (provenance.py)
+MODEL = "model.pt"
+LOG = "log.txt"
+CHECKPOINTS = "checkpoints"
+CLIENT_STATE = "client_state"
+PLUGINS = "plugins"
 MARKER = ".mpifed-run"
-KILLED = "the run's processes ended without recording why (killed, or their node was lost)"
 LOCK = ".lock"
+KILLED = "the run's processes ended without recording why (killed, or their node was lost)"
+_WRITTEN = {state.value for state in RunState}   # a state status.json can hold
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+@=-]*")
 _TEMPORARY = re.compile(r"^(\..+\.tmp\d+|.+\.ckpt\.tmp\d+|\.r\d+\.bin\.tmp\d+)$")
 _held: dict[Path, int] = {}  # run directory -> descriptor of its lock file, for the locks this process holds
@@ -161,18 +178,18 @@ def _named_divergence(status: dict[str, Any]) -> bool:
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.checkpoints = path / "checkpoints"
-        self.client_state = path / "client_state"
+        self.checkpoints = path / CHECKPOINTS
+        self.client_state = path / CLIENT_STATE
         self.console: Callable[[str], None] = lambda message: print(message, flush=True)
         self._log = None
 
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         open_append(self.path / MARKER).close()
-        self._log = open_append(self.path / "log.txt", buffering=1)
+        self._log = open_append(self.path / LOG, buffering=1)
 
     def holds_run(self) -> bool:
-        return (self.path / "config.yaml").exists()
+        return (self.path / CONFIG).exists()
 
     def made_by_mpifed(self) -> bool:
         return (self.path / MARKER).is_file() and not (self.path / MARKER).is_symlink()
@@ -197,7 +214,7 @@ class RunDir:
         """The symbolic links among the directory's entries and those of its checkpoints/ and plugins/
         (a run's own files never are links; client_state/ is checked itself, not its many folders)."""
         found = []
-        for folder in (self.path, self.checkpoints, self.path / "plugins"):
+        for folder in (self.path, self.checkpoints, self.path / PLUGINS):
             if folder.is_dir() and not folder.is_symlink():
                 found += sorted(p for p in folder.iterdir() if p.is_symlink())
         return found
@@ -205,7 +222,7 @@ class RunDir:
     def record_files(self) -> list[Path]:
         """The files of the run's record, relative to its directory: everything but the weights
         (model.pt, checkpoints/, client_state/), the lock and temporary files."""
-        skip = {self.path / "model.pt", self.checkpoints, self.client_state, self.path / LOCK}
+        skip = {self.path / MODEL, self.checkpoints, self.client_state, self.path / LOCK}
         found: list[Path] = []
         for folder, dirs, files in os.walk(self.path):   # os.walk does not enter a linked folder
             here = Path(folder)
@@ -370,34 +387,35 @@ class RunDir:
     def status(self) -> dict[str, Any] | None:
         """status.json as a reader should believe it: a ``running`` run whose lock holder is gone
         (killed, node lost) is reported ``failed``, with the reason. Where the lock cannot be
-        tested (its file unreadable to this user), status.json is reported as written. None where
-        there is no status."""
-        status = self.read_json("status.json")
-        if status is None or not isinstance(status.get("state"), str):
+        tested (its file unreadable to this user), status.json is reported as written. Its state is a
+        :class:`RunState`. None where there is no status, or its state is none that mpifed writes."""
+        status = self.read_json(STATUS)
+        if status is None or not isinstance(status.get("state"), str) or status["state"] not in _WRITTEN:
             return None
-        if status["state"] == "running" and self._lock_state() == "free":
-            status = {**status, "state": "failed", "error": KILLED}
-        if status["state"] == "finished":
+        status = {**status, "state": RunState(status["state"])}
+        if status["state"] == RunState.RUNNING and self._lock_state() == "free":
+            status = {**status, "state": RunState.FAILED, "error": KILLED}
+        if status["state"] == RunState.FINISHED:
             problem = self.metrics_problem(status.get("rounds_done"))
             if problem:
-                status = {**status, "state": "damaged",
+                status = {**status, "state": RunState.DAMAGED,
                           "error": f"{problem}; --resume {self.path} writes it again from the run's last checkpoint"}
         return status
 
-    def state(self) -> str | None:
+    def state(self) -> RunState | None:
         """The run's state, as every reader of runs takes it: :meth:`status`'s (a dead ``running`` run is
         ``failed``, a ``finished`` one with broken metrics ``damaged``), ``diverged`` for a run that failed
         because its loss became NaN or infinite; None without a status.json."""
         found = self.status()
         if found is None:
             return None
-        if found["state"] == "failed" and found.get("diverged", _named_divergence(found)) is True:
-            return "diverged"
+        if found["state"] == RunState.FAILED and found.get("diverged", _named_divergence(found)) is True:
+            return RunState.DIVERGED
         return found["state"]
 
-    def why_left_out(self, state: str | None) -> str:
+    def why_left_out(self, state: RunState | None) -> str:
         """Why a reader leaves out this run, in ``state`` (not finished): what is damaged, or the state."""
-        if state == "damaged":
+        if state == RunState.DAMAGED:
             return (self.status() or {}).get("error", "damaged")
         return f"not finished ({state or 'no status.json'})"
 
@@ -409,20 +427,20 @@ class RunDir:
         if rounds_done is None:
             return None
         if type(rounds_done) is not int or rounds_done < 0:
-            return (f"{self.path / 'status.json'} records {json.dumps(rounds_done)[:40]} finished rounds, which is "
+            return (f"{self.path / STATUS} records {json.dumps(rounds_done)[:40]} finished rounds, which is "
                     f"not a number of rounds (the file was edited)")
         try:
-            lines = read_text(self.path / "metrics.jsonl").splitlines()
+            lines = read_text(self.path / METRICS).splitlines()
         except FileNotFoundError:
-            return f"{self.path / 'metrics.jsonl'} is missing"
+            return f"{self.path / METRICS} is missing"
         except (OSError, UnicodeDecodeError) as exc:
-            return f"{self.path / 'metrics.jsonl'} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+            return f"{self.path / METRICS} cannot be read ({getattr(exc, 'strerror', None) or exc})"
         rounds = [_round_of(line) for line in lines]
         if len(rounds) == rounds_done and rounds == list(range(1, len(rounds) + 1)):
             return None
         torn = sum(r is None for r in rounds)
         held = f"{torn} damaged line(s) and " if torn else ""
-        return (f"{self.path / 'metrics.jsonl'} holds {held}{_rows_text(rounds)} where status.json records "
+        return (f"{self.path / METRICS} holds {held}{_rows_text(rounds)} where status.json records "
                 f"{rounds_done} finished rounds (one of the two was cut short or edited)")
 
     def remove_temporary(self) -> list[Path]:
@@ -447,15 +465,15 @@ class RunDir:
         if console:
             self.console(message)
         if self._log is not None:
-            with _naming(self.path / "log.txt"):
+            with _naming(self.path / LOG):
                 self._log.write(f"{stamp} {message}\n")
 
     def write_config(self, config: dict[str, Any]) -> None:
-        atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        atomic_write(self.path / CONFIG, yaml.safe_dump(config, sort_keys=False))
 
     def read_config(self) -> dict[str, Any]:
-        source = str(self.path / "config.yaml")
-        return safe_yaml.load(safe_yaml.decode(read_bytes(self.path / "config.yaml"), source), source)
+        source = str(self.path / CONFIG)
+        return safe_yaml.load(safe_yaml.decode(read_bytes(self.path / CONFIG), source), source)
 
     def append_row(self, name: str, row: dict[str, Any]) -> None:
         """Append one complete line to a .jsonl log (one write, then flushed to disk)."""
@@ -492,9 +510,9 @@ class RunDir:
         if not self.path.is_dir():
             return
         try:
-            with open_append(self.path / "log.txt") as log:
+            with open_append(self.path / LOG) as log:
                 log.write(f"{time.strftime('%H:%M:%S')} [mpifed] failed: {error}\n")
-            self.write_json("status.json", {"state": "failed", "error": error, "diverged": diverged,
+            self.write_json(STATUS, {"state": RunState.FAILED, "error": error, "diverged": diverged,
                                             "checkpoint": str(checkpoint) if checkpoint else None})
         except OSError as exc:
             sys.stderr.write(f"[mpifed] could not record the failure in {self.path}/status.json ({exc.strerror}); "

@@ -20,6 +20,7 @@ from typing import Any
 from mpifed.run.resume import RunError
 from mpifed.run.rundir import atomic_write
 from mpifed.run.tensorboard_log import scalars
+from mpifed.run.state import RunState
 
 RECORD = "wandb.json"
 SUMMARY_KEYS = ("final_test_acc", "best_test_acc", "best_round", "forgetting", "best_val_acc",
@@ -71,12 +72,12 @@ class WandbLog:
         self.sent = row["round"]
         self._write(self.sent)
 
-    def finish(self, status: str, summary: Path | None = None) -> None:
+    def finish(self, status: RunState, summary: Path | None = None) -> None:
         """End the W&B run: ``status`` (finished, stopped or failed) and the summary's figures in its summary."""
-        self.run.summary["status"] = status
+        self.run.summary["status"] = str(status)
         if summary is not None and summary.exists():
             numbers = json.loads(summary.read_text())
             for key in SUMMARY_KEYS:
                 if isinstance(numbers.get(key), (int, float)):
                     self.run.summary[key] = numbers[key]
-        self.run.finish(exit_code=1 if status == "failed" else 0)
+        self.run.finish(exit_code=1 if status == RunState.FAILED else 0)

@@ -10,7 +10,9 @@ from typing import Any
 
 from mpifed.plugin.registry import ALGORITHMS
 from mpifed.run import results
-from mpifed.run.rundir import RunDir
+from mpifed.run.record import RunRecord
+from mpifed.run.rundir import CONFIG, RunDir
+from mpifed.run.state import RunState
 from mpifed.settings import config
 from mpifed.tables.table_file import Table, finished_runs, load_table, resolve, stored_identity
 
@@ -155,7 +157,7 @@ def with_display_names(groups: dict[tuple[str, str], list[Path]]) -> dict[tuple[
 def _collect_dirs(folder: Path, out: Collection) -> None:
     """Every run under ``folder`` (itself, or any folder below holding config.yaml), grouped by
     name without the seed and by configuration without the seed."""
-    found = [folder] if (folder / "config.yaml").exists() else sorted(p.parent for p in folder.rglob("config.yaml"))
+    found = [folder] if (folder / CONFIG).exists() else sorted(p.parent for p in folder.rglob(CONFIG))
     keyed: dict[tuple[str, str, str], list[Path]] = {}
     for run in found:
         held = stored_identity(run)
@@ -163,7 +165,7 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
             out.left_out.append(f"{run}: {held or 'no config.yaml'}")
             continue
         state = RunDir(run).state()  # a dead "running" run reads as failed
-        if state != "finished":
+        if state != RunState.FINISHED:
             out.left_out.append(f"{run}: {RunDir(run).why_left_out(state)}")
             continue
         out.identities[run] = held
@@ -180,7 +182,7 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
 def check_metric(c: Collection, given: str) -> None:
     """Refuse a ``--metric`` that none of the collected runs has a value for, listing those they have."""
     runs = [r for group in c.groups.values() for r in group]
-    records = [(results.read_rows(r), results.read_json(r / "summary.json")) for r in runs]
+    records = [(RunRecord(r).metrics(), RunRecord(r).summary) for r in runs]
     if any(results.value(c.metric, rows, summary) is not None for rows, summary in records):
         return
     held = set().union(*(_numeric(row) for rows, summary in records for row in [summary, *rows]))

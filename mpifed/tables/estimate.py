@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from mpifed.run import results
 from mpifed.tables.table_file import Table, TableRun, settled, status
+from mpifed.run.state import RunState
+from mpifed.run.record import RunRecord
 
 
 def estimate(table: Table) -> str:
@@ -20,8 +21,8 @@ def estimate(table: Table) -> str:
     timed: set[tuple[str, int]] = set()                # the local work finished runs have measured
     whole = table.whole or table
     for r in whole.search + whole.runs:
-        if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == "finished":
-            wall = results.read_json(r.path / "summary.json").get("wall_time_s")
+        if (r.candidate is not None or (r.setting, r.method) not in whole.pending) and status(r) == RunState.FINISHED:
+            wall = RunRecord(r.path).summary.get("wall_time_s")
             if isinstance(wall, (int, float)):
                 local = _local(r)
                 timed.add(local)

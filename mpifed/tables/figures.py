@@ -3,7 +3,6 @@ seeds), the final per-class accuracy, each client's held-out accuracy; each meth
 figure (:func:`method_colours`). Draws with :mod:`mpifed.tables.plots` (matplotlib), imported when drawing."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,8 +14,9 @@ from mpifed.data.raw import class_names
 from mpifed.files import safe_yaml
 from mpifed.plugin.registry import ALGORITHMS, DATASETS
 from mpifed.run import results
-from mpifed.run.run_records import CLIENT_ACC
+from mpifed.run.record import RunRecord
 from mpifed.tables.collection import Collection
+from mpifed.run.rundir import CONFIG
 
 if TYPE_CHECKING:
     from mpifed.tables.plots import Curve, Layout
@@ -56,9 +56,9 @@ def final_client_accuracy(runs: list[Path]) -> "Curve | None":
     from mpifed.tables.plots import Curve
     sorted_runs = []
     for r in runs:
-        lines = (r / CLIENT_ACC).read_text().splitlines() if (r / CLIENT_ACC).exists() else []
-        if lines:
-            sorted_runs.append(sorted(a for a in json.loads(lines[-1])["acc"] if a is not None))
+        rows = RunRecord(r).client_accuracy()
+        if rows:
+            sorted_runs.append(sorted(a for a in rows[-1]["acc"] if a is not None))
     if not sorted_runs or len({len(s) for s in sorted_runs}) != 1 or len(sorted_runs[0]) < 2:
         return None
     values = 100 * np.array(sorted_runs, dtype=np.float64)
@@ -140,7 +140,7 @@ def method_colours(c: Collection) -> dict[str, str]:
 def _algorithm(run: Path | None) -> str | None:
     """The display name of the algorithm a run used, from its config.yaml (None where unreadable)."""
     try:
-        name = safe_yaml.read(run / "config.yaml")["algorithm"]["name"] if run is not None else None
+        name = safe_yaml.read(run / CONFIG)["algorithm"]["name"] if run is not None else None
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return None
     return ALGORITHMS.display_name(name) if name in ALGORITHMS.names() else None
@@ -148,7 +148,7 @@ def _algorithm(run: Path | None) -> str | None:
 
 def _class_names(run: Path, num_classes: int) -> list[str] | None:
     try:
-        dataset = DATASETS.get(safe_yaml.read(run / "config.yaml")["data"]["dataset"]["name"])
+        dataset = DATASETS.get(safe_yaml.read(run / CONFIG)["data"]["dataset"]["name"])
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return None
     return class_names(dataset, num_classes)

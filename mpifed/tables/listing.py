@@ -10,6 +10,7 @@ from mpifed.settings import config
 from mpifed.tables.estimate import estimate
 from mpifed.tables.summary import run_value
 from mpifed.tables.table_file import Table, TableRun, settled, status
+from mpifed.run.state import RunState
 
 
 def listing(table: Table, added: list[str], commands: bool = False) -> str:
@@ -94,8 +95,8 @@ def _grids(table: Table, no_data: dict[Path, str]) -> list[str]:
 
 def _cell(r: TableRun, metric: results.Metric, no_data: dict[Path, str]) -> str:
     state = status(r)
-    if state != "finished":
-        return no_data.get(r.path, state) if state == "new" else state
+    if state != RunState.FINISHED:
+        return no_data.get(r.path, state) if state == RunState.NEW else state
     value = run_value(metric, r.path)
     return f"{value:.2f}" if value is not None else "finished"
 

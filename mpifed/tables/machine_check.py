@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from mpifed.run import provenance, results
-from mpifed.run.rundir import RunDir
+from mpifed.run.rundir import PROVENANCE, RunDir
 from mpifed.settings.config import ConfigError
 from mpifed.tables.table_file import Table, TableRun, stored_identity
 from mpifed.tables.tuning import Candidate, SearchChoice, choose, label, score_candidate
+from mpifed.run.state import RunState
 
 HERE = "this machine"
 UNRECORDED = "unrecorded"
@@ -41,7 +42,7 @@ def rechecked_on(table: Table, folder: Path) -> dict[str, frozenset[str]] | None
     """The machine the re-runs already under ``folder`` for ``table`` ran on (an archived recheck, read
     on any machine), None where there are none; an error where they come from several."""
     found = {tuple(sorted(provenance.hardware(provenance.read(p.parent) or {}).items()))
-             for p in (folder / table.root.name / "tuning").glob(f"*/{provenance.FILE}")}
+             for p in (folder / table.root.name / "tuning").glob(f"*/{PROVENANCE}")}
     if len(found) > 1:
         raise ConfigError(f"--recheck {folder}: its re-runs of {table.root.name} come from {len(found)} machines; a "
                           f"recheck is made on one: give each machine a folder of its own")
@@ -144,7 +145,7 @@ def _trained_alike(group: Group) -> bool:
 
 def _rescored(group: Group, table: Table) -> Candidate:
     assert table.tuning is not None
-    return score_candidate(group.best, [(r.path, RunDir(r.path).state() or "new") for r in group.reruns],
+    return score_candidate(group.best, [(r.path, RunDir(r.path).state() or RunState.NEW) for r in group.reruns],
                            table.tuning.select)
 
 

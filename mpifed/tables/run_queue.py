@@ -19,6 +19,7 @@ from typing import IO, Any, Callable
 
 from mpifed.files.pipes import leave_terminal
 from mpifed.run.rundir import RunDir
+from mpifed.run.state import RunState
 
 EXIT_STOPPED = 75
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
@@ -101,7 +102,7 @@ def _ended(job: Job, code: int, out: Outcome, say: Callable[[str], None]) -> Non
         out.code = out.code or code or EXIT_STOPPED
     elif code == 0:
         return
-    elif RunDir(job.path).state() == "diverged":
+    elif RunDir(job.path).state() == RunState.DIVERGED:
         say(f"{job.path.name}: its loss became NaN or infinite; the others go on without it")
     elif RunDir(job.path).in_progress():
         say(f"{job.path.name}: another process started it meanwhile; skipped")

@@ -16,8 +16,8 @@ from typing import Callable
 import yaml
 
 from mpifed.run import provenance, results
-from mpifed.files import safe_yaml
 from mpifed.tables.stats import Paired, holm, paired, smallest_sign_flip_p
+from mpifed.run.record import RunRecord
 
 ALPHA = 0.05
 
@@ -452,7 +452,8 @@ def _counted_notes(metric: results.Metric, counted_at: dict[Path, float], why: s
 
 def run_value(metric: results.Metric, path: Path) -> float | None:
     """One run's value in ``metric`` as a table shows it (in points where it is a fraction)."""
-    value = results.value(metric, results.read_rows(path), results.read_json(path / "summary.json"))
+    record = RunRecord(path)
+    value = results.value(metric, record.metrics(), record.summary)
     return value * 100 if value is not None and _in_points(metric) else value
 
 
@@ -470,10 +471,11 @@ class _RunValues:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.rows = results.read_rows(path)
-        self.summary = results.read_json(path / "summary.json")
+        record = RunRecord(path)
+        self.rows = record.metrics()
+        self.summary = record.summary
         try:
-            cfg = safe_yaml.read(path / "config.yaml") or {}
+            cfg = record.config or {}
         except (OSError, yaml.YAMLError):
             cfg = {}
         run, data, algorithm = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
@@ -508,7 +510,7 @@ def _fedavg_row(groups: dict[tuple[str, str], list[Path]], runs: dict[Path, _Run
 def _local_steps(path: Path) -> tuple[int, int]:
     """A run's local steps summed over its clients' rounds, and the number of those (clients.jsonl)."""
     steps = count = 0
-    for row in results.read_rows(path, "clients.jsonl"):
+    for row in RunRecord(path).clients():
         clients = row.get("clients", []) if isinstance(row, dict) else []
         for c in clients if isinstance(clients, list) else []:
             if isinstance(c, dict) and isinstance(c.get("steps"), int):

@@ -18,7 +18,8 @@ from mpifed.run import results
 from mpifed.files import safe_yaml
 from mpifed.files.packaged import find_config
 from mpifed.plugin.registry import nearest
-from mpifed.run.rundir import RunDir, check_run_name
+from mpifed.run.rundir import CONFIG, RunDir, check_run_name
+from mpifed.run.state import RunState
 from mpifed.tables.summary import Claim
 from mpifed.tables.tuning import (Candidate, SearchChoice, ChoiceBook, Tuning, choose, label as candidate_label,
                                   score_candidate, search_digest)
@@ -388,7 +389,7 @@ def _place(r: TableRun, loader: _Loader) -> None:
     home = r.plain_name if r.identity == config.result_fingerprint(own) else hashed
     held = stored_identity(r.root / home)
     r.name = home if held is None or held == r.identity else hashed
-    if not (r.path / "config.yaml").exists():
+    if not (r.path / CONFIG).exists():
         # made under another hash (config keys added since change the digest, not the identity)
         r.name = next((p.name for p in _siblings(r) if stored_identity(p) == r.identity), r.name)
 
@@ -523,7 +524,7 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
     entries by their names, recorded options and hash: no code of the run's is loaded); None when
     it holds no run; a message when its config.yaml cannot be read as a configuration."""
     try:
-        stored = safe_yaml.read(path / "config.yaml")
+        stored = safe_yaml.read(path / CONFIG)
     except FileNotFoundError:
         return None
     except (OSError, yaml.YAMLError) as exc:
@@ -536,7 +537,7 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
         return f"its config.yaml is not a valid configuration of this mpifed version ({exc})"
 
 
-def status(run: TableRun) -> str:
+def status(run: TableRun) -> RunState:
     """The run's state as :meth:`RunDir.state` reads it (a dead ``running`` run is ``failed``;
     ``diverged``: failed with a NaN or infinite loss); ``running`` or
     ``failed`` for a run killed or still starting before it wrote a status; ``new`` without a run."""
@@ -545,14 +546,15 @@ def status(run: TableRun) -> str:
     if found:
         return found
     if rd.in_progress():
-        return "running"
-    return "failed" if rd.holds_run() else "new"
+        return RunState.RUNNING
+    return RunState.FAILED if rd.holds_run() else RunState.NEW
 
 
 def settled(path: Path) -> bool:
     """Whether the run in ``path`` finished, or diverged (a search scores that, and running it
     again diverges again)."""
-    return RunDir(path).state() in ("finished", "diverged")
+    state = RunDir(path).state()
+    return state is not None and state.settled
 
 
 def _siblings(run: TableRun) -> list[Path]:
@@ -592,13 +594,13 @@ def finished_runs(table: Table, keep: Callable[[TableRun], bool] = lambda r: Tru
             if held is not None and held != r.identity:
                 left_out.append(f"{other}: {_difference(held, r.identity)}")
         state = status(r)
-        lost = state == "diverged"
+        lost = state == RunState.DIVERGED
         if lost and with_diverged:
             runs.append(r.path)
             taken.append(r.path)
             continue
-        if state != "finished":
-            if state == "new":
+        if state != RunState.FINISHED:
+            if state == RunState.NEW:
                 not_run += 1
             else:
                 why = "diverged (its loss became NaN or infinite)" if lost else RunDir(r.path).why_left_out(state)

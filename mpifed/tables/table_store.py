@@ -7,10 +7,11 @@ from pathlib import Path
 
 from mpifed.tables import archive
 from mpifed.settings import config
-from mpifed.run import results
-from mpifed.run.rundir import RunDir, RunLocked
+from mpifed.run.rundir import CONFIG, RunDir, RunLocked
 from mpifed.tables.table_file import Table, TableRun, settled, status, stored_identity
 from mpifed.tables.tuning import CHOICES
+from mpifed.run.state import RunState
+from mpifed.run.record import RunRecord
 
 
 def archive_table(table: Table, dest: Path, summary_command: str) -> str:
@@ -49,7 +50,7 @@ def settled_runs_under(folder: Path) -> dict[str, list[Path]]:
     found: dict[str, list[Path]] = {}
     for here, dirs, files in os.walk(folder):
         path = Path(here)
-        if "config.yaml" not in files:
+        if CONFIG not in files:
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             continue
         dirs[:] = []
@@ -63,7 +64,8 @@ def _counts_as_table_run(path: Path) -> bool:
     """Whether a settled run can stand for a table run of its configuration: it evaluated the test set
     (not a search's), or it diverged, before any evaluation perhaps (a run of its configuration diverges
     the same way)."""
-    return RunDir(path).state() == "diverged" or any("test_acc" in row for row in results.read_rows(path))
+    record = RunRecord(path)
+    return record.state == RunState.DIVERGED or any("test_acc" in row for row in record.metrics())
 
 
 def reuse_runs(table: Table, found: dict[str, list[Path]]) -> list[tuple[Path, TableRun]]:
@@ -72,7 +74,7 @@ def reuse_runs(table: Table, found: dict[str, list[Path]]) -> list[tuple[Path, T
     (for a table run, one that evaluated the test set, not a search's, or diverged); (source, run) copied."""
     copied = []
     for r in table.search + table.runs:
-        if ((r.setting, r.method) in table.pending and r.candidate is None) or status(r) != "new":
+        if ((r.setting, r.method) in table.pending and r.candidate is None) or status(r) != RunState.NEW:
             continue
         sources = found.get(config.digest(r.identity), [])
         source = next((p for p in sources if r.candidate is not None or _counts_as_table_run(p)), None)

@@ -31,6 +31,7 @@ from mpifed.models import build_model
 from mpifed.round.protocol import evaluation_layout
 from mpifed.plugin.registry import ALGORITHMS, DATASETS
 from mpifed.run.rundir import RunDir
+from mpifed.run.record import RunRecord
 
 
 class TrainedError(ValueError):
@@ -67,7 +68,7 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu", trust: bool = 
     run = RunDir(path)
     if not run.holds_run():
         raise TrainedError(f"{path}: no run there (no config.yaml); give a run directory, e.g. runs/<name>")
-    if not (path / "model.pt").is_file():
+    if not RunRecord(path).model_file.is_file():
         state = run.state() or "no status"
         raise TrainedError(f"{path} has no model.pt: the run is not finished ({state}), or it ran with "
                            f"run.save_model=false. Finish it with --resume {path}")
@@ -81,7 +82,7 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu", trust: bool = 
     net = build_model(cfg.model.name, cfg.model.options, manifest.input_shape, manifest.num_classes)
     net = ALGORITHMS.get(cfg.algorithm.name).extend_model(net, cfg.algorithm.options).to(device)
     try:
-        weights = torch.load(path / "model.pt", map_location=device, weights_only=True)
+        weights = torch.load(RunRecord(path).model_file, map_location=device, weights_only=True)
         net.load_state_dict(weights)
     except Exception as exc:  # a damaged file fails inside torch in many ways
         raise TrainedError(f"{path}/model.pt cannot be loaded into the run's {cfg.model.name} ({type(exc).__name__}: "

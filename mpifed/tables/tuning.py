@@ -38,6 +38,8 @@ from mpifed.run import results
 from mpifed.files import safe_yaml
 from mpifed.settings.config import ConfigError, digest
 from mpifed.run.rundir import atomic_write
+from mpifed.run.state import RunState
+from mpifed.run.record import RunRecord
 
 CHOICES = "choices.yaml"
 KEYS = ("grid", "per_method", "seeds", "rounds", "select", "extend")
@@ -241,18 +243,18 @@ class Candidate:
         return {"values": self.values, "score": self.score, **({"note": "; ".join(self.failed)} if self.failed else {})}
 
 
-def score_candidate(values: dict[str, Any], runs: list[tuple[Path, str]], select: results.Metric) -> Candidate:
+def score_candidate(values: dict[str, Any], runs: list[tuple[Path, RunState]], select: results.Metric) -> Candidate:
     """A candidate scored from its runs, each as (directory, state): a finished run counts its value of
     ``select``, a diverged one fails the candidate, any other is not done yet."""
     c = Candidate(values, [path for path, _ in runs])
     for path, state in runs:
-        if state == "finished":
-            score = results.value(select, results.read_rows(path), {})
+        if state == RunState.FINISHED:
+            score = results.value(select, RunRecord(path).metrics(), {})
             if score is None:
                 raise ConfigError(f"{path} has no {select.column} to choose by: the search selects on "
                                   f"the validation set, so the setting needs one (data.val_size)")
             c.scores.append(score)
-        elif state == "diverged":
+        elif state == RunState.DIVERGED:
             c.failed.append(f"diverged in {path.name}")
         else:
             c.scores.append(None)
