@@ -94,7 +94,7 @@ def test_recheck_runs_the_reruns_and_prints_the_verdicts(tmp_path, capsys, monke
             made.append((r.path, ranks))
             _write(r.path, r.resolved, [{"round": i + 1, "val_acc": 0.65} for i in range(3)])
         return 0, 0
-    monkeypatch.setattr("mpifed.entry.table.run_all", run_all)
+    monkeypatch.setattr("mpifed.tables.running.run_all", run_all)
     runs = ["--runs-root", str(tmp_path / "runs")]
     assert table_main([str(table), *runs, "--recheck", str(tmp_path / "here")]) == 0
     out = capsys.readouterr().out

@@ -470,7 +470,7 @@ def test_tune_runs_the_extended_candidates_as_they_appear(tmp_path, capsys, monk
             if not (r.path / "summary.json").exists():
                 _write(r.path, r.resolved, [{"round": i + 1, "val_acc": val[r.candidate]} for i in range(3)])
         return 0, 0
-    monkeypatch.setattr("mpifed.entry.table.run_all", run_all)
+    monkeypatch.setattr("mpifed.tables.running.run_all", run_all)
     assert table_main([str(table), "--runs-root", str(tmp_path / "runs"), "--tune", "0"]) == 0
     assert passes == [["lr=0.01", "lr=0.1"], ["lr=0.3"]]
     assert "the grid extended (tuning.extend): train.lr=0.1 was the largest of 2: tried 0.3" in capsys.readouterr().out
@@ -569,7 +569,7 @@ def test_a_filtered_table_waits_only_for_its_own_searches(tmp_path, capsys, monk
             _write(r.path, r.resolved,
                    [{"round": i + 1, "val_acc": 0.5 + (candidate == "lr=0.1") / 10} for i in range(3)])
     started = []
-    monkeypatch.setattr("mpifed.entry.table.run_all", lambda runs, *rest: (started.extend(runs), (0, 0))[1])
+    monkeypatch.setattr("mpifed.tables.running.run_all", lambda runs, *rest: (started.extend(runs), (0, 0))[1])
     root = ["--runs-root", str(tmp_path / "runs")]
     assert table_main([str(table), *root, "--methods", "a", "--run", "0"]) == 0      # b's search is not needed
     assert [(r.method, r.seed, r.candidate) for r in started] == [("a", 0, None), ("a", 1, None)]

@@ -63,43 +63,12 @@ from mpifed import __version__
 from mpifed.settings import config
 from mpifed.files.packaged import find_config
 from mpifed.files.pipes import quiet_when_pipe_closes
-from mpifed.tables import machine_check
 from mpifed.tables.listing import listing
-from mpifed.tables.run_queue import Job, launcher, run_jobs
-from mpifed.tables.summarize import LEAVE_OUT, search_notes, summary_table
+from mpifed.tables.running import dry_run, recheck, reuse, run_table, write_runs
+from mpifed.tables.summarize import LEAVE_OUT, summary_table
 from mpifed.tables.sweep import DEFAULT_METRIC, load_sweep
-from mpifed.tables.table_file import Table, TableRun, load_table, resolve, settled, status
-from mpifed.tables.table_store import archive_table, prune, reuse_runs, settled_runs_under
-
-
-# ------------------------------------------------------------------ running
-def run_all(runs: list[TableRun], ranks: int, added: list[str], again: str, parallel: int = 1) -> tuple[int, int]:
-    """Run the unfinished ``runs`` (``parallel`` at a time); returns (exit code, runs skipped because
-    another process is running them). A stop signal ends the table after the runs in progress
-    have stopped cleanly; a failure, after they have finished."""
-    todo = [r for r in runs if not settled(r.path)]
-    jobs = [Job(r.path, r.args(added), r.root / "logs" / f"{r.name}.txt" if r.candidate is None
-                else r.root.parent / "logs" / "tuning" / f"{r.name}.txt") for r in todo]
-    out = run_jobs(jobs, ranks, parallel, say=lambda text: print(f"[mpifed.table] {text}", flush=True))
-    if out.received:
-        print(f"[mpifed.table] {', '.join(dict.fromkeys(out.received))} received: the table stopped after the runs in "
-              f"progress (exit code {out.code}). Continue it with:\n  {again}", file=sys.stderr, flush=True)
-    elif out.failed:
-        print(f"[mpifed.table] stopping after {len(out.failed)} failed run(s). Continue the table with:\n  {again}",
-              file=sys.stderr, flush=True)
-    return out.code, out.skipped
-
-
-def _write_runs(table: Table, added: list[str], path: str) -> str:
-    if table.pending:
-        runs = [r for r in table.search if not settled(r.path)]
-        Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in runs))
-        return (f"{len(runs)} search runs written to {path}; submit them with:\n"
-                f"  sbatch --array=0-{len(runs) - 1} slurm/array.sbatch {path}\n"
-                f"when they have finished, run --write-runs again: it makes the choice and writes the table's runs")
-    Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in table.runs))
-    return (f"{len(table.runs)} runs written to {path}; submit with:\n"
-            f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
+from mpifed.tables.table_file import Table, load_table, resolve
+from mpifed.tables.table_store import archive_table, prune
 
 
 def _loaded(a: argparse.Namespace, added: list[str], record: bool) -> Table:
@@ -147,100 +116,6 @@ def _archive(table: Table, a: argparse.Namespace, added: list[str]) -> int:
                           *set_again, "--summary"])
     print(archive_table(table, Path(a.archive), summary))
     return 0
-
-
-def _reuse(table: Table, a: argparse.Namespace, added: list[str]) -> int:
-    """--reuse: copy identical runs in, again after each search they complete, until none is left."""
-    found: dict[str, list[Path]] = {}
-    for folder in map(Path, a.reuse):
-        if not folder.is_dir():
-            raise config.ConfigError(f"--reuse {folder}: no such folder")
-        for digest, paths in settled_runs_under(folder).items():
-            found.setdefault(digest, []).extend(paths)
-    reused = 0
-    while copied := reuse_runs(table, found):
-        for source, r in copied:
-            print(f"[mpifed.table] reused {source} as {r.path}", flush=True)
-        reused += len(copied)
-        table = _loaded(a, added, record=True)
-    left = sum(not settled(r.path) for r in table.search + table.runs)
-    waiting = sum((r.setting, r.method) in table.pending for r in table.runs)
-    print(f"[mpifed.table] {reused} runs reused from {', '.join(a.reuse)}; {left} of the table's runs still to make"
-          + (f", {waiting} of them after their search" if waiting else "") + " (--list shows them)")
-    return 0
-
-
-def _recheck(table: Table, a: argparse.Namespace, added: list[str], again: str) -> int:
-    """--recheck: each mixed-machine search's other machines' best candidates run here, then the verdicts."""
-    folder = Path(a.recheck)
-    if folder.resolve() == table.root.parent.resolve():
-        raise config.ConfigError(f"--recheck {folder}: that is the table's own runs folder; name another")
-    here, held = machine_check.this_machine(), machine_check.rechecked_on(table, folder)
-    if held is not None and not machine_check.same_cpu(held, here):
-        cpu = " + ".join(sorted(held["cpu_id"])) or "no CPU identity"
-        print(f"[mpifed.table] {folder}'s re-runs ran on another machine ({cpu}): their verdicts, nothing run here "
-              f"(a recheck of this machine needs a folder of its own)", flush=True)
-        return _print(machine_check.report(machine_check.plan(table, folder, held), table, held))
-    reruns = [r for check in machine_check.plan(table, folder, held or here) for g in check.groups for r in g.reruns]
-    if reruns:
-        code, _ = run_all(reruns, 0, added, again, a.parallel)
-        if code != 0:
-            return code
-    here = machine_check.rechecked_on(table, folder) or here        # as the re-runs recorded it (their GPU)
-    return _print(machine_check.report(machine_check.plan(table, folder, here), table, here))
-
-
-def _run(table: Table, a: argparse.Namespace, added: list[str], again: str) -> int:
-    """--tune and --run: the search first (where the table has one still to choose, or with --tune),
-    then (--run) the table's runs and its summary."""
-    ranks = a.tune if a.tune is not None else a.run
-    skipped = 0
-    if table.tuning is not None and (table.pending or a.tune is not None):
-        tried: set[Path] = set()
-        while True:
-            tried |= {r.path for r in table.search}
-            code, skipped = run_all(table.search, ranks, added, again, a.parallel)
-            if code != 0:
-                return code
-            table = _loaded(a, added, record=True)
-            # a choice at an end of an extended key (tuning.extend) adds candidates: run those too
-            if skipped or not table.pending or {r.path for r in table.search} <= tried:
-                break
-        for line in search_notes(table):
-            print(f"[mpifed.table] {line}", flush=True)
-        if a.tune is not None or table.pending:
-            if skipped:
-                print(f"[mpifed.table] {skipped} search runs are running elsewhere; the choice is made once they "
-                      f"finish", flush=True)
-            return 0
-    code, more = run_all(table.runs, ranks, added, again, a.parallel)
-    skipped += more
-    if code != 0:
-        return code
-    if skipped:
-        print(f"[mpifed.table] {skipped} runs were skipped because other processes are running them; --summary "
-              f"counts them once they finish", flush=True)
-    print(summary_table(table, a.reference))
-    return 0
-
-
-def dry_run(table: Table, a: argparse.Namespace, added: list[str]) -> str:
-    """What ``--run``/``--tune`` would do now, written nothing: the runs it would make (the search's
-    first, where it has one still to choose), each with its directory and command."""
-    ranks = a.tune if a.tune is not None else a.run
-    searching = table.tuning is not None and (table.pending or a.tune is not None)
-    todo = [r for r in (table.search if searching else table.runs) if not settled(r.path)]
-    how = f"{ranks} ranks each" if ranks else "the debug mode (one process each)"
-    lines = [f"# dry run: nothing was written. Now {len(todo)} {'search ' if searching else ''}runs would run, with "
-             f"{how}, {a.parallel} at a time:"]
-    start = shlex.join(["python", *launcher(ranks)[1:]])
-    lines += [f"{r.path}  ({status(r)}): {start} {shlex.join(r.args(added))}" for r in todo]
-    if searching and a.tune is None:
-        waiting = sum((r.setting, r.method) in table.pending for r in table.runs)
-        lines.append(f"# then the choice of each search, and the table's {waiting} runs that wait for it")
-    elif not todo:
-        lines.append("# nothing to run: every run is settled (finished or diverged); --summary reports them")
-    return "\n".join(lines)
 
 
 def _print(text: str) -> int:
@@ -366,12 +241,13 @@ def main(argv: list[str] | None = None) -> int:
         record = not a.dry_run and (a.tune is not None or a.run is not None or a.write_runs is not None
                                     or a.reuse is not None)
         table = _loaded(a, added, record)
+        ranks = a.tune if a.tune is not None else a.run
         if a.dry_run:
-            return _print(dry_run(table, a, added))
+            return _print(dry_run(table, ranks, a.tune is not None, added, a.parallel))
         if a.list:
             return _print(listing(table, added, a.commands))
         if a.write_runs:
-            return _print(_write_runs(table, added, a.write_runs))
+            return _print(write_runs(table, added, a.write_runs))
         if a.summary:
             mine = find_config(a.table).resolve() if a.table else None
             family = [_family_table(path, a, added) for path in dict.fromkeys(a.family or [])
@@ -382,10 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.prune:
             return _print(prune(table))
         if a.reuse:
-            return _reuse(table, a, added)
+            return reuse(table, a.reuse, lambda: _loaded(a, added, record=True))
         if a.recheck:
-            return _recheck(table, a, added, again)
-        return _run(table, a, added, again)
+            return recheck(table, Path(a.recheck), added, again, a.parallel)
+        return run_table(table, ranks, a.tune is not None, added, again, lambda: _loaded(a, added, record=True),
+                         a.parallel, a.reference)
     except (config.ConfigError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
             raise       # the reader went away: quiet_when_pipe_closes ends the command quietly
