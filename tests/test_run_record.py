@@ -10,8 +10,10 @@ from mpifed.run import rundir
 from mpifed.run.record import RunRecord
 from mpifed.run.rundir import RunDir
 from mpifed.run.state import RunState
+from mpifed.tables.collection import collect
 from mpifed.tables.estimate import estimate
 from mpifed.tables.listing import listing
+from mpifed.tables.report_tables import tables_of, write_tables
 from mpifed.tables.summarize import summary_table
 from mpifed.tables.table_file import load_table, resolve, status
 
@@ -69,7 +71,7 @@ def test_only_the_run_directory_spells_a_runs_file_names_or_compares_a_state_as_
         found)
 
 
-def test_a_tables_listing_estimate_and_summary_need_no_command_line(tmp_path):
+def test_a_tables_listing_estimate_summary_and_report_need_no_command_line(tmp_path):
     table = write_table(tmp_path / "t", tmp_path / "data", seeds="[0, 1]")
     t = load_table(table, str(tmp_path / "runs"))
     resolve(t, [])
@@ -81,3 +83,6 @@ def test_a_tables_listing_estimate_and_summary_need_no_command_line(tmp_path):
     assert "62.50" in grid and "new" in grid
     assert estimate(t).startswith("estimated time left, one run at a time: 2m for 1 runs, from 1 finished")
     assert "62.50" in summary_table(t)
+    written = write_tables(tables_of(collect([str(table)], str(tmp_path / "runs"), [], None)), tmp_path / "report")
+    assert [p.name for p in written] == ["table.md", "table.csv", "table.tex"]
+    assert "62.50" in written[0].read_text()

@@ -36,7 +36,7 @@ from mpifed.files import safe_yaml
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.collection import Collection, ReportError, check_metric, collect
 from mpifed.tables.figures import FORMATS, figures
-from mpifed.tables.report_tables import csv_text, latex, tables_of
+from mpifed.tables.report_tables import tables_of, write_tables
 
 
 @quiet_when_pipe_closes
@@ -84,13 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = tables_of(c)
     for note in c.notes:
         print(f"[mpifed.report] warning: {note}", file=sys.stderr)
-    tables = [out / "table.md", out / "table.csv", out / "table.tex"]
     drawn: dict[str, list[Path]] = {}
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "table.md").write_text(summary.markdown() + "\n")
-        (out / "table.csv").write_text(csv_text(summary))
-        (out / "table.tex").write_text(latex(summary))
+        tables = write_tables(summary, out)
         try:
             plots.require()
             layout = plots.Layout(a.width or plots.SIZES[a.size], title=not a.no_title)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from pathlib import Path
 from typing import Any
 
 from mpifed.run import results
@@ -27,6 +28,16 @@ def tables_of(c: Collection) -> Summary:
     summary.display = {m: display_name(m) for m in summary.methods}
     return summary
 
+
+
+def write_tables(s: Summary, out: Path) -> list[Path]:
+    """Write the tables into the folder ``out`` (made if need be): table.md (as ``--summary`` prints it),
+    table.csv (:func:`csv_text`) and table.tex (:func:`latex`); the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "table.md", out / "table.csv", out / "table.tex"]
+    for path, text in zip(written, (s.markdown() + "\n", csv_text(s), latex(s))):
+        path.write_text(text)
+    return written
 
 PAIRED = ["vs", "difference", "ci_low", "ci_high", "seeds_ahead", "seeds", "p", "verdict"]
 
