@@ -50,6 +50,7 @@ def read_index(root: Path, name: str) -> np.ndarray:
 
 
 def write_index(root: Path, sizes: np.ndarray, counts: np.ndarray) -> None:
+    """Write the folder ``root``'s index: each client's number of samples (``sizes``) and class counts."""
     with h5py.File(root / INDEX, "w", libver="earliest", track_order=False) as f:
         f.create_dataset("num_samples", data=np.ascontiguousarray(sizes, dtype=np.int64), track_times=False)
         f.create_dataset("class_counts", data=np.ascontiguousarray(counts, dtype=np.int64), track_times=False)
