@@ -133,3 +133,11 @@ def test_traces_are_prepared_with_the_data_and_drive_the_clock(tmp_path):
     behave.write_text("client_id,finish_time,active,inactive\n1,100,0,100\n2,100,0,100\n")
     run_debug(tiny(tmp_path, *sets, name="other-trace"))
     assert len([p for p in (tmp_path / "data").iterdir() if (p / "traces").is_dir()]) == 2
+
+
+def test_oorts_exploration_window_is_a_full_sorts_first_entries():
+    from mpifed.federation.selection import _largest
+    rng = np.random.default_rng(1)
+    for n, count in [(10, 3), (1000, 50), (1000, 1000), (100_000, 500), (7, 9)]:
+        values, ids = rng.integers(0, 20, n).astype(float), rng.permutation(n)
+        assert np.array_equal(_largest(values, ids, count), np.lexsort((ids, -values))[:count])

@@ -204,8 +204,18 @@ class Oort(Selector):
             slow = seconds > preferred
             reward[slow] *= (preferred / np.maximum(seconds[slow], 1e-4)) ** self.options.round_penalty
         window = min(len(untried), int(self.options.sample_window * count))
-        top = np.lexsort((untried, -reward))[:window]
+        top = _largest(reward, untried, window)
         return untried[rng.choice(top, size=count, replace=False, p=_shares(reward[top], count))]
+
+
+def _largest(values: np.ndarray, ids: np.ndarray, count: int) -> np.ndarray:
+    """The positions of the ``count`` largest ``values``, largest first, ties by id: a full sort's first
+    ``count``, sorting only the values at least the count-th largest (a million clients: milliseconds)."""
+    if 0 < count < len(values):
+        values_at_least = np.partition(values, len(values) - count)[len(values) - count]
+        near = np.flatnonzero(values >= values_at_least)
+        return near[np.lexsort((ids[near], -values[near]))][:count]
+    return np.lexsort((ids, -values))[:count]
 
 
 def _shares(weights: np.ndarray, count: int) -> np.ndarray | None:
