@@ -5,12 +5,13 @@
 
 Per population and selector, on rank 0's side only (no training): the time to set up the round's
 plan (:class:`mpifed.round.timeline.Timeline`: devices, availability, each client's expected
-seconds), then per round the plan (availability, the selector, local work, the clock's plan) and
-the selector's update from the round's outcome; the memory the set-up holds and the most the
-rounds add (tracemalloc, which counts numpy's arrays). Times are CPU seconds of this process
-(time.process_time), so a busy machine does not inflate them; tracemalloc slows allocation a little. The federation is FedScale-like: log-normal
-speeds and bandwidths, on-off availability, 20% dropout, a deadline, over-commitment 1.3, partial
-stragglers. The issue's budget at 10^6 clients: at most 50 ms a round and 100 MB more memory.
+seconds), then per round the plan (availability, the selector, local work, the clock's plan) and the
+selector's update from the round's outcome; the memory the set-up holds and the most the rounds add
+(tracemalloc, which counts numpy's arrays). Times are CPU seconds of this process
+(time.process_time), so a busy machine does not inflate them; tracemalloc slows allocation a little.
+The federation is FedScale-like: log-normal speeds and bandwidths, on-off availability, 20% dropout,
+a deadline, over-commitment 1.3, partial stragglers. The issue's budget at 10^6 clients: at most 50
+ms a round and 100 MB more memory.
 """
 from __future__ import annotations
 
