@@ -15,7 +15,7 @@ from mpifed.settings import config
 SIMULATED = ("data.num_clients=10", "train.participation=0.5", "train.local_epochs=2", "system.clock=true",
              "system.speed_sigma=0.5", "system.bandwidth=100000", "system.bandwidth_sigma=0.5", "system.dropout=0.2",
              "system.deadline=1.5", "system.overcommit=1.3", "system.stragglers=partial")
-SELECTORS = ("uniform", "weighted", "oort")
+SELECTORS = ("uniform", "weighted", "oort", "pow_d")
 
 
 def timeline(*sets: str, clients: int = 50) -> Timeline:
@@ -34,7 +34,7 @@ def test_uniform_selection_without_the_clock_samples_todays_clients(participatio
 
 
 def test_local_work_draws_fewer_steps_keyed_by_round_and_client():
-    full = full_steps(np.arange(50) % 7 * 10 + 20, 0.0, 32, 2, 0)
+    full = full_steps(np.arange(50) % 7 * 10 + 20, 32, 2, 0)
     uniform = timeline("system.local_work=uniform", "train.participation=1.0")
     a, b = uniform.plan(0), timeline("system.local_work=uniform", "train.participation=1.0").plan(0)
     assert a.steps == b.steps and a.steps and all(1 <= n < full[c] for c, n in a.steps.items())
@@ -141,3 +141,21 @@ def test_oorts_exploration_window_is_a_full_sorts_first_entries():
     for n, count in [(10, 3), (1000, 50), (1000, 1000), (100_000, 500), (7, 9)]:
         values, ids = rng.integers(0, 20, n).astype(float), rng.permutation(n)
         assert np.array_equal(_largest(values, ids, count), np.lexsort((ids, -values))[:count])
+
+
+def test_pow_d_trains_the_candidates_of_highest_loss():
+    line = timeline("selection.name=pow_d", "selection.d=8", "train.participation=0.06")
+    candidates = line.probe(0)
+    assert len(candidates) == 8 and len(set(candidates)) == 8
+    line.probed({int(c): float(i) for i, c in enumerate(candidates)})      # the later candidates lose more
+    assert list(line.plan(0).clients) == sorted(int(c) for c in candidates[-3:])
+    assert line.candidates is None and line.last.probed == 8
+
+
+def test_pow_d_probes_under_the_clock_and_is_charged_for_it(tmp_path):
+    run_debug(tiny(tmp_path, "selection.name=pow_d", "train.participation=0.4", "system.clock=true",
+                   "system.bandwidth=100000", name="pow-d"))
+    rows = metrics(tmp_path / "runs" / "pow-d")
+    model_bytes = rows[0]["bytes_up"] // rows[0]["clients"]     # FedAvg: a model and a weight up, a model down
+    assert all(r["clients"] == 2 for r in rows)
+    assert all(abs(r["bytes_down"] - 6 * model_bytes) < 6 * 1024 for r in rows)   # 4 candidates probed, 2 trained

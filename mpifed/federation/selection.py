@@ -11,6 +11,9 @@ same clients in the debug mode, under MPI and after a resume.
   bit for bit);
 * ``weighted``: k of them with probability proportional to their sample counts, without
   replacement;
+* ``pow_d``: Power-of-Choice (Cho et al., AISTATS 2022): d candidates drawn in proportion to their
+  sample counts, without replacement; each computes its loss on the current global model (the
+  probe, a phase before the round's plan), and the k with the highest losses train;
 * ``oort``: Oort (Lai et al., OSDI 2021) with FedScale's published defaults: exploitation by
   statistical utility (samples x the client's training loss; the paper's root mean square of
   per-sample losses is not recorded by mpifed, the mean is) plus a staleness bonus, scaled down by
@@ -39,6 +42,7 @@ class Known:
 
     sizes: np.ndarray
     expected_seconds: np.ndarray | None = None
+    losses: dict[int, float] | None = None      # a probing selector's candidates: their loss on the global model
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Selector:
 
     Options: ClassVar[type] = NoOptions
     state: ClassVar[tuple[str, ...]] = ()
+    probes: ClassVar[bool] = False      # picks from candidates' losses on the global model (:meth:`candidates`)
 
     def __init__(self, options: Any) -> None:
         self.options = options
@@ -66,6 +71,12 @@ class Selector:
                known: Known) -> np.ndarray:
         """The ids of k (at most ``len(available)``) of the ``available`` client ids, sorted."""
         raise NotImplementedError
+
+    def candidates(self, server_round: int, available: np.ndarray, k: int, rng: np.random.Generator,
+                   known: Known) -> np.ndarray:
+        """A probing selector's candidates, sorted: the clients whose loss on the global model the round
+        computes before :meth:`select` picks among them (``known.losses``)."""
+        raise NotImplementedError(f"{type(self).__name__} sets probes but does not define candidates()")
 
     def observe(self, server_round: int, outcomes: list[Outcome]) -> None:
         """Learn from the round just trained (default: nothing)."""
@@ -96,6 +107,31 @@ class Weighted(Selector):
         m = min(k, int(np.count_nonzero(sizes)))
         picked = rng.choice(len(available), size=m, replace=False, p=sizes / sizes.sum())
         return np.sort(available[picked])
+
+
+@dataclass
+class PowDOptions:
+    d: int = opt(0, "candidates probed a round (0: twice the clients the round samples)", min=0)
+
+
+@SELECTORS.register("pow_d")
+class PowD(Selector):
+    """Power-of-Choice (Cho et al., AISTATS 2022): the k highest local losses of d candidates."""
+
+    Options = PowDOptions
+    probes = True
+
+    def candidates(self, server_round, available, k, rng, known):
+        d = min(self.options.d or 2 * k, len(available))
+        sizes = known.sizes[available].astype(np.float64)
+        picked = rng.choice(len(available), size=min(d, int(np.count_nonzero(sizes))), replace=False,
+                            p=sizes / sizes.sum())
+        return np.sort(available[picked])
+
+    def select(self, server_round, available, k, rng, known):
+        losses = known.losses or {}
+        ranked = sorted((int(c) for c in available), key=lambda c: (-losses.get(c, -math.inf), c))
+        return np.sort(np.array(ranked[:k], dtype=np.int64))
 
 
 @dataclass

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifed.data.store import EvalBatch
+from mpifed.data.store import ClientData, EvalBatch, take
 from mpifed.data.transforms import BatchTransform
 
 
@@ -45,6 +45,19 @@ def evaluate_share(model: Callable[[Any], torch.Tensor], transform: BatchTransfo
         if b.groups is not None and out["group_correct"].numel():
             out["group_correct"] += torch.bincount(b.groups.cpu()[hit], minlength=out["group_correct"].numel()).double()
     return buf
+
+
+@torch.no_grad()
+def client_loss(model: Callable[[Any], torch.Tensor], transform: BatchTransform, data: ClientData,
+                batch_size: int) -> float:
+    """A client's mean cross-entropy on its training samples under ``model`` (eval mode, no augmentation),
+    in batches of ``batch_size`` taken in order: what a probing selector asks a candidate for."""
+    total = 0.0
+    for start in range(0, data.num_samples, batch_size):
+        idx = torch.arange(start, min(start + batch_size, data.num_samples), device=data.labels.device)
+        logits = model(transform.eval(take(data.inputs, idx)))
+        total += float(F.cross_entropy(logits.float(), data.labels[idx], reduction="sum"))
+    return total / max(data.num_samples, 1)
 
 
 # the figures evaluation_figures returns

@@ -7,6 +7,9 @@ workers cannot disagree about the sequence; whether an optional phase happens is
 by the broadcast plan or by the layouts, which every rank builds the same. What travels is
 laid out once, in :class:`Layouts`, from the method's ``Messages``::
 
+    probe        server -> all -> server   a probing selector's (selection: pow_d) candidates and the global
+                                     model out, each candidate's loss on it back (optional: every rank knows
+                                     from the config; the downlink then need not send the model again)
     plan         server -> all       which clients train where, the learning rate, evaluate? stop?
     migrate      worker -> worker    client state held by another worker (point to point)
     downlink     server -> all       the global model and the method's down tensors (Bcast); after an
@@ -184,6 +187,9 @@ class Trained:
 
 
 class ServerSide(Protocol):
+    def probe(self) -> list[list[int]] | None: ...
+    def probe_model(self) -> dict[str, torch.Tensor]: ...
+    def probed(self, losses: dict[int, float]) -> None: ...
     def plan(self) -> RoundPlan: ...
     def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]: ...
     def aggregate(self, plan: RoundPlan, replies: Replies, model_sums: dict[str, torch.Tensor]) -> None: ...
@@ -196,6 +202,7 @@ class ServerSide(Protocol):
 class WorkerSide(Protocol):
     index: int
 
+    def probe(self, weights: torch.Tensor, ints: torch.Tensor, clients: list[int]) -> list[tuple[int, float]]: ...
     def start_round(self, plan: RoundPlan, down: Downlink) -> None: ...
     def statistics(self, plan: RoundPlan) -> dict[str, torch.Tensor]: ...
     def use_statistics(self, totals: Fields) -> None: ...
@@ -224,8 +231,9 @@ class RoundProtocol:
     """Walks the phases of every round on one rank, with the roles this rank plays."""
 
     def __init__(self, layouts: Layouts, world: Comm, peers: Comm, server: ServerSide | None,
-                 worker: WorkerSide | None, clients_per_round: int) -> None:
+                 worker: WorkerSide | None, clients_per_round: int, probes: bool = False) -> None:
         self.layouts = layouts
+        self.probes = probes        # the selector probes candidates before each plan
         self.world = world
         self.peers = peers          # the workers only (statistics, client-state moves)
         self.server = server
@@ -246,6 +254,8 @@ class RoundProtocol:
         start = time.perf_counter()
         server, worker, world = self.server, self.worker, self.world
 
+        if self.probes:                                                             # probe
+            self._probe()
         plan = server.plan() if server else None                                    # plan
         world.sync("start of round")
         plan = world.bcast_object(plan, what="plan: broadcast")
@@ -300,6 +310,24 @@ class RoundProtocol:
         gathered = self.world.gather_object(usage(), what="stop: gather of the resource usage")
         if self.server:
             self.server.stopped(gathered)
+
+    def _probe(self) -> None:
+        """The candidates (split over the workers) and the global model to every rank, each candidate's loss
+        back to the server; afterwards every rank holds the global model, so the downlink need not send it."""
+        server, worker, world = self.server, self.worker, self.world
+        split = server.probe() if server else None
+        world.sync("probe")
+        split = world.bcast_object(split, what="probe: broadcast of the candidates")
+        if split is None:       # the next plan stops the run
+            return
+        buf = self.layouts.model.pack(server.probe_model()) if server else self.layouts.model.empty()
+        world.bcast_buffer(buf, what="probe: broadcast of the global model")
+        views = self.layouts.model.views(buf)
+        mine = worker.probe(views["weights"], views["ints"], split[worker.index]) if worker else []
+        gathered = world.gather_object(mine, what="probe: gather of the losses")
+        self._evaluated = buf
+        if server:
+            server.probed({cid: loss for part in gathered for cid, loss in part})
 
     def _migrate(self, plan: RoundPlan) -> None:
         """Each moved client's state goes from the worker that last trained it to its new worker."""

@@ -86,10 +86,27 @@ class RoundServer:
         note_resume_point(self.describe_checkpoint())
 
     # ------------------------------------------------------------ the round, in order
+    def _stopping(self) -> bool:
+        return self.rounds_done >= self.cfg.train.rounds or stop_requested() or bool(self.worker_stops)
+
+    def probe(self) -> list[list[int]] | None:
+        """A probing selector's candidates for the next round, split over the workers (None: the run stops)."""
+        if self._stopping():
+            return None
+        return assign_clients(self.timeline.probe(self.rounds_done), self.manifest.client_sizes, self.workers)
+
+    def probe_model(self) -> dict[str, torch.Tensor]:
+        return {"weights": self.global_floats, "ints": self.global_ints}
+
+    def probed(self, losses: dict[int, float]) -> None:
+        """The candidates' losses; every rank now holds the global model as it is."""
+        self.timeline.probed(losses)
+        self.model_sent = True
+
     def plan(self) -> RoundPlan:
         """The next round's plan, or the stop plan after the last round or on a stop request."""
         cfg, rnd = self.cfg, self.rounds_done
-        if rnd >= cfg.train.rounds or stop_requested() or self.worker_stops:
+        if self._stopping():
             return RoundPlan(round=rnd, lr=0.0, stop=True, resume_rounds=self._resume_rounds())
         planned = self.timeline.plan(rnd)
         clients = planned.clients

@@ -165,7 +165,10 @@ class Startup:
             world.context = server.describe_checkpoint
             world.hosts.update({r["rank"]: r["host"] for r in ranks})
             signals.on_signal(lambda name: announce_stop(server, name))
-        return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round), server, run, rank)
+        from mpifed.plugin.registry import SELECTORS
+        probes = SELECTORS.get(cfg.selection.name).probes
+        return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round, probes), server,
+                       run, rank)
 
     # ------------------------------------------------------------ agreements
     def _decided(self, phase: str, work: Callable[[], T]) -> T:

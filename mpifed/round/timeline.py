@@ -30,7 +30,7 @@ from mpifed.round.plan import SAMPLING, clients_per_round
 from mpifed.round.protocol import Layouts
 from mpifed.settings.config import Config
 
-LOCAL_WORK, STRAGGLER = 0x10CA, 0x57A6     # keyed streams of the local work's draws
+LOCAL_WORK, STRAGGLER, PROBE = 0x10CA, 0x57A6, 0x960B     # keyed streams: the local work's draws, the probe's
 
 
 @dataclass
@@ -50,6 +50,8 @@ class Planned:
     steps: dict[int, int] = field(default_factory=dict)      # client -> its step limit (absent: the full work)
     sampled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     timing: RoundTiming | None = None                        # the clock's plan (None: the clock is off)
+    probed: int = 0                                          # candidates a probing selector asked for their loss
+    probe_seconds: float = 0.0                               # the probe's simulated time (its slowest candidate)
 
 
 def costs(layouts: Layouts, passes: int) -> Costs:
@@ -60,12 +62,17 @@ def costs(layouts: Layouts, passes: int) -> Costs:
     return Costs(passes, layouts.model.nbytes + layouts.down.nbytes, up)
 
 
-def full_steps(sizes: np.ndarray, client_holdout: float, batch_size: int, local_epochs: int,
-               local_steps: int) -> np.ndarray:
-    """Each client's local steps in a round of full work (as :meth:`ClientContext.batches` counts them)."""
+def training_sizes(sizes: np.ndarray, client_holdout: float) -> np.ndarray:
+    """Each client's samples to train on: its sample count less the rows data.client_holdout keeps."""
     n = np.asarray(sizes, dtype=np.int64)
-    if client_holdout > 0:     # less the rows data.client_holdout keeps from training
+    if client_holdout > 0:
         n = n - np.array([holdout_size(int(c), client_holdout) for c in n], dtype=np.int64)
+    return n
+
+
+def full_steps(n: np.ndarray, batch_size: int, local_epochs: int, local_steps: int) -> np.ndarray:
+    """Each client's local steps in a round of full work for its ``n`` training samples (as
+    :meth:`ClientContext.batches` counts them)."""
     if local_steps:
         return np.full(len(n), local_steps, dtype=np.int64)
     batches = -(-n // batch_size) - ((n > 1) & (batch_size > 1) & (n % batch_size == 1)).astype(np.int64)
@@ -88,8 +95,10 @@ class Timeline:
         self.last: Planned | None = None
         self.today = not s.simulated and cfg.selection.name == "uniform"
         self.sizes = np.asarray(sizes, dtype=np.int64)
-        self.full = None if self.today else full_steps(sizes, cfg.data.client_holdout, cfg.train.batch_size,
-                                                       cfg.train.local_epochs, cfg.train.local_steps)
+        self.trains_on = None if self.today else training_sizes(sizes, cfg.data.client_holdout)
+        self.full = None if self.today else full_steps(self.trains_on, cfg.train.batch_size, cfg.train.local_epochs,
+                                                       cfg.train.local_steps)
+        self.candidates: np.ndarray | None = None    # a probing selector's candidates of the round being planned
         self.policy = Policy(s.deadline, s.overcommit, s.stragglers, s.dropout)
         self.devices: Devices | None = None
         self.availability: Availability | None = None
@@ -130,27 +139,62 @@ class Timeline:
         return comm + d.ms_per_sample[ids] / 1000 * self.cfg.train.batch_size * c.passes * steps
 
     # ------------------------------------------------------------ a round
+    def _available(self) -> np.ndarray:
+        if self.availability is None or self.availability.always:
+            return np.arange(self.num_clients)
+        return np.flatnonzero(self.availability.mask(self.sim_clock))
+
+    @property
+    def probes(self) -> bool:
+        """Whether the selector asks candidates for their loss on the global model before each plan."""
+        return self.selector.probes
+
+    def probe(self, rnd: int) -> np.ndarray:
+        """Round ``rnd`` (0-based)'s candidates of a probing selector, whose losses :meth:`probed` takes."""
+        available = self._available()
+        wanted = self.policy.sampled(self.k) if self.system.clock else self.k
+        rng = keyed.generator(self.seed, PROBE, rnd)
+        self.candidates = self.selector.candidates(rnd + 1, available, wanted, rng, self.known) if len(available) \
+            else np.zeros(0, dtype=np.int64)
+        return self.candidates
+
+    def probed(self, losses: dict[int, float]) -> None:
+        """The candidates' losses on the global model (each on its training samples)."""
+        self.known.losses = losses
+
+    def _probe_seconds(self, ids: np.ndarray) -> float:
+        """The probe's simulated time: its slowest candidate's downlink and forward pass over its samples."""
+        if not len(ids):
+            return 0.0
+        d = self.devices
+        seconds = self.costs.bytes_down * 8 / 1000 / d.kbit_per_s[ids] + \
+            d.ms_per_sample[ids] / 1000 * self.trains_on[ids]
+        return float(seconds.max())
+
     def plan(self, rnd: int) -> Planned:
-        """Round ``rnd`` (0-based)'s clients and their step limits."""
+        """Round ``rnd`` (0-based)'s clients and their step limits (a probing selector's after :meth:`probe`
+        and :meth:`probed`)."""
         rng = keyed.generator(self.seed, SAMPLING, rnd)   # today's sampling draw, for the same (seed, round)
         if self.today:
             picked = self.selector.select(rnd + 1, np.arange(self.num_clients), self.k, rng, self.known)
             self.last = Planned(picked, sampled=picked)
             return self.last
-        available = np.arange(self.num_clients) if self.availability is None or self.availability.always else \
-            np.flatnonzero(self.availability.mask(self.sim_clock))
+        available = self._available() if self.candidates is None else self.candidates
         wanted = self.policy.sampled(self.k) if self.system.clock else self.k
         picked = self.selector.select(rnd + 1, available, wanted, rng, self.known) if len(available) else \
             np.zeros(0, dtype=np.int64)
+        probed, self.candidates = (0 if self.candidates is None else len(self.candidates)), None
         steps = self._local_work(rnd + 1, picked)
         if not self.system.clock:
-            self.last = Planned(picked, {c: n for c, n in steps.items() if n < self.full[c]}, sampled=picked)
+            self.last = Planned(picked, {c: n for c, n in steps.items() if n < self.full[c]}, sampled=picked,
+                                probed=probed)
             return self.last
         c = self.costs
         timing = plan_round(self.seed, rnd + 1, picked, self.k, self.devices, self.policy, steps,
                             self.cfg.train.batch_size, c.passes, c.bytes_down, c.bytes_up)
         kept = np.array(timing.kept, dtype=np.int64)
-        self.last = Planned(kept, {cid: n for cid, n in timing.steps.items() if n < self.full[cid]}, picked, timing)
+        self.last = Planned(kept, {cid: n for cid, n in timing.steps.items() if n < self.full[cid]}, picked, timing,
+                            probed, self._probe_seconds(available) if probed else 0.0)
         return self.last
 
     def _local_work(self, server_round: int, ids: np.ndarray) -> dict[int, int]:
@@ -178,11 +222,12 @@ class Timeline:
         self.selector.observe(rnd + 1, outcomes)
         if timing is None:
             return {}
-        self.sim_clock += timing.sim_time
+        sim_time = planned.probe_seconds + timing.sim_time
+        self.sim_clock += sim_time
         for r in reports:
             r.extra["sim_seconds"] = min(timing.seconds[r.cid], self.system.deadline or timing.seconds[r.cid])
-        return {"sim_time": timing.sim_time, "sim_clock": self.sim_clock,
-                "bytes_down": self.costs.bytes_down * len(planned.sampled),
+        return {"sim_time": sim_time, "sim_clock": self.sim_clock,
+                "bytes_down": self.costs.bytes_down * (len(planned.sampled) + planned.probed),
                 "bytes_up": self.costs.bytes_up * len(planned.clients),
                 "dropped": len(timing.dropped), "stragglers": len(timing.stragglers)}
 

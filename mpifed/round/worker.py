@@ -22,7 +22,7 @@ from mpifed.round.client_state import ClientStates
 from mpifed.data.prepared import Manifest
 from mpifed.data.store import ClientStore, load_client_batches, load_eval_batches
 from mpifed.data.transforms import BatchTransform
-from mpifed.local.evaluation import evaluate_share
+from mpifed.local.evaluation import client_loss, evaluate_share
 from mpifed.local.inference import InferenceCopy
 from mpifed.round.plan import RoundPlan, client_seed
 from mpifed.round.protocol import Layouts, ProtocolError, Trained
@@ -45,6 +45,7 @@ class Worker:
         self.eval_net = InferenceCopy(self.flat)
         self.transform = transform
         self.store = ClientStore(manifest, self.device, cache_mb, client_holdout)
+        self.eval_batch_size = eval_batch_size
         self.eval_batches = load_eval_batches(manifest, eval_batch_size, index, count, self.device, eval_test)
         if client_holdout:
             self.eval_batches += load_client_batches(manifest, client_holdout, eval_batch_size, index, count,
@@ -157,6 +158,14 @@ class Worker:
         self.flat.load(weights.to(self.device), ints.to(self.device))
         self.eval_net.load_from(self.flat)
         return evaluate_share(self.eval_net, self.transform, self.eval_batches, self.layouts.evaluation)
+
+    def probe(self, weights: torch.Tensor, ints: torch.Tensor, clients: list[int]) -> list[tuple[int, float]]:
+        """(client, its mean loss on its training samples) under the global model, for each of ``clients``
+        (a probing selector's candidates that this worker holds)."""
+        self.flat.load(weights.to(self.device), ints.to(self.device))
+        self.eval_net.load_from(self.flat)
+        return [(cid, client_loss(self.eval_net, self.transform, self.store.get(cid), self.eval_batch_size))
+                for cid in clients]
 
     # ---------------------------------------------------------------- client state
     def flush_states(self, resume_rounds: tuple[int, ...]) -> None:
