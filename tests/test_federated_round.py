@@ -159,3 +159,17 @@ def test_pow_d_probes_under_the_clock_and_is_charged_for_it(tmp_path):
     model_bytes = rows[0]["bytes_up"] // rows[0]["clients"]     # FedAvg: a model and a weight up, a model down
     assert all(r["clients"] == 2 for r in rows)
     assert all(abs(r["bytes_down"] - 6 * model_bytes) < 6 * 1024 for r in rows)   # 4 candidates probed, 2 trained
+
+
+def test_a_table_metric_reads_the_simulated_clock():
+    from mpifed.run import results
+    metric = results.Metric.parse({"kind": "final", "time_to": [0.5], "at_times": [2, 10]})
+    assert metric.columns == ["final test_acc", "T(50%) sim s", "at 2 sim s", "at 10 sim s"]
+    assert results.Metric.parse(metric.to_spec()) == metric
+    rows = [{"round": 1, "test_acc": 0.3, "sim_clock": 1.5}, {"round": 2, "sim_clock": 3.0},
+            {"round": 3, "test_acc": 0.6, "sim_clock": 4.5}]
+    assert results.time_to(rows, 0.5) == 4.5 and results.time_to(rows, 0.7) is None
+    assert results.at_time(rows, 2.0) == 0.3 and results.at_time(rows, 10) == 0.6 and results.at_time(rows, 1) is None
+    assert results.time_to([{"round": 1, "test_acc": 0.9}], 0.5) is None     # a run without the clock
+    with pytest.raises(results.MetricError, match="at_times"):
+        results.Metric.parse({"at_times": [-1]})

@@ -8,7 +8,11 @@ A table declares its metric (:class:`Metric`), either as a string, a ``summary.j
 a metrics column (its last value), or as a mapping::
 
     metric: {kind: final | best | last_k | at_best, k: 5, column: test_acc, select: val_acc,
-             rounds_to: [0.65, 0.9], forgetting: true, at_rounds: [10, 50], groups: true}
+             rounds_to: [0.65, 0.9], forgetting: true, at_rounds: [10, 50], groups: true,
+             time_to: [0.65], at_times: [3600]}
+
+``time_to`` and ``at_times`` read the simulated clock (``sim_clock``, a run with ``system.clock``):
+the simulated seconds to reach a target, and ``column`` at a simulated time.
 
 ``at_best`` reads ``column`` at the evaluation where ``select`` (the validation accuracy) is
 highest: the honest form of "best accuracy", which ``best`` takes from the test set itself.
@@ -26,7 +30,7 @@ from mpifed.files.nofollow import LinkRefused, read_text
 from mpifed.run.rundir import METRICS
 
 KINDS = ("final", "best", "last_k", "at_best")
-KEYS = ("kind", "column", "k", "select", "rounds_to", "forgetting", "at_rounds", "groups")
+KEYS = ("kind", "column", "k", "select", "rounds_to", "forgetting", "at_rounds", "groups", "time_to", "at_times")
 
 
 class MetricError(ValueError):
@@ -74,7 +78,9 @@ class Metric:
     for per-domain means). ``rounds_to``: targets whose T(target) gets a column each;
     ``forgetting``: a column of FedNTD's forgetting (Eq. 5); ``at_rounds``: a column each with
     ``column`` at those rounds (the last evaluation at or before it); ``groups``: a column per
-    group (domain) with its accuracy at the evaluation(s) the kind reads."""
+    group (domain) with its accuracy at the evaluation(s) the kind reads. ``time_to``: targets whose
+    simulated seconds to reach them get a column each; ``at_times``: a column each with ``column`` at
+    those simulated seconds (runs on the virtual clock, docs/federations.md)."""
 
     kind: str = "final"
     column: str = "test_acc"
@@ -84,6 +90,8 @@ class Metric:
     select: str = "val_acc"
     at_rounds: tuple[int, ...] = ()
     groups: bool = False
+    time_to: tuple[float, ...] = ()
+    at_times: tuple[float, ...] = ()
 
     @staticmethod
     def parse(spec: Any) -> "Metric":
@@ -104,12 +112,13 @@ class Metric:
         k = spec.get("k", 5)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise MetricError(f"metric.k must be a whole number >= 1, got {k!r}")
-        targets = spec.get("rounds_to", [])
-        if isinstance(targets, (int, float)):
-            targets = [targets]
-        if not isinstance(targets, list) or not all(isinstance(t, (int, float)) and 0 < t <= 1 for t in targets):
-            raise MetricError("metric.rounds_to must be a list of accuracy fractions in (0, 1] (65% is 0.65), got "
-                              f"{targets!r}")
+        targets, time_targets = (_fractions(spec, key) for key in ("rounds_to", "time_to"))
+        times = spec.get("at_times", [])
+        times = [times] if isinstance(times, (int, float)) and not isinstance(times, bool) else times
+        if not isinstance(times, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
+                                                  for t in times):
+            raise MetricError(f"metric.at_times must be a list of simulated seconds above 0, e.g. [3600], got "
+                              f"{times!r}")
         for flag in ("forgetting", "groups"):
             if not isinstance(spec.get(flag, False), bool):
                 raise MetricError(f"metric.{flag} must be true or false, got {spec[flag]!r}")
@@ -125,7 +134,8 @@ class Metric:
             raise MetricError(f"metric.select must be a metrics column such as val_acc, got {select!r}")
         _check_column(str(spec.get("column", "test_acc")))
         return Metric(kind, str(spec.get("column", "test_acc")), k, tuple(float(t) for t in targets),
-                      spec.get("forgetting", False), select, tuple(at_rounds), spec.get("groups", False))
+                      spec.get("forgetting", False), select, tuple(at_rounds), spec.get("groups", False),
+                      tuple(float(t) for t in time_targets), tuple(float(t) for t in times))
 
     def to_spec(self) -> dict[str, Any] | str:
         """The table-file form of this metric (what :meth:`parse` reads back)."""
@@ -137,7 +147,8 @@ class Metric:
         if self.kind == "at_best":
             spec["select"] = self.select
         for name, value in (("rounds_to", list(self.rounds_to)), ("at_rounds", list(self.at_rounds)),
-                            ("forgetting", self.forgetting), ("groups", self.groups)):
+                            ("forgetting", self.forgetting), ("groups", self.groups), ("time_to", list(self.time_to)),
+                            ("at_times", list(self.at_times))):
             if value:
                 spec[name] = value
         return spec
@@ -163,7 +174,8 @@ class Metric:
     def columns(self) -> list[str]:
         """The names of the columns this metric gives a table (the metric first)."""
         return ([self.label] + [f"T({100 * t:g}%)" for t in self.rounds_to] + [f"round {r}" for r in self.at_rounds]
-                + (["forgetting"] if self.forgetting else []))
+                + (["forgetting"] if self.forgetting else []) + [f"T({100 * t:g}%) sim s" for t in self.time_to]
+                + [f"at {t:g} sim s" for t in self.at_times])
 
 
 def read_rows(run_dir: Path, name: str = METRICS) -> list[dict[str, Any]]:
@@ -221,6 +233,20 @@ def rounds_to(rows: list[dict[str, Any]], target: float, column: str = "test_acc
     return next((r for r, v in evaluations(rows, column) if v >= target), None)
 
 
+def time_to(rows: list[dict[str, Any]], target: float, column: str = "test_acc") -> float | None:
+    """The simulated seconds (``sim_clock``) of the first evaluation whose ``column`` is at least
+    ``target``; None: not reached, or a run without the virtual clock."""
+    return next((r["sim_clock"] for r in rows if "sim_clock" in r and (v := entry(r, column)) is not None
+                 and v >= target), None)
+
+
+def at_time(rows: list[dict[str, Any]], seconds: float, column: str = "test_acc") -> float | None:
+    """``column`` at simulated time ``seconds``: its last evaluation whose ``sim_clock`` is at or before
+    it (None: none yet, or a run without the virtual clock)."""
+    found = [v for r in rows if r.get("sim_clock", float("inf")) <= seconds and (v := entry(r, column)) is not None]
+    return found[-1] if found else None
+
+
 def forgetting(rows: list[dict[str, Any]]) -> float | None:
     """FedNTD's forgetting (Eq. 5) over the evaluations' per-class accuracies."""
     return forgetting_of([r["per_class_acc"] for r in rows if r.get("per_class_acc") is not None])
@@ -236,6 +262,17 @@ def at_best(rows: list[dict[str, Any]], select: str = "val_acc",
     """``column`` at the first evaluation where ``select`` is highest, and that round."""
     chosen = _selected_row(rows, select, column)
     return (entry(chosen, column), int(chosen.get("round", 0))) if chosen is not None else (None, None)
+
+
+def _fractions(spec: dict[str, Any], key: str) -> list[float]:
+    """A metric's list of accuracy targets (``rounds_to``, ``time_to``), checked."""
+    targets = spec.get(key, [])
+    if isinstance(targets, (int, float)):
+        targets = [targets]
+    if not isinstance(targets, list) or not all(isinstance(t, (int, float)) and 0 < t <= 1 for t in targets):
+        raise MetricError(f"metric.{key} must be a list of accuracy fractions in (0, 1] (65% is 0.65), got "
+                          f"{targets!r}")
+    return targets
 
 
 def at_round(rows: list[dict[str, Any]], rnd: int, column: str = "test_acc") -> float | None:

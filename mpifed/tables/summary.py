@@ -497,6 +497,8 @@ class _RunValues:
         out += [results.rounds_to(self.rows, t, metric.column) for t in metric.rounds_to]
         out += [results.at_round(self.rows, r, metric.column) for r in metric.at_rounds]
         out += [results.forgetting(self.rows)] if metric.forgetting else []
+        out += [results.time_to(self.rows, t, metric.column) for t in metric.time_to]
+        out += [results.at_time(self.rows, t, metric.column) for t in metric.at_times]
         return out
 
 
