@@ -173,3 +173,34 @@ def test_a_table_metric_reads_the_simulated_clock():
     assert results.time_to([{"round": 1, "test_acc": 0.9}], 0.5) is None     # a run without the clock
     with pytest.raises(results.MetricError, match="at_times"):
         results.Metric.parse({"at_times": [-1]})
+
+
+SELECTOR_PLUGIN = '''"""Selection of a user's own: the k available clients of the lowest ids."""
+import numpy as np
+
+from mpifed.federation.selection import Selector
+from mpifed.registry import SELECTORS
+
+
+@SELECTORS.register("lowest_ids")
+class LowestIds(Selector):
+    def select(self, server_round, available, k, rng, known):
+        return np.sort(available)[:k]
+'''
+
+
+def test_a_selector_from_a_plugin_file_selects_and_is_recorded_by_hash(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO, env
+    plugin = tmp_path / "lowest.py"
+    plugin.write_text(SELECTOR_PLUGIN)
+    p = subprocess.run([sys.executable, "-m", "mpifed.main", *tiny(tmp_path, "selection.name=lowest_ids",
+                                                                     "train.participation=0.4", name="mine"),
+                        "--plugin", str(plugin)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = tmp_path / "runs" / "mine"
+    assert [sorted(c["cid"] for c in per_round) for per_round in _clients(run)] == [[0, 1], [0, 1]]
+    saved = config.read_yaml(run / "config.yaml")
+    assert saved["code"]["selection"] and len(saved["code"]["selection"]) == 64

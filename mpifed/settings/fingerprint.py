@@ -22,8 +22,10 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     depends on it; and the keys the chosen method declares it depends on, ``Algorithm.depends_on``)."""
     out = _filter_math(Config, d)
     for key, default in _later_defaults().items():
-        if out.get(key) == default:     # a run that leaves a later section at its defaults keeps its identity
-            out.pop(key)
+        *parents, last = key.split(".")
+        holder = lookup(out, ".".join(parents)) if parents else out
+        if isinstance(holder, dict) and holder.get(last, default) == default:   # at its default: the identity the
+            holder.pop(last, None)                                               # run had before the key existed
     train = d.get("train", {})
     if isinstance(train, dict) and train.get("lr_schedule") == "cosine":
         out.setdefault("train", {})["rounds"] = train.get("rounds")
@@ -36,10 +38,11 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _later_defaults() -> dict[str, Any]:
-    """The sections added after runs were archived (the server optimiser, client selection, the simulated
-    federation) at their defaults: absent from the math fingerprint, as they were before the sections existed."""
+    """The keys added after runs were archived (the server optimiser, client selection, the simulated
+    federation, a selection plugin's hash) at their defaults: absent from the math fingerprint, as they were
+    before they existed."""
     return {"server_optimizer": Config().server_optimizer.to_dict(), "selection": Config().selection.to_dict(),
-            "system": to_dict(SystemConfig())}
+            "system": to_dict(SystemConfig()), "code.selection": None}
 
 
 def _method_depends_on(d: dict[str, Any]) -> tuple[str, ...]:

@@ -193,6 +193,8 @@ class CodeConfig:
     model: str | None = opt(None, "SHA-256 of the plugin that defines the chosen model (null: mpifed's own)")
     dataset: str | None = opt(None, "SHA-256 of the plugin that defines the chosen data set (null: mpifed's own)")
     partition: str | None = opt(None, "SHA-256 of the plugin that defines the chosen partition (null: mpifed's own)")
+    selection: str | None = opt(None, "SHA-256 of the plugin that defines the chosen client selection (null: "
+                                      "mpifed's own)")
 
 
 @dataclass
