@@ -321,3 +321,77 @@ def test_a_hook_that_still_takes_rnd_is_refused_when_loaded(tmp_path):
                                                   r"server_round, counted from 1"):
         plugins.load(str(old))
     assert "plug_old" not in ALGORITHMS
+
+
+def package_form(tmp_path, source, monkeypatch, init=""):
+    """The package ``mylab`` (``mylab/methods.py`` holding ``source``, ``mylab/__init__.py`` holding
+    ``init``) on the path, as ``pip install`` of a file's code as a package would place it."""
+    write(tmp_path / "pkg" / "mylab" / "__init__.py", init)
+    write(tmp_path / "pkg" / "mylab" / "methods.py", source)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    return tmp_path / "pkg" / "mylab"
+
+
+def test_a_file_and_the_package_that_holds_it_are_one_code_with_one_hash(tmp_path, monkeypatch):
+    f = write(tmp_path / "mine.py", method())
+    package_form(tmp_path, method(), monkeypatch)
+    as_file = plugins.load(str(f))
+    assert as_file.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert plugins.load("mylab.methods") is as_file                    # not registered twice
+    plugins.unload(as_file)
+    as_package = plugins.load("mylab.methods")
+    assert as_package.sha256 == as_file.sha256 and plugins.load(str(f)) is as_package
+    (tmp_path / "pkg" / "mylab" / "__init__.py").write_text('"""Now it says something."""\n')
+    plugins.unload(as_package)
+    assert plugins.load("mylab.methods").sha256 != as_file.sha256      # a non-blank file is code
+
+
+def test_the_content_hash_ignores_names_and_blank_files_but_not_content():
+    one = {"a.py": b"x = 1\n"}
+    assert plugins.content_sha(one) == hashlib.sha256(b"x = 1\n").hexdigest()
+    assert plugins.content_sha({"p/__init__.py": b"", "p/b.py": b"x = 1\n", "p/c.py": b"\n  \n"}) == \
+        plugins.content_sha(one)
+    two = {"a.py": b"x = 1\n", "b.py": b"y = 2\n"}
+    assert plugins.content_sha(two) == plugins.content_sha({"q/z.py": b"y = 2\n", "q/y.py": b"x = 1\n"})
+    assert plugins.content_sha(two) not in (plugins.content_sha(one), plugins.content_sha({"a.py": b"y = 2\n"}))
+
+
+def archived_package_run(tmp_path, monkeypatch):
+    """A run folder made by an older mpifed with the package form of :func:`method` (its helper a
+    second file): provenance and config record the package hashed by its paths. Returns (records,
+    run, the config dict, the old hash)."""
+    source = method().replace("0.05", "__import__('mylab.helpers').helpers.PENALTY")
+    folder = package_form(tmp_path, source, monkeypatch)
+    write(folder / "helpers.py", "PENALTY = 0.05\n")
+    p = plugins.load("mylab.methods")
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [r for r in plugins.keep_copies(run, [("algorithm", "plug_penalty")]) if r["sha256"] == p.sha256]
+    old = plugins.legacy_shas("module", p.sources).pop()
+    assert old != p.sha256
+    _, d = config.load([], ["algorithm.name=plug_penalty"], plugins=["mylab.methods"])
+    plugins.unload(p)
+    plugins._aliases.pop(old)            # a fresh process: nothing known of the old hash yet
+    records = [{**r, "sha256": old} for r in records]
+    return records, run, {**d, "code": {**d["code"], "algorithm": old}}, old
+
+
+def test_a_run_recorded_with_a_packages_older_hash_resumes_and_matches_the_same_code(tmp_path, monkeypatch):
+    records, run, stored, old = archived_package_run(tmp_path, monkeypatch)
+    given = plugins.load("mylab.methods")
+    assert old in given.aliases and plugins.canonical(old) == given.sha256
+    assert plugins.restore(records, run, "the run", changed="refuse") == [given]     # no trust needed: the same code
+    _, now = config.load([], ["algorithm.name=plug_penalty"], plugins=["mylab.methods"])
+    assert config.checkpoint_changes(config.math_fingerprint(stored), now) == ([], [])
+    assert config.result_fingerprint(config.recorded(stored).to_dict()) == config.result_fingerprint(now)
+
+
+def test_an_older_hash_is_learned_from_the_runs_copy_without_running_it(tmp_path, monkeypatch):
+    records, run, stored, old = archived_package_run(tmp_path, monkeypatch)
+    assert plugins.canonical(old) == old
+    plugins.learn_aliases(records, run)
+    assert plugins.canonical(old) == plugins.content_sha(
+        {f: (run / records[0]["copy"] / f).read_bytes() for f in records[0]["files"]})
+    assert "plug_penalty" not in ALGORITHMS and "mylab.methods" not in sys.modules
+    restored = plugins.restore(records, run, "the run", changed="copy", trust=True)   # the old hash checks the copy
+    assert [p.sha256 for p in restored] == [plugins.canonical(old)] and "plug_penalty" in ALGORITHMS

@@ -10,6 +10,7 @@ from typing import Any
 
 from mpifed.plugin.options import ConfigError
 from mpifed.plugin.registry import ALGORITHMS
+from mpifed.settings import plugins as plugin_code
 from mpifed.settings.keys import diff_keys, holds, lookup, put
 from mpifed.settings.schema import Config, to_dict, type_hints
 from mpifed.settings.system import SystemConfig
@@ -19,7 +20,8 @@ from mpifed.settings.validate import build
 def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a config dict that changes a run's numbers (keys marked ``math=True``, less
     train.local_epochs under train.local_steps; and train.rounds when the learning-rate schedule
-    depends on it; and the keys the chosen method declares it depends on, ``Algorithm.depends_on``)."""
+    depends on it; and the keys the chosen method declares it depends on, ``Algorithm.depends_on``); a
+    plugin's hash under ``code`` as :func:`mpifed.settings.plugins.canonical` gives it."""
     out = _filter_math(Config, d)
     for key, default in _later_defaults().items():
         *parents, last = key.split(".")
@@ -33,6 +35,9 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
         out.get("train", {}).pop("local_epochs", None)     # unused: runs that differ in it alone are the same run
     for key in _method_depends_on(d):
         put(out, key, lookup(d, key))
+    code = out.get("code")
+    if isinstance(code, dict):   # a hash recorded by an older scheme: the same code's content hash
+        out["code"] = {k: plugin_code.canonical(v) if isinstance(v, str) else v for k, v in code.items()}
     return out
 
 

@@ -11,8 +11,12 @@ A plugin comes in one of three ways:
   flag (``MPIFED_DISABLE_PLUGIN_AUTOLOAD=1`` turns that off, as pytest's variable of that name does).
 
 A plugin's source is the file itself, or for a module every ``.py`` file of its top-level
-package (its helpers are part of its code). Its hash is the file's SHA-256 (what ``sha256sum``
-prints), or for a package the SHA-256 of its files' relative paths and hashes. A plugin must
+package (its helpers are part of its code). Its hash is its content's alone, the same for a file and
+for a package that holds that file (:func:`content_sha`): the SHA-256 of its one non-blank file (what
+``sha256sum`` prints), or of its non-blank files' SHA-256s in sorted order; file names and blank
+files (an empty ``__init__.py``) do not count. Runs recorded before hashed a package by its paths as
+well: that hash is an alias of the same code (:func:`canonical`), so such runs resume and enter tables
+as ever. A plugin must
 register at least one entry (``@ALGORITHMS.register("name")``); a name mpifed or another plugin
 has already taken, an entry that does not fit its registry's interface, or an import that fails
 is a :class:`PluginError` naming the plugin and the fix, with nothing of it left registered.
@@ -83,6 +87,7 @@ class Plugin:
     recorded_origin: str | None = None   # loaded from a run's copy: the origin the run recorded
     from_run: bool = False       # loaded from a run's record, as --trust-run-code allowed
     sources: dict[str, bytes] = field(default_factory=dict, repr=False)   # the files as hashed (and run, for a file)
+    aliases: frozenset[str] = frozenset()   # the hashes runs recorded for the same code before (see content_sha)
 
     @property
     def label(self) -> str:
@@ -119,6 +124,7 @@ class Plugin:
 
 
 _loaded: dict[str, Plugin] = {}     # sha256 -> the plugin loaded with that source
+_aliases: dict[str, str] = {}       # a hash recorded by an older scheme -> the content hash of the same code
 _installed_done = False
 
 
@@ -154,7 +160,7 @@ def _load_file(origin: str, expect: str | None = None) -> Plugin:
         what = "is a folder, not a Python file" if path.is_dir() else "does not exist"
         raise PluginError(f"plugin {origin} {what}: give the .py file that registers your method (or a module name)")
     source = path.read_bytes()
-    sha = hashlib.sha256(source).hexdigest()
+    sha = content_sha({path.name: source})
     _expected(origin, sha, expect)
     if sha in _loaded:
         return _loaded[sha]
@@ -162,7 +168,7 @@ def _load_file(origin: str, expect: str | None = None) -> Plugin:
         unload(old)   # the file was edited since it was loaded in this process (a notebook): the new code replaces it
     stem = re.sub(r"\W", "_", path.stem)
     plugin = Plugin("file", origin, f"mpifed_plugin_{stem}_{sha[:12]}", sha, path.parent, (path.name,),
-                    sources={path.name: source})
+                    sources={path.name: source}, aliases=legacy_shas("file", {path.name: source}) - {sha})
     return _register(plugin, lambda: _exec_file(plugin.module, path, source))
 
 
@@ -188,12 +194,12 @@ def _load_module(name: str, sys_path: str | None = None, entry: importlib.metada
         raise PluginError(f"plugin module {name} cannot be found: no module named {top!r} on the Python path. "
                           f"Install its package, add its folder to PYTHONPATH, or name the file (ending in .py)")
     root, sources = _module_source(found)
-    sha = _sha_tree(sources)
+    sha = content_sha(sources)
     _expected(f"module {name}", sha, expect)
     if sha in _loaded:
         return _loaded[sha]
     plugin = Plugin("entry point" if entry else "module", name, name, sha, root, tuple(sources), sys_path=sys_path,
-                    sources=sources)
+                    sources=sources, aliases=legacy_shas("module", sources) - {sha})
     if entry is not None:
         plugin.entry_point = f"{entry.name} = {entry.value}"
         dist = getattr(entry, "dist", None)
@@ -258,6 +264,7 @@ def _register(plugin: Plugin, run: Any, already: bool = False) -> Plugin:
                           f"partition or client selection and registers it, e.g. @ALGORITHMS.register(\"my_method\") "
                           f"above an Algorithm subclass (see docs/methods.md)")
     _loaded[plugin.sha256] = plugin
+    _aliases.update(dict.fromkeys(plugin.aliases, plugin.sha256))
     return plugin
 
 
@@ -375,10 +382,11 @@ def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Li
     with), ``copy`` loads the run's own code in its place (``mpifed evaluate``)."""
     load_installed()
     used = [_checked_record(r, run_dir, what) for r in records if r.get("used")]
+    learn_aliases(used, run_dir)
     out: list[Plugin] = []
     pending: list[tuple[dict[str, Any], list[Plugin]]] = []
     for rec in used:
-        known = _loaded.get(rec["sha256"])
+        known = _loaded.get(canonical(rec["sha256"]))
         if known is not None:
             out.append(known)
         else:
@@ -389,7 +397,7 @@ def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Li
         for p in replaced:
             unload(p)
         now_sha = _origin_hash(rec)
-        if now_sha == rec["sha256"]:
+        if now_sha == canonical(rec["sha256"]):
             plugin = _load_recorded_origin(rec)
         elif now_sha is not None and changed == "refuse":
             raise _changed(rec, now_sha, run_dir, what)
@@ -499,15 +507,15 @@ def load_copy(rec: dict[str, Any], run_dir: Path, what: str) -> Plugin:
         raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} is missing ({folder / missing[0]} "
                           f"is not there), and its origin is not there either: restore the copy or the origin")
     sources = {rel: read_bytes(folder / rel) for rel in files}
-    sha = hashlib.sha256(sources[files[0]]).hexdigest() if rec["kind"] == "file" else _sha_tree(sources)
-    if sha != rec["sha256"]:
+    sha = content_sha(sources)
+    if rec["sha256"] not in {sha} | legacy_shas(rec["kind"], sources):
         raise PluginError(f"{what}: the run's copy of {_recorded_label(rec)} in {folder} was altered (SHA-256 "
                           f"{sha[:12]}... now, {rec['sha256'][:12]}... recorded): its code is not the code the run "
                           f"used. Restore the copy or the origin")
     if rec["kind"] == "file":
-        plugin = _load_file(str(folder / files[0]), expect=rec["sha256"])
+        plugin = _load_file(str(folder / files[0]), expect=sha)
     else:
-        plugin = _load_module(rec["module"], sys_path=str(folder), expect=rec["sha256"])
+        plugin = _load_module(rec["module"], sys_path=str(folder), expect=sha)
     plugin.recorded_origin = rec["origin"]
     return plugin
 
@@ -522,30 +530,65 @@ def _origin_hash(rec: dict[str, Any]) -> str | None:
     """The hash of a recorded plugin's source where it came from, now; None when it is not there."""
     if rec["kind"] == "file":
         path = Path(rec["origin"])
-        return _sha_file(path) if path.is_file() else None
+        return content_sha({path.name: path.read_bytes()}) if path.is_file() else None
     found = importlib.util.find_spec(rec["module"].split(".")[0])
     if found is None:
         return None
-    return _sha_tree(_module_source(found)[1])
+    return content_sha(_module_source(found)[1])
 
 
 def _load_recorded_origin(rec: dict[str, Any]) -> Plugin:
     if rec["kind"] == "file":
-        return _load_file(rec["origin"], expect=rec["sha256"])
-    return _load_module(rec["module"], expect=rec["sha256"])
+        return _load_file(rec["origin"], expect=canonical(rec["sha256"]))
+    return _load_module(rec["module"], expect=canonical(rec["sha256"]))
 
 
 # ------------------------------------------------------------------ hashing
-def _sha_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def content_sha(sources: dict[str, bytes]) -> str:
+    """A plugin's hash, from its files' content alone: the SHA-256 of its one non-blank file (what
+    ``sha256sum`` prints), or of its non-blank files' SHA-256s, sorted, one per line. A file and a
+    package that holds the same code with an empty ``__init__.py`` have the same hash; a renamed
+    file is the same code."""
+    digests = sorted(hashlib.sha256(data).hexdigest() for data in sources.values() if data.strip())
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256("".join(f"{d}\n" for d in digests).encode()).hexdigest()
 
 
-def _sha_tree(sources: dict[str, bytes]) -> str:
-    """A package's hash: the SHA-256 of its files' relative paths and SHA-256s, in path order."""
+def legacy_shas(kind: str, sources: dict[str, bytes]) -> set[str]:
+    """The hashes runs recorded for these sources before :func:`content_sha`: a file's SHA-256, or
+    for a module (or an entry point's) the SHA-256 of its files' relative paths and SHA-256s."""
+    if kind == "file":
+        return {hashlib.sha256(data).hexdigest() for data in sources.values()}
     h = hashlib.sha256()
     for rel in sorted(sources):
         h.update(f"{rel}\0{hashlib.sha256(sources[rel]).hexdigest()}\n".encode())
-    return h.hexdigest()
+    return {h.hexdigest()}
+
+
+def canonical(sha: str) -> str:
+    """The content hash of the code a recorded hash names: ``sha`` itself, or, for a hash of an older
+    scheme, the hash of the same code now (known once that code is loaded, or a run's copy of it was
+    read by :func:`learn_aliases`)."""
+    return _aliases.get(sha, sha)
+
+
+def learn_aliases(records: Iterable[dict[str, Any]], run_dir: Path) -> None:
+    """Note, for :func:`canonical`, the content hash of each recorded plugin (a record :func:`restore`
+    checks, or provenance's) whose copy in ``run_dir`` still has the recorded hash: its files are read
+    and hashed, never run. A record without a readable copy, or with a copy altered, is left as it is."""
+    for rec in records:
+        sha, copy, files = rec.get("sha256"), rec.get("copy"), rec.get("files")
+        if sha in _aliases or not isinstance(copy, str) or not isinstance(files, list) or \
+                not all(_relative_inside(f) for f in [copy, *files]):
+            continue
+        try:
+            sources = {rel: read_bytes(run_dir / copy / rel) for rel in files}
+        except OSError:
+            continue
+        now = content_sha(sources)
+        if sha != now and sha in legacy_shas(str(rec.get("kind")), sources):
+            _aliases[sha] = now
 
 
 def _module_source(found: importlib.machinery.ModuleSpec) -> tuple[Path, dict[str, bytes]]:

@@ -109,7 +109,7 @@ class _Builder:
         if not isinstance(sha, str) or kind not in plugin_code.KINDS:
             return False
         found = plugin_code.provider(kind, name) if isinstance(name, str) else None
-        return found is None or found.sha256 != sha
+        return found is None or found.sha256 != plugin_code.canonical(sha)
 
     def value(self, tp: Any, v: Any, path: str, f: dataclasses.Field | None = None) -> Any:
         if f is not None and "registry" in f.metadata:

@@ -14,7 +14,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import yaml
 
 from mpifed.settings import config, plugins as plugin_code
-from mpifed.run import results
+from mpifed.run import provenance, results
 from mpifed.files import safe_yaml
 from mpifed.files.packaged import find_config
 from mpifed.plugin.registry import nearest
@@ -531,6 +531,7 @@ def stored_identity(path: Path) -> dict[str, Any] | str | None:
         return f"its config.yaml is unreadable ({exc})"
     if not isinstance(stored, dict):
         return "its config.yaml is not a mapping of settings"
+    plugin_code.learn_aliases(provenance.recorded_plugins(path), path)   # a package hashed by its paths, as before
     try:
         return config.result_fingerprint(config.recorded(stored).to_dict())
     except (config.ConfigError, TypeError, AttributeError) as exc:
