@@ -1,4 +1,5 @@
 """The round protocol: what a method declares is what travels."""
+import contextlib
 import time
 
 import numpy as np
@@ -78,6 +79,9 @@ class CountingServer:
         self.rounds, self.evaluate, self.down, self.reports_other = rounds, evaluate, down, reports_other
         self.rnd, self.model, self.sent = 0, torch.zeros(4), False
 
+    def method_hooks(self, plan):
+        return contextlib.nullcontext()
+
     def plan(self):
         if self.rnd == self.rounds:
             return RoundPlan(round=self.rnd, lr=0.0, stop=True)
@@ -108,6 +112,7 @@ class CountingServer:
 
 class ReceivingWorker:
     index = 0
+    failure = None
 
     def __init__(self, layouts):
         self.layouts = layouts

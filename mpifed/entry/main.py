@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --resume: run the code from outside mpifed that the run records (its plugins, from "
                         "where they came or the run's copy) without it being given by --plugin, a config's plugins: "
                         "or an installed package (only for a run folder from someone you trust)")
+    p.add_argument(plugins.CHANGED_FLAG, action="store_true",
+                   help="with --resume: continue the run although its plugins' code changed since it started (the "
+                        "fix after the method failed); the run's provenance records the code before and after")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="with --resume: load a checkpoint that holds Python objects beyond tensors and plain values "
                         "(unpickling them runs code from the file: only for a checkpoint from someone you trust)")
@@ -127,7 +130,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
     saved = None
     if args.resume:
         saved = resume.saved_config(RunDir(Path(args.resume)))
-        resume.restore_code(RunDir(Path(args.resume)), args.trust_run_code)
+        resume.restore_code(RunDir(Path(args.resume)), args.trust_run_code, args.trust_changed_code)
     cfg, d = config.load(args.config, overrides, base=saved, plugins=args.plugin)
     run_path = _run_path(args, cfg, d)
     if d["run"].get("group") is None:
@@ -152,10 +155,11 @@ def resolve(args: argparse.Namespace) -> Resolved:
         resume.make_room(run, args.overwrite)
         return Resolved(d, run_path, new=new, plugins=how, code_words=code_words(cfg))
     if not args.resume:   # run.root/run.name: its code is checked against its record now that its place is known
-        resume.restore_code(run, args.trust_run_code)
-    decision = resume.decide(run, cfg, d, saved, trusted=args.trust_checkpoint)
+        resume.restore_code(run, args.trust_run_code, args.trust_changed_code)
+    decision = resume.decide(run, cfg, d, saved, trusted=args.trust_checkpoint, changed_code=args.trust_changed_code)
     return Resolved(d, run_path, decision.resume_from, resuming=True, nothing_to_do=decision.nothing_to_do, new=new,
-                    plugins=how, trust_checkpoint=args.trust_checkpoint, code_words=code_words(cfg))
+                    plugins=how, trust_checkpoint=args.trust_checkpoint, code_words=code_words(cfg),
+                    code_changed=decision.code_changed)
 
 
 def code_words(cfg: config.Config) -> tuple[str, ...]:
@@ -251,11 +255,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from mpifed.data.prepared import PreparedDataError
     from mpifed.data.raw import DataMissing
     from mpifed.data.shards import ShardError
+    from mpifed.round.method_errors import MethodFailed
     from mpifed.round.placement import PlacementError
     from mpifed.run.resume import RunError
     from mpifed.run.rundir import LockLost
     return (config.ConfigError, RunError, LockLost, checkpoint.CheckpointError, ClientStateError, DataMissing,
-            PartitionError, PlacementError, PreparedDataError, ShardError, NonFiniteLoss, ProtocolError)
+            PartitionError, PlacementError, PreparedDataError, ShardError, NonFiniteLoss, ProtocolError, MethodFailed)
 
 
 def _disk_full(exc: OSError, undone: list[Path]) -> str:

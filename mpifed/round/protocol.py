@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import resource
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any, ContextManager, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from mpifed.algorithms.base import ClientReport, Downlink, Fields, Messages, ProtocolError, Replies
 from mpifed.comm.collectives import Comm
+from mpifed.round.method_errors import HookFailure
 from mpifed.round.plan import RoundPlan
 from mpifed.round.signals import received
 
@@ -197,10 +198,14 @@ class ServerSide(Protocol):
     def evaluated(self, plan: RoundPlan, totals: dict[str, torch.Tensor]) -> None: ...
     def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None: ...
     def stopped(self, usage: list[Any]) -> None: ...
+    def method_hooks(self, plan: RoundPlan) -> ContextManager[None]: ...
+    def method_failed(self, failures: list[HookFailure]) -> Exception: ...
 
 
 class WorkerSide(Protocol):
     index: int
+
+    failure: HookFailure | None   # the method's code raised in this round (reported by rank 0)
 
     def probe(self, weights: torch.Tensor, ints: torch.Tensor, clients: list[int]) -> list[tuple[int, float]]: ...
     def start_round(self, plan: RoundPlan, down: Downlink) -> None: ...
@@ -266,7 +271,7 @@ class RoundProtocol:
         if plan.moves and self.layouts.client_state.entries:                        # migrate
             self._migrate(plan)
 
-        with _timed(times, "downlink"):                                             # downlink
+        with _timed(times, "downlink"), server.method_hooks(plan) if server else nullcontext():    # downlink
             down = self._downlink(self._packed_downlink(server.downlink(plan)) if server else self._down,
                                   plan.model_held)
 
@@ -288,10 +293,14 @@ class RoundProtocol:
         with _timed(times, "uplink"):
             totals = world.reduce_sum(trained.sums.view(np.float64), what="uplink: reduction")
             rows = self._gather_rows(plan, trained.rows)
-            gathered = world.gather_object((trained.reports, received()), what="reports: gather")
+            failure = worker.failure if worker else None
+            gathered = world.gather_object((trained.reports, received(), failure), what="reports: gather")
 
         if server:
-            with _timed(times, "aggregate"):
+            failures = [f for _, _, f in gathered if f is not None]
+            if failures:   # the method's code raised on a worker: reported once, here
+                raise server.method_failed(failures)
+            with _timed(times, "aggregate"), server.method_hooks(plan):
                 server.aggregate(plan, *self._replies(plan, totals, rows, gathered))
 
         if plan.evaluate:                                                           # evaluation
@@ -300,7 +309,7 @@ class RoundProtocol:
 
         if server:
             times["round"] = time.perf_counter() - start
-            server.end_round(plan, times, [(rank, names) for rank, (_, names) in enumerate(gathered) if names])
+            server.end_round(plan, times, [(rank, names) for rank, (_, names, _) in enumerate(gathered) if names])
         return True
 
     # ---------------------------------------------------------------- phases
@@ -377,7 +386,7 @@ class RoundProtocol:
     def _replies(self, plan: RoundPlan, totals: np.ndarray, rows: np.ndarray | None,
                  gathered: list) -> tuple[Replies, dict[str, torch.Tensor]]:
         """The method's replies, and the protocol's own sums."""
-        reports = [r for worker_reports, _ in gathered for r in worker_reports]
+        reports = [r for worker_reports, _, _ in gathered for r in worker_reports]
         order = sorted(range(len(reports)), key=lambda i: reports[i].cid)
         layout = self.layouts.rows
         stacked: dict[str, torch.Tensor] = {}

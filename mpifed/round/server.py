@@ -12,7 +12,8 @@ import io
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from mpifed.data.store import holdout_size
 from mpifed.local.evaluation import client_figures, evaluation_figures, validation
 from mpifed.comm.handoff import EXIT_STOPPED, describe_signal, note_resume_point
 from mpifed.local.optim import round_lr
+from mpifed.round.method_errors import HookFailure, MethodFailed, hook_failure, how_to_continue, method_sources
 from mpifed.round.plan import RoundPlan, assign_clients, sample_clients, state_moves
 from mpifed.run.progress import Progress
 from mpifed.round.protocol import Layouts
@@ -289,6 +291,27 @@ class RoundServer:
     def elapsed(self) -> float:
         """Wall time of the run so far, across resumes."""
         return self.elapsed_before + time.perf_counter() - self.started
+
+    def method_failed(self, failures: list[HookFailure]) -> MethodFailed:
+        """The report of an exception in the method's hooks (on ``failures``' ranks), with how to continue
+        the run after the fix."""
+        since = self.last_checkpoint_round if self.last_checkpoint is not None else None
+        how = how_to_continue(self.resume_command, since)
+        note_resume_point(f" {how}")   # what the launcher says after the job: the same command
+        return MethodFailed(failures, how)
+
+    @contextmanager
+    def method_hooks(self, plan: RoundPlan) -> Iterator[None]:
+        """Around calls into the method's server role: an exception raised in the method's code becomes
+        its :class:`MethodFailed` report; any other passes as it is."""
+        try:
+            yield
+        except Exception as exc:
+            found = hook_failure(exc, self.cfg.algorithm.name, method_sources(type(self.method)), 0, None,
+                                 plan.number)
+            if found is None:
+                raise
+            raise self.method_failed([found]) from None
 
     def describe_checkpoint(self) -> str:
         if self.last_checkpoint is None:

@@ -32,7 +32,7 @@ import os
 import shutil
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -44,6 +44,7 @@ from mpifed.algorithms.base import NonFiniteLoss
 from mpifed.comm.collectives import Comm
 from mpifed.data.prepared import Manifest, verify_blocks
 from mpifed.run.progress import count
+from mpifed.round.method_errors import MethodFailed
 from mpifed.round.protocol import RoundProtocol, build_layouts
 from mpifed.run.rundir import LockLost, RunDir
 
@@ -81,6 +82,7 @@ class Resolved:
     plugins: tuple[dict[str, Any], ...] = ()   # how every rank loads rank 0's plugins (Plugin.how_to_load)
     trust_checkpoint: bool = False     # --trust-checkpoint: the checkpoint may hold other Python objects
     code_words: tuple[str, ...] = ()   # what a resume command needs to load the run's plugins again
+    code_changed: dict[str, dict[str, str | None]] = field(default_factory=dict)   # --trust-changed-code: old, new
 
 
 @dataclass
@@ -103,7 +105,8 @@ class Started:
             raise   # another process uses the directory now: nothing more is written into it
         except BaseException as exc:
             where = "" if self.server else f"rank {self.rank} on {socket.gethostname()}: "
-            self.run.mark_failed(f"{where}{type(exc).__name__}: {exc}", checkpoint.latest(self.run.checkpoints),
+            said = exc.headline if isinstance(exc, MethodFailed) else str(exc)   # its traceback is on the output
+            self.run.mark_failed(f"{where}{type(exc).__name__}: {said}", checkpoint.latest(self.run.checkpoints),
                                  diverged=isinstance(exc, NonFiniteLoss))
             if self.server:
                 try:
@@ -156,11 +159,11 @@ class Startup:
 
         worker, server = None, None
         if has_worker:
-            worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, index, workers)
+            worker = make_worker(cfg, algo, setup, layouts, manifest, transform, run, index, workers, rank)
         if is_server:
             server = make_server(cfg, resolved, algo, setup, layouts, manifest, transform, run, workers, resume_command)
             code = plugins.keep_copies(run.path, config.chosen_entries(cfg))
-            provenance.record(run.path, ranks, server.rounds_done, code)
+            provenance.record(run.path, ranks, server.rounds_done, code, resolved.code_changed)
             log_start(run, cfg, manifest, size, ranks, server.records.tracked(), code, verbose)
             world.context = server.describe_checkpoint
             world.hosts.update({r["rank"]: r["host"] for r in ranks})
@@ -327,8 +330,9 @@ def make_transform(cfg: config.Config, manifest: Manifest, device: torch.device)
 
 
 def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layouts, manifest: Manifest,
-                transform: BatchTransform, run: RunDir, index: int, workers: int) -> Worker:
-    """The worker side of this rank: the method's client role, its clients' data and their state."""
+                transform: BatchTransform, run: RunDir, index: int, workers: int, rank: int) -> Worker:
+    """The worker side of this rank (``rank``, the ``index``-th of ``workers``): the method's client role,
+    its clients' data and their state."""
     from mpifed.round.client_state import ClientStates
     from mpifed.local.steps import make_steps
     from mpifed.round.worker import Worker
@@ -339,7 +343,7 @@ def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layo
                         log=functools.partial(print, flush=True) if index == 0 else None)
     return Worker(index, workers, algo.client(), setup, layouts, manifest, transform, cfg.run.seed,
                   cfg.resources.cache_mb, cfg.train.eval_batch_size, cfg.run.eval_test, states, runner,
-                  cfg.data.client_holdout)
+                  cfg.data.client_holdout, method=cfg.algorithm.name, rank=rank)
 
 
 def make_server(cfg: config.Config, resolved: Resolved, algo: Algorithm, setup: Setup, layouts: Layouts,

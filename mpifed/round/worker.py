@@ -9,10 +9,15 @@ zeroed before each round (``round``) and before each client (``client``).
 protocol calls it between the collectives, on every worker rank, and on the single
 process of the debug mode. It holds the method's client role, the clients' data and
 their persistent state.
+
+An exception in the method's own hooks does not end the job from this rank: the worker keeps it
+(:attr:`Worker.failure`, see :mod:`mpifed.round.method_errors`), trains nothing more this round, and
+the round's gather brings it to rank 0, which reports it once.
 """
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -20,6 +25,7 @@ import torch
 from mpifed.algorithms.base import Client, ClientContext, ClientReport, Downlink, Fields, Setup, checked, zeros
 from mpifed.round.client_state import ClientStates
 from mpifed.data.prepared import Manifest
+from mpifed.round.method_errors import HookFailure, hook_failure, method_sources
 from mpifed.data.store import ClientStore, load_client_batches, load_eval_batches
 from mpifed.data.transforms import BatchTransform
 from mpifed.local.evaluation import client_loss, evaluate_share
@@ -34,9 +40,14 @@ class Worker:
 
     def __init__(self, index: int, count: int, client: Client, setup: Setup, layouts: Layouts, manifest: Manifest,
                  transform: BatchTransform, seed: int, cache_mb: int, eval_batch_size: int, eval_test: bool,
-                 states: ClientStates | None, runner: LocalSteps | None = None, client_holdout: float = 0.0) -> None:
+                 states: ClientStates | None, runner: LocalSteps | None = None, client_holdout: float = 0.0, *,
+                 method: str, rank: int) -> None:
         self.index = index
         self.client = client
+        self.method = method                 # the method's name, for the report of a failure in its hooks
+        self.rank = rank
+        self.sources = method_sources(type(client))
+        self.failure: HookFailure | None = None   # the method's code raised: nothing more is trained
         self.setup = setup
         self.layouts = layouts
         self.seed = seed
@@ -53,16 +64,31 @@ class Worker:
         self.states = states
         self.runner = runner or LocalSteps()
         self.down: Downlink | None = None
+        self.server_round = 0                # the round under way, counted from 1
         self._fixed: dict[tuple[str, str], torch.Tensor] = {}
         self._declared = set(layouts.sums.entries) | set(layouts.rows.entries)
 
     # ---------------------------------------------------------------- the round
     def start_round(self, plan: RoundPlan, down: Downlink) -> None:
+        self.server_round = plan.number
         self.down = Downlink(self._on_device("model", "weights", down.weights),
                              self._on_device("model", "ints", down.ints),
                              {k: self._on_device("down", k, v) for k, v in down}, self.layouts.down.what)
         self.client.inputs.reset("round")
-        self.client.round_start(plan.number, self.down)
+        self._hook(None, plan.number, lambda: self.client.round_start(plan.number, self.down))
+
+    def _hook(self, cid: int | None, server_round: int, call: Callable[[], Any]) -> Any:
+        """``call()`` of the method's code; an exception raised in that code is kept as :attr:`failure`
+        (None returned), any other raised as it is."""
+        if self.failure is not None:
+            return None
+        try:
+            return call()
+        except Exception as exc:
+            self.failure = hook_failure(exc, self.method, self.sources, self.rank, cid, server_round)
+            if self.failure is None:
+                raise
+            return None
 
     def _on_device(self, part: str, name: str, t: torch.Tensor) -> torch.Tensor:
         """``t`` on this worker's device; with captured steps, in a buffer that keeps its address
@@ -79,14 +105,17 @@ class Worker:
         layout = self.layouts.statistics
         sums = {k: torch.zeros(e.shape, dtype=torch.float64) for k, e in layout.entries.items()}
         for cid in plan.assignment[self.index]:
-            mine = checked(layout.what, layout.entries, self.client.statistics(self.store.get(cid), self.transform),
-                           f"{type(self.client).__name__}.statistics")
+            found = self._hook(cid, plan.number, lambda: self.client.statistics(self.store.get(cid), self.transform))
+            if self.failure is not None:
+                break
+            mine = checked(layout.what, layout.entries, found, f"{type(self.client).__name__}.statistics")
             for k, v in mine:
                 sums[k] += v.detach().cpu().double().reshape(sums[k].shape)
         return sums
 
     def use_statistics(self, totals: Fields) -> None:
-        self.client.use_statistics(Fields(self.layouts.statistics.what, {k: v.to(self.device) for k, v in totals}))
+        moved = Fields(self.layouts.statistics.what, {k: v.to(self.device) for k, v in totals})
+        self._hook(None, self.server_round, lambda: self.client.use_statistics(moved))
 
     def train(self, plan: RoundPlan) -> Trained:
         """Train this worker's clients of ``plan``: the uplink sums, their rows and reports."""
@@ -100,7 +129,9 @@ class Worker:
             start = time.perf_counter()
             ctx = self._context(plan, cid)
             self.client.inputs.reset("client")
-            up = self.client.local_round(ctx)
+            up = self._hook(cid, plan.number, lambda: self.client.local_round(ctx))
+            if self.failure is not None:   # reported by rank 0 after the round's gather: nothing of it is sent
+                return Trained(self.layouts.uplink_buffer(), np.zeros_like(rows), [])
             self._check(up, ctx)
             for k in sums:
                 sums[k] += up[k].detach().cpu().double().reshape(sums[k].shape)

@@ -20,7 +20,9 @@ before they were added.
 files inside the package that git does not track) are recorded when mpifed runs from a git
 checkout, else null. ``plugins`` lists the code from outside mpifed that was loaded (name,
 origin, SHA-256, what it registered, whether the run uses it, and its copy in the run's
-``plugins/`` folder). :func:`machine` describes the machine(s) of a
+``plugins/`` folder). ``code_changed`` (only in a segment resumed with ``--trust-changed-code``)
+maps each kind whose plugin changed since the segment before (``algorithm``) to its hashes
+``{"from": ..., "to": ...}``. :func:`machine` describes the machine(s) of a
 run in one line, so that runs made on different machines can be told apart.
 """
 from __future__ import annotations
@@ -118,16 +120,18 @@ def untracked_source_files() -> list[Path] | None:
     return None if listed is None else [Path(top) / name for name in listed.split("\0") if name]
 
 
-def segment(ranks: list[dict[str, Any]], start_round: int,
-            plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def segment(ranks: list[dict[str, Any]], start_round: int, plugins: list[dict[str, Any]] | None = None,
+            code_changed: dict[str, dict[str, str | None]] | None = None) -> dict[str, Any]:
     """One start of a run: when, from which round, which software (with every plugin loaded, see
-    :func:`mpifed.settings.plugins.keep_copies`), and each rank's machine."""
+    :func:`mpifed.settings.plugins.keep_copies`, and the plugins changed since the start before), and
+    each rank's machine."""
     import torch
     commit, dirty = source_commit()
     keep = ("rank", "role", "host", "node_worker", "node_gpus", "cpu", "cpu_id", "blas", "device", "gpu", "threads")
     return {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_round": start_round, "mpifed": __version__,
             "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "plugins": list(plugins or []),
+            **({"code_changed": code_changed} if code_changed else {}),
             "ranks": [{k: r.get(k) for k in keep} for r in ranks]}
 
 
@@ -140,11 +144,11 @@ def read(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("segments"), list) else None
 
 
-def record(run_dir: Path, ranks: list[dict[str, Any]], start_round: int,
-           plugins: list[dict[str, Any]] | None = None) -> None:
+def record(run_dir: Path, ranks: list[dict[str, Any]], start_round: int, plugins: list[dict[str, Any]] | None = None,
+           code_changed: dict[str, dict[str, str | None]] | None = None) -> None:
     """Add this start's segment to the run's provenance (atomically; the file is made on the first start)."""
     found = read(run_dir) or {"segments": []}
-    found["segments"].append(segment(ranks, start_round, plugins))
+    found["segments"].append(segment(ranks, start_round, plugins, code_changed))
     atomic_write(Path(run_dir) / PROVENANCE, json.dumps(found, indent=1) + "\n")
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import errno
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class Decision:
 
     resume_from: Path | None = None
     nothing_to_do: str | None = None
+    code_changed: dict[str, dict[str, str | None]] = field(default_factory=dict)   # kind -> {"from", "to"} hashes
 
 
 def saved_config(run: RunDir) -> dict[str, Any]:
@@ -139,18 +140,22 @@ def finished_as_asked(run: RunDir, cfg: config.Config) -> bool:
 
 
 def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
-           trusted: bool = False) -> Decision:
+           trusted: bool = False, changed_code: bool = False) -> Decision:
     """For ``--resume``: where the run continues from, given its state and the config now
     (``resolved``; ``saved`` is the run's config.yaml), or a RunError saying why it cannot
-    (``trusted``: the checkpoint may hold other Python objects, see :func:`mpifed.run.checkpoint.load`)."""
+    (``trusted``: the checkpoint may hold other Python objects, see :func:`mpifed.run.checkpoint.load`;
+    ``changed_code``: ``--trust-changed-code``, the plugins' code may differ from the checkpoint's)."""
     status = run.status()
     if status is not None and status["state"] == RunState.RUNNING:   # this process holds the lock: the writer is gone
         status = {**status, "state": RunState.FAILED, "error": KILLED}
     latest = checkpoint.latest(run.checkpoints)
+    code_changed: dict[str, dict[str, str | None]] = {}
     if latest is not None:
-        decision = _from_checkpoint(run, cfg, resolved, saved, checkpoint.load_run_state(latest, trusted), status)
+        decision = _from_checkpoint(run, cfg, resolved, saved, checkpoint.load_run_state(latest, trusted), status,
+                                    changed_code)
         if decision.nothing_to_do:
             return decision
+        code_changed = decision.code_changed
     elif status is not None and status["state"] == RunState.FINISHED:
         return _finished_without_checkpoint(run, cfg, status)
     elif status is not None and status["state"] == RunState.DAMAGED:
@@ -164,22 +169,30 @@ def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dic
     removed = run.remove_temporary()
     if removed:
         print(f"[mpifed] removed {len(removed)} temporary file(s) a failed write left in {run.path}", flush=True)
-    return Decision(resume_from=latest)
+    return Decision(resume_from=latest, code_changed=code_changed)
 
 
 def _from_checkpoint(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
-                     state: dict[str, Any], status: dict[str, Any] | None) -> Decision:
+                     state: dict[str, Any], status: dict[str, Any] | None, changed_code: bool = False) -> Decision:
     rounds = cfg.train.rounds
     if state["rounds_done"] > rounds:
         raise RunError(f"cannot resume {run.path} with train.rounds={rounds}: it has already completed "
                        f"{count(state['rounds_done'], 'round')}. Set train.rounds to at least that")
     changed, predates = config.checkpoint_changes(state["config_math"], resolved, saved)
     code = [k for k in changed if k.split(".")[0] == "code"]
-    if code:
+    if code and not changed_code:
         which = ", ".join(k.split(".", 1)[-1] for k in code)
         raise RunError(f"cannot resume {run.path}: the code of its {which} differs from the code the checkpoint was "
                        f"trained with ({_hashes(state['config_math'], resolved, code)}). Load the plugin the run "
-                       f"started with (it keeps a copy in {run.path / COPIES}), or start a new run (another run.name)")
+                       f"started with (it keeps a copy in {run.path / COPIES}), or start a new run (another run.name), "
+                       f"or, to continue this run with the changed code (a fix after the method failed; its "
+                       f"provenance records both), add {plugins.CHANGED_FLAG}")
+    code_changed = {k.split(".", 1)[1]: {"from": config.lookup(state["config_math"], k),
+                                         "to": config.lookup(resolved, k)} for k in code}
+    if code_changed:
+        print(f"[mpifed] {run.path} continues with changed code ({_hashes(state['config_math'], resolved, code)}), "
+              f"as {plugins.CHANGED_FLAG} allows; its provenance records both", flush=True)
+    changed = [k for k in changed if k not in code]
     if changed:
         raise RunError(f"cannot resume {run.path}: these settings differ from the checkpoint and change the results: "
                        f"{', '.join(changed)}. Undo them, or start a new run (another run.name)")
@@ -195,7 +208,7 @@ def _from_checkpoint(run: RunDir, cfg: config.Config, resolved: dict[str, Any], 
                                       f"nothing changed. To train it further, resume with "
                                       f"--set train.rounds=<more than {rounds}>")
     check_same_data(run.path, state, cfg)
-    return Decision()
+    return Decision(code_changed=code_changed)
 
 
 def _finished_without_checkpoint(run: RunDir, cfg: config.Config, status: dict[str, Any]) -> Decision:
@@ -215,14 +228,15 @@ def _hashes(stored: dict[str, Any], now: dict[str, Any], keys: list[str]) -> str
                      f"{short(config.lookup(now, k))} now" for k in keys)
 
 
-def restore_code(run: RunDir, trust: bool = False) -> None:
+def restore_code(run: RunDir, trust: bool = False, changed_code: bool = False) -> None:
     """Load the plugins the run in ``run`` recorded using (its provenance), before its config is read:
     the same code loaded already (``--plugin``, a config's ``plugins:``, an installed package), else,
     with ``trust`` (``--trust-run-code``), where it came from or the run's copy; a PluginError when
-    that code changed or is not allowed to run."""
+    that code changed (unless ``changed_code``, ``--trust-changed-code``) or is not allowed to run."""
     recorded = provenance.recorded_plugins(run.path)
     if recorded:
-        plugins.restore(recorded, run.path, f"cannot resume {run.path}", changed="refuse", trust=trust)
+        plugins.restore(recorded, run.path, f"cannot resume {run.path}", changed="accept" if changed_code else "refuse",
+                        trust=trust)
 
 
 def check_same_data(run_path: Path, state: dict[str, Any], cfg: config.Config) -> None:

@@ -28,6 +28,8 @@ runs only where the user allows it: the same code (by hash) already loaded in th
 ``--plugin``, a ``plugins:`` entry, an installed entry point), or ``--trust-run-code``
 (:class:`UntrustedCode` otherwise, naming the code and its copy; nothing is loaded). A recorded
 copy outside the run's ``plugins/`` folder, or reached through a link, is refused in every case.
+Code changed since the run started (a fix after the method failed) continues a run only with
+``--trust-changed-code`` (``changed="accept"``); the run's provenance then records both hashes.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class UntrustedCode(PluginError):
 
 
 TRUST_FLAG = "--trust-run-code"             # the commands' opt-in to run the code a run folder records
+CHANGED_FLAG = "--trust-changed-code"       # --resume's opt-in to continue with code changed since the run started
 ALLOW = (f"add {TRUST_FLAG}, or give the same code yourself (--plugin FILE, a plugins: entry of your config, or its "
          f"installed package)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -368,7 +371,7 @@ def keep_copies(run_dir: Path, used: Iterable[tuple[str, str]]) -> list[dict[str
     return out
 
 
-def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Literal["refuse", "copy"],
+def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Literal["refuse", "copy", "accept"],
             trust: bool = False, allow: str = ALLOW) -> list[Plugin]:
     """Load the code of the recorded plugins a run used (``records``: its provenance's; ``what``
     names the run in messages).
@@ -379,7 +382,8 @@ def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Li
     :class:`UntrustedCode` naming each such plugin and its copy, and nothing is loaded. Where other
     code is loaded under a recorded plugin's names (the file edited, another version installed):
     ``refuse`` is an error (``--resume``: the run would continue with other code than it trained
-    with), ``copy`` loads the run's own code in its place (``mpifed evaluate``)."""
+    with), ``copy`` loads the run's own code in its place (``mpifed evaluate``), ``accept`` takes the
+    changed code (``--resume --trust-changed-code``: loaded already, or from where the run's came)."""
     load_installed()
     used = [_checked_record(r, run_dir, what) for r in records if r.get("used")]
     learn_aliases(used, run_dir)
@@ -389,8 +393,12 @@ def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Li
         known = _loaded.get(canonical(rec["sha256"]))
         if known is not None:
             out.append(known)
+            continue
+        replaced = _other_code_under_its_names(rec, run_dir, what, changed)
+        if changed == "accept" and replaced:   # the changed code, given again: it continues the run
+            out.extend(replaced)
         else:
-            pending.append((rec, _other_code_under_its_names(rec, run_dir, what, changed)))
+            pending.append((rec, replaced))
     if pending and not trust:
         raise UntrustedCode(_untrusted(what, run_dir, [rec for rec, _ in pending], allow))
     for rec, replaced in pending:
@@ -401,6 +409,8 @@ def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Li
             plugin = _load_recorded_origin(rec)
         elif now_sha is not None and changed == "refuse":
             raise _changed(rec, now_sha, run_dir, what)
+        elif now_sha is not None and changed == "accept":
+            plugin = load(rec["origin"] if rec["kind"] == "file" else rec["module"])
         else:
             plugin = load_copy(rec, run_dir, what)
         plugin.from_run = True
@@ -409,7 +419,7 @@ def restore(records: list[dict[str, Any]], run_dir: Path, what: str, changed: Li
 
 
 def _other_code_under_its_names(rec: dict[str, Any], run_dir: Path, what: str,
-                                changed: Literal["refuse", "copy"]) -> list[Plugin]:
+                                changed: Literal["refuse", "copy", "accept"]) -> list[Plugin]:
     """The loaded plugins that a recorded plugin's code would replace (another version of the same
     file or module); an error where its names are taken by other code, or, with ``refuse``, by
     another version of it."""
@@ -491,7 +501,8 @@ def _changed(rec: dict[str, Any], now_sha: str, run_dir: Path, what: str) -> Plu
     return PluginError(f"{what}: the code of {_recorded_label(rec)} changed since the run started (SHA-256 "
                        f"{rec['sha256']} then, {now_sha} now), so the run would continue with other code than it "
                        f"was trained with. Put back the code it started with{keep}, or start a new run (another "
-                       f"run.name)")
+                       f"run.name), or, to continue this run with the changed code (a fix after the method failed; "
+                       f"its provenance records both), add {CHANGED_FLAG}")
 
 
 def load_copy(rec: dict[str, Any], run_dir: Path, what: str) -> Plugin:
