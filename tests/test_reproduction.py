@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mpifed.entry import reproduction
+from mpifed.tables import reproduction
 from mpifed.tables.summarize import search_table, summarize
 from mpifed.run import provenance, results
 from mpifed.run.rundir import PROVENANCE
@@ -214,7 +214,7 @@ def test_the_reports_generated_parts_are_what_the_archived_runs_give():
         f"{REPRODUCTION}'s generated parts are stale: python -m mpifed.entry.reproduction {REPRODUCTION} --write"
     family = re.search(r'T="([^"]*)"', text)
     assert family and family.group(1).split() == list(reproduction.REPORT_TABLES), \
-        "the report's --family command does not name the tables of mpifed.entry.reproduction.REPORT_TABLES"
+        "the report's --family command does not name the tables of mpifed.tables.reproduction.REPORT_TABLES"
     opening = text[text.index("## In short"):]
     assert "<!-- generated: report-wide -->" in opening[:opening.index("\n- **")], \
         "the opening summary does not lead with the report-wide labels (before its first finding)"

@@ -252,9 +252,9 @@ def cross_checks(cfg: Config) -> list[str]:
     stepper = SERVER_OPTIMIZERS.get(cfg.server_optimizer.name)
     if method.own_server_step and not stepper.returns_aggregate(cfg.server_optimizer.options):
         errors.append(f"server_optimizer: algorithm {cfg.algorithm.name!r} takes its own server step "
-                      f"({method.own_server_step}), so it cannot take server_optimizer {cfg.server_optimizer.name!r} as "
-                      f"well; set server_optimizer=sgd with lr 1 (the default), or choose another algorithm (fedavg "
-                      f"with server_optimizer=sgdm is fedavgm with buffers: average)")
+                      f"({method.own_server_step}), so it cannot take server_optimizer "
+                      f"{cfg.server_optimizer.name!r} as well; set server_optimizer=sgd with lr 1 (the default), or "
+                      f"choose another algorithm (fedavg with server_optimizer=sgdm is fedavgm with buffers: average)")
     if not cfg.run.eval_test and cfg.data.val_size <= 0:
         errors.append("run.eval_test: false evaluates only the validation set, and data.val_size is 0; set "
                       "data.val_size (e.g. 2000) or run.eval_test=true")
