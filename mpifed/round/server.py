@@ -187,7 +187,8 @@ class RoundServer:
 
     def end_round(self, plan: RoundPlan, times: dict[str, float], stops: list[tuple[int, list[str]]]) -> None:
         self._check_lock()
-        self._record(plan, times)
+        simulated = self.timeline.finished(plan.round, self.replies.clients)   # the selector learns, the clock moves
+        self._record(plan, times, simulated)
         self.rounds_done = plan.number
         self.worker_stops = stops
         if plan.checkpoint:
@@ -226,7 +227,7 @@ class RoundServer:
         if warning:
             self.run_dir.log(warning)
 
-    def _record(self, plan: RoundPlan, t: dict[str, float]) -> None:
+    def _record(self, plan: RoundPlan, t: dict[str, float], simulated: dict[str, Any]) -> None:
         reports = self.replies.clients
         samples = sum(r.samples for r in reports)
         busy = [sum(r.seconds for r in reports if r.worker == w) for w in range(self.workers)]
@@ -237,7 +238,7 @@ class RoundServer:
         if plan.evaluate:
             row.update(self.result)
         row.update(self.method.log())
-        row.update(self.timeline.finished(plan.round, reports))
+        row.update(simulated)
         row["time"] = timing
         self.records.add_round(row, reports)
         self.run_dir.log(self.progress.line(plan.number, row))
