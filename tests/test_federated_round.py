@@ -77,8 +77,11 @@ def test_a_round_that_no_client_finishes_keeps_the_model(tmp_path):
     assert rows[0]["test_loss"] == rows[1]["test_loss"] and rows[1]["sim_clock"] == 0.002
 
 
-def test_oort_on_the_clock_resumed_equals_the_run_never_stopped(tmp_path):
-    sets = (*SIMULATED, "selection.name=oort", "selection.pacer_step=1")
+@pytest.mark.parametrize("extra", [("selection.name=oort", "selection.pacer_step=1"),
+                                   ("selection.name=weighted", "algorithm.name=scaffold")],   # client state too
+                         ids=["oort", "scaffold-weighted"])
+def test_on_the_clock_resumed_equals_the_run_never_stopped(tmp_path, extra):
+    sets = (*SIMULATED, *extra)
     run_debug(tiny(tmp_path, *sets, "train.rounds=6", name="full"))
     run_debug(tiny(tmp_path, *sets, "train.rounds=3", name="cut"))
     cut = tmp_path / "runs" / "cut"
