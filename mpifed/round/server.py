@@ -256,7 +256,8 @@ class RoundServer:
             "algorithm": self.method.state_dict(),
             "server_optimizer": self.optimizer.state_dict(),
             "timeline": self.timeline.state_dict(),    # the simulated time and the selector's state
-            "last_trained": dict(self.last_trained),
+            # the rounds clients last trained in, where the plan is not today's draw by (seed, round) alone
+            **({} if self.timeline.today else {"last_trained": dict(self.last_trained)}),
             "metrics": self.records.metrics,
             "config": self.cfg_dict,
             "config_math": math_fingerprint(self.cfg_dict),
@@ -278,8 +279,9 @@ class RoundServer:
         self.elapsed_before = state["elapsed_s"]
         if "timeline" in state:
             self.timeline.load_state_dict(state["timeline"])
+        if "last_trained" in state:
             self.last_trained = dict(state["last_trained"])
-        elif self.layouts.client_state.entries:   # an older checkpoint: each round sampled by (seed, round) only
+        elif self.layouts.client_state.entries:   # each round sampled by (seed, round) alone: today's draw
             for rnd in range(self.rounds_done):
                 self.last_trained.update({int(c): rnd for c in sample_clients(self.cfg.run.seed, rnd,
                                                                              self.manifest.num_clients,
