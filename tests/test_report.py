@@ -14,7 +14,7 @@ from conftest import REPO, env, tiny
 from test_tables import fake_run, resolved_config, write_table
 
 from mpifed.run import results
-from mpifed.tables import plots
+from mpifed.tables import figure_style, plots
 from mpifed.settings.config import digest, result_fingerprint
 from mpifed.registry import ALGORITHMS
 from mpifed.tables.collection import display_name
@@ -131,11 +131,24 @@ def test_a_pdf_figure_embeds_its_fonts_as_truetype_not_type_3(tmp_path):
     assert matplotlib.rcParams["pdf.fonttype"] == 3        # the user's own figures are left as they were
 
 
-def test_a_method_keeps_its_colour_in_every_figure():
+def test_a_method_keeps_its_look_in_every_figure():
     fixed = [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()]
-    one = plots.colours(["FedNTD", "FedAvg", "FedAvg-tuned", "mine"], fixed)
-    two = plots.colours(["FedAvg"], fixed)
-    assert one["FedAvg"] == two["FedAvg"] and len(set(one.values())) == 4
+    one = figure_style.styles({m: m for m in ("FedNTD", "FedAvg", "FedAvg-tuned", "mine")}, fixed)
+    two = figure_style.styles({"FedAvg": "FedAvg"}, fixed)
+    assert one["FedAvg"] == two["FedAvg"] and len({s.colour for s in one.values()}) == 4
+    grey = figure_style.styles({m: m for m in one}, fixed, greyscale=True)
+    assert {s.colour for s in grey.values()} <= set(figure_style.GREYS)
+    assert len({(s.linestyle, s.marker) for s in grey.values()}) == 4        # apart without colour
+
+
+def test_a_folder_with_more_settings_keeps_each_methods_colour():
+    fixed = [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()]
+    algorithm = {"lda0.1-fedntd": "FedNTD", "lda0.5-fedntd": "FedNTD", "lda0.1-fedavg": "FedAvg"}
+    alone = figure_style.method_keys({"lda0.1": ["lda0.1-fedntd", "lda0.1-fedavg"]}, algorithm)
+    both = figure_style.method_keys({"lda0.1": ["lda0.1-fedntd", "lda0.1-fedavg"], "lda0.5": ["lda0.5-fedntd"]},
+                                    algorithm)
+    assert figure_style.styles(alone, fixed)["lda0.1-fedntd"] == figure_style.styles(both, fixed)["lda0.1-fedntd"]
+    assert figure_style.styles(both, fixed)["lda0.5-fedntd"] == figure_style.styles(both, fixed)["lda0.1-fedntd"]
 
 
 def test_a_figure_at_a_columns_width_keeps_every_text_at_7_pt_or_more(tmp_path, monkeypatch):
@@ -161,19 +174,19 @@ def test_a_figure_at_a_columns_width_keeps_every_text_at_7_pt_or_more(tmp_path, 
 
 def test_a_methods_colour_follows_its_algorithm_whatever_its_runs_are_called(tmp_path):
     from mpifed.tables.collection import Collection
-    from mpifed.tables.figures import method_colours
+    from mpifed.tables.figures import method_styles
     runs = {}
     for label, algorithm in (("FedNTD", "fedntd"), ("digits-lda0.1-fedntd", "fedntd"), ("mine", "fedavg"),
                              ("tuned", "fedavg")):
         (tmp_path / label).mkdir()
         (tmp_path / label / "config.yaml").write_text(f"algorithm: {{name: {algorithm}}}\n")
         runs[label] = [tmp_path / label]
-    table = method_colours(Collection("t", results.Metric(), {("s", "FedNTD"): runs["FedNTD"]}))
-    folder = method_colours(Collection("f", results.Metric(),
-                                       {("d", "digits-lda0.1-fedntd"): runs["digits-lda0.1-fedntd"]}))
+    table = method_styles(Collection("t", results.Metric(), {("s", "FedNTD"): runs["FedNTD"]}))
+    folder = method_styles(Collection("f", results.Metric(),
+                                      {("d", "digits-lda0.1-fedntd"): runs["digits-lda0.1-fedntd"]}))
     assert folder["digits-lda0.1-fedntd"] == table["FedNTD"]
-    two = method_colours(Collection("x", results.Metric(), {("s", m): runs[m] for m in ("mine", "tuned")}))
-    assert len(set(two.values())) == 2                                    # two labels of FedAvg: two colours
+    two = method_styles(Collection("x", results.Metric(), {("s", m): runs[m] for m in ("mine", "tuned")}))
+    assert len({s.colour for s in two.values()}) == 2                     # two labels of FedAvg: two colours
 
 
 def test_the_figure_options_reach_the_figures_and_a_bad_width_is_one_message(tmp_path, monkeypatch, capsys):
@@ -183,7 +196,7 @@ def test_the_figure_options_reach_the_figures_and_a_bad_width_is_one_message(tmp
     monkeypatch.setattr(plots, "heatmap", lambda path, *a, **k: drawn.setdefault("heatmap", k["layout"]) and path)
     assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
                         "--size", "column", "--title", "Figure 3", "--no-title"]) == 0
-    title, _, _, layout = drawn["curves"]
+    title, _, _, layout, _ = drawn["curves"]
     assert title == "Figure 3" and layout == plots.Layout(3.35, title=False) == drawn["heatmap"]
     assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
                         "--width", "0.2"]) == 2
@@ -205,9 +218,10 @@ def test_figures_carry_the_tables_title_the_overrides_percent_and_class_names(tm
     monkeypatch.setattr(plots, "heatmap", lambda path, *a, **k: drawn.setdefault("heatmap", a) and path)
     assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
                         "--set", "train.rounds=3"]) == 0
-    title, subtitle, panels, layout = drawn["curves"]
-    assert layout == plots.Layout(plots.SIZES["page"], title=True)
-    assert title == "T (--set train.rounds=3): s" and subtitle == "line: mean over 2 seeds; band: ± sample std"
+    title, subtitle, panels, layout, xlabel = drawn["curves"]
+    assert layout == plots.Layout(plots.SIZES["page"], title=True) and xlabel == "round"
+    assert title == "T (--set train.rounds=3): s"
+    assert subtitle == "line: mean over 2 seeds; band: 95% t interval of the mean over seeds"
     (accuracy, lines), _ = panels
     assert accuracy == "test accuracy (%)" and [c.label for c in lines] == ["FedAvg", "FedNTD"]
     assert list(lines[0].mean) == pytest.approx([50, 60, 70]) and lines[0].colour != lines[1].colour
@@ -215,6 +229,59 @@ def test_figures_carry_the_tables_title_the_overrides_percent_and_class_names(tm
     assert rows == ["FedAvg", "FedNTD"] and columns[0] == "T-shirt/top"
     assert "| FedAvg | 70.00 ± 0.00 (n=2) |" in (tmp_path / "r" / "table.md").read_text()
     assert (tmp_path / "r" / "table.md").read_text().startswith("T (with --set train.rounds=3): ")   # as --summary
+
+
+def test_figure_options_axes_band_looks_labels_order_and_a_csv_beside_each_figure(tmp_path, monkeypatch):
+    import json
+    from scipy import stats
+    table = hand_written_table(tmp_path)
+    for run in (tmp_path / "runs" / "t-t").iterdir():       # each round took 2 s: wall time is 2, 4, 6 s
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "time": {"round": 2.0}}) + "\n" for r in rows))
+    drawn = {}
+    monkeypatch.setattr(plots, "curves", lambda path, *a: drawn.setdefault("curves", a) and path)
+    out = tmp_path / "r"
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out), "--x", "wall_time",
+                        "--y", "test_acc,train_loss", "--greyscale", "--legend", "outside", "--label", "b=B (ours)",
+                        "--order", "b,a"]) == 0
+    _, subtitle, panels, layout, xlabel = drawn["curves"]
+    assert xlabel == "wall time (s)" and layout.legend == "outside" and "95% t interval" in subtitle
+    (accuracy, lines), (loss, _) = panels
+    assert (accuracy, loss) == ("test accuracy (%)", "train loss") and [c.label for c in lines] == ["B (ours)", "a"]
+    assert list(lines[0].rounds) == [2.0, 4.0, 6.0]
+    assert {c.colour for c in lines} <= set(figure_style.GREYS) and lines[0].linestyle != lines[1].linestyle
+    finals = [100 * v for v in FINALS["b"]]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(finals) / 3 ** 0.5
+    assert lines[0].band[-1] == pytest.approx(half)
+    rows = list(csv.DictReader((out / "s-curves.csv").open()))
+    last = [r for r in rows if r["panel"] == "test accuracy (%)" and r["method"] == "B (ours)"][-1]
+    assert float(last["wall time (s)"]) == 6 and float(last["mean"]) == pytest.approx(statistics.fmean(finals))
+    assert float(last["high"]) - float(last["mean"]) == pytest.approx(half, rel=1e-5) and last["band"] == "t95"
+    assert (out / "s-per-class.csv").read_text().splitlines()[0] == ",0,1"
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out), "--x", "bytes"]) == 2
+
+
+def test_a_clock_runs_curves_against_simulated_time_and_bytes_sent(tmp_path):
+    """--x sim_time and --x bytes on the rows a system.clock=true run writes: each point at its round's
+    sim_clock, and at the bytes_down and bytes_up sent so far; a run without the clock is one message."""
+    pytest.importorskip("matplotlib")
+    from conftest import run_debug
+    run_debug(tiny(tmp_path, "system.clock=true", "system.bandwidth=100000", "train.rounds=3", name="clock-s0"))
+    run = tmp_path / "runs" / "clock-s0"
+    rows = results.read_rows(run)
+    out = tmp_path / "report"
+    assert report_main([str(run), "--out", str(out), "--x", "sim_time", "--band", "none"]) == 0
+    assert (out / "runs-curves.png").read_bytes().startswith(PNG)
+    drawn = [r for r in csv.DictReader((out / "runs-curves.csv").open()) if r["panel"] == "test accuracy (%)"]
+    assert [float(r["simulated time (s)"]) for r in drawn] == pytest.approx([r["sim_clock"] for r in rows], rel=1e-5)
+    assert float(drawn[-1]["mean"]) == pytest.approx(100 * rows[-1]["test_acc"], rel=1e-5)
+    assert report_main([str(run), "--out", str(out), "--x", "bytes"]) == 0
+    sent = np.cumsum([r["bytes_down"] + r["bytes_up"] for r in rows]) / 1e6
+    drawn = [r for r in csv.DictReader((out / "runs-curves.csv").open()) if r["panel"] == "test loss"]
+    assert [float(r["data sent (MB)"]) for r in drawn] == pytest.approx(list(sent), rel=1e-5) and sent[0] > 0
+    plain = tmp_path / "runs" / "plain-s0"
+    fake_run(plain, resolved_config(write_table(tmp_path / "t", tmp_path / "data"), 0), [0.5, 0.6])
+    assert report_main([str(plain), "--out", str(out), "--x", "sim_time"]) == 2
 
 
 def test_prepare_plot_writes_the_partition_heatmap_beside_the_shards(tmp_path, capsys):

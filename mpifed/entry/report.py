@@ -35,6 +35,7 @@ from mpifed.run import results
 from mpifed.files import safe_yaml
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.collection import Collection, ReportError, check_metric, collect
+from mpifed.tables.curves import BANDS, X_AXES, FigureError, figure_options
 from mpifed.tables.figures import FORMATS, figures
 from mpifed.tables.report_tables import tables_of, write_tables
 
@@ -52,6 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=float, metavar="INCHES", help="figure width in inches (instead of --size)")
     p.add_argument("--title", metavar="TEXT", help="the figures' title (default: the table's title and the setting)")
     p.add_argument("--no-title", action="store_true", help="figures without a title (a paper's caption says it)")
+    p.add_argument("--x", choices=tuple(X_AXES), default="round", help="the curves' x axis: rounds (default), wall "
+                   "time, or the simulated time and data sent that runs with system.clock=true record")
+    p.add_argument("--y", default="test_acc,test_loss", metavar="METRICS", help="the metrics drawn, one panel each, "
+                   "comma-separated: any the runs record (test_acc, test_loss, val_acc, train_loss, ...; default "
+                   "test_acc,test_loss)")
+    p.add_argument("--band", choices=tuple(BANDS), default="t95", help="the band around each mean: the 95%% t "
+                   "interval of the mean over seeds (default), the sample std, or none")
+    p.add_argument("--greyscale", action="store_true", help="lines in black and greys, told apart by line style and "
+                   "marker (for black-and-white printing)")
+    p.add_argument("--legend", choices=("inside", "outside", "none"), default="inside",
+                   help="where the legend goes: inside the first panel (default), outside beside the last, or none")
+    p.add_argument("--label", action="append", default=[], metavar="METHOD=TEXT",
+                   help="show a method under another name in figures, e.g. --label 'fedntd=FedNTD (ours)'")
+    p.add_argument("--order", metavar="M1,M2,...", help="list these methods first, in this order (figures)")
     p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
                    "module of your own first (as for python -m mpifed.table); runs made with plugins need none, "
@@ -70,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from mpifed.tables import plots
     try:
+        options = figure_options(a.x, a.y, a.band, a.greyscale, a.label, a.order)
         metric = None
         if a.metric:
             spec = safe_yaml.load(a.metric, f"--metric {a.metric!r}")
@@ -77,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         c = collect(a.inputs, a.runs_root, [o for group in a.set for o in group], metric, a.plugin)
         if metric is not None:
             check_metric(c, a.metric)
-    except (ReportError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
+    except (ReportError, FigureError, results.MetricError, config.ConfigError, yaml.YAMLError) as exc:
         print(f"[mpifed.report] {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
@@ -89,10 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         tables = write_tables(summary, out)
         try:
             plots.require()
-            layout = plots.Layout(a.width or plots.SIZES[a.size], title=not a.no_title)
-            drawn = figures(c, out, a.format, layout, a.title)
+            layout = plots.Layout(a.width or plots.SIZES[a.size], title=not a.no_title, legend=a.legend)
+            drawn = figures(c, out, a.format, layout, a.title, options)
         except plots.PlotsUnavailable as exc:
             print(f"[mpifed.report] no figures: {exc}", file=sys.stderr)
+        except FigureError as exc:
+            print(f"[mpifed.report] {exc}", file=sys.stderr)
+            return 2
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename and str(exc.filename) != str(out) else ""
         print(f"[mpifed.report] cannot write the report to --out {out} ({where}{exc.strerror}): give a folder you "

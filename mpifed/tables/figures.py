@@ -1,9 +1,12 @@
-"""A report's figures, per setting: test accuracy and loss against round (mean ± sample std over the
-seeds), the final per-class accuracy, each client's held-out accuracy; each method in one colour in every
-figure (:func:`method_colours`). Draws with :mod:`mpifed.tables.plots` (matplotlib), imported when drawing."""
+"""A report's figures, per setting: the recorded metrics (test accuracy and loss by default) against
+round, wall time, simulated time or bytes sent (the mean over the seeds with its band, the curves'
+numbers in a CSV beside each figure: :mod:`mpifed.tables.curves`), the final per-class accuracy, each
+client's held-out accuracy; each method in one look in every figure (:func:`method_styles`). Draws with
+:mod:`mpifed.tables.plots` (matplotlib), imported when drawing."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,26 +18,18 @@ from mpifed.files import safe_yaml
 from mpifed.plugin.registry import ALGORITHMS, DATASETS
 from mpifed.run import results
 from mpifed.run.record import RunRecord
-from mpifed.tables.collection import Collection
 from mpifed.run.rundir import CONFIG
+from mpifed.tables.collection import Collection
+from mpifed.tables.curves import (BANDS, X_AXES, FigureOptions, curve, styled, write_csv, write_matrix_csv,
+                                  y_axis)
 
 if TYPE_CHECKING:
-    from mpifed.tables.plots import Curve, Layout
+    from mpifed.tables.curves import Curve
+    from mpifed.tables.figure_style import Style
+    from mpifed.tables.plots import Layout
 
 
 FORMATS = ("png", "pdf", "svg")
-
-
-def curve(label: str, runs: list[Path], column: str, scale: float = 1.0) -> "Curve | None":
-    """The mean and sample std of ``column`` (times ``scale``) over ``runs`` at the rounds every run evaluated."""
-    from mpifed.tables.plots import Curve
-    series = [dict(results.evaluations(results.read_rows(r), column)) for r in runs]
-    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
-    if not rounds:
-        return None
-    values = scale * np.array([[s[r] for r in rounds] for s in series], dtype=np.float64)
-    std = values.std(axis=0, ddof=1) if len(runs) > 1 else None
-    return Curve(label, np.array(rounds), values.mean(axis=0), std)
 
 
 def final_per_class(runs: list[Path]) -> np.ndarray | None:
@@ -49,11 +44,11 @@ def final_per_class(runs: list[Path]) -> np.ndarray | None:
     return np.nanmean(np.array(last, dtype=np.float64), axis=0)
 
 
-def final_client_accuracy(runs: list[Path]) -> "Curve | None":
+def final_client_accuracy(runs: list[Path], band: str = "t95") -> "Curve | None":
     """Each client's accuracy on its held-out rows at the last evaluation (``client_acc.jsonl``, from
-    ``data.client_holdout``), sorted worst first, in %: the mean and sample std over ``runs``, position by
+    ``data.client_holdout``), sorted worst first, in %: the mean over ``runs`` and its ``band``, position by
     position, against the share of clients (0 to 100%)."""
-    from mpifed.tables.plots import Curve
+    from mpifed.tables.curves import Curve, spread
     sorted_runs = []
     for r in runs:
         rows = RunRecord(r).client_accuracy()
@@ -62,27 +57,29 @@ def final_client_accuracy(runs: list[Path]) -> "Curve | None":
     if not sorted_runs or len({len(s) for s in sorted_runs}) != 1 or len(sorted_runs[0]) < 2:
         return None
     values = 100 * np.array(sorted_runs, dtype=np.float64)
-    std = values.std(axis=0, ddof=1) if len(values) > 1 else None
-    return Curve("", np.linspace(0, 100, values.shape[1]), values.mean(axis=0), std)
+    return Curve("", np.linspace(0, 100, values.shape[1]), values.mean(axis=0), spread(values, band), n=len(values))
 
 
-def seeds_note(counts: list[int]) -> str:
-    """How many seeds each line averages: said once when all agree, else per method in the legend."""
+def seeds_note(counts: list[int], band: str = "t95") -> str:
+    """How many seeds each line averages (said once when all agree, else per method in the legend)
+    and what its band is."""
+    said = BANDS[band].removeprefix("band: ")
     if len(set(counts)) != 1:
-        return "line: mean over the seeds (n per method); band: ± sample std"
-    return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: ± sample std"
+        return f"line: mean over the seeds (n per method); band: {said}"
+    return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: {said}"
 
 
 def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
-            title: str | None = None) -> dict[str, list[Path]]:
-    """Each setting's figures, written to ``out`` at ``layout``'s size; ``title`` replaces the
-    automatic one (the table's title and the setting)."""
+            title: str | None = None, options: FigureOptions = FigureOptions()) -> dict[str, list[Path]]:
+    """Each setting's figures, written to ``out`` at ``layout``'s size, each with its numbers in a CSV
+    beside it; ``title`` replaces the automatic one (the table's title and the setting); ``options``:
+    the axes, band, looks, labels and order."""
     from mpifed.tables import plots
     layout = layout or plots.Layout()
     written: dict[str, list[Path]] = {}
-    palette = method_colours(c)
+    palette = method_styles(c, options.greyscale)
     for setting in dict.fromkeys(s for s, _ in c.groups):
-        methods = [(m, runs) for (s, m), runs in c.groups.items() if s == setting and runs]
+        methods = options.ordered([(m, runs) for (s, m), runs in c.groups.items() if s == setting and runs])
         counts = [len(runs) for _, runs in methods]
         mixed = len(set(counts)) > 1
         if title is None:
@@ -90,51 +87,60 @@ def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
         else:
             title_here = title if len({s for s, _ in c.groups}) == 1 else f"{title}: {setting}"
         panels = []
-        for ylabel, column, scale in (("test accuracy (%)", "test_acc", 100.0), ("test loss", "test_loss", 1.0)):
+        for column in options.y:
+            ylabel, scale = y_axis(column)
             lines = []
             for m, runs in methods:
-                line = curve(f"{m} (n={len(runs)})" if mixed else m, runs, column, scale)
+                name = options.label(m)
+                line = curve(f"{name} (n={len(runs)})" if mixed else name, runs, column, scale, options.x,
+                             options.band)
                 if line is not None:
-                    line.colour = palette[m]
-                    lines.append(line)
-            panels.append((ylabel, lines))
+                    lines.append(styled(line, palette[m]))
+            if lines:
+                panels.append((ylabel, lines))
         stem = _slug(setting)
         mine = written.setdefault(setting, [])
-        if panels[0][1]:
-            mine.append(plots.curves(out / f"{stem}-curves.{fmt}", title_here, seeds_note(counts), panels, layout))
+        if panels:
+            xlabel = X_AXES[options.x]
+            drawn = plots.curves(out / f"{stem}-curves.{fmt}", title_here, seeds_note(counts, options.band), panels,
+                                 layout, xlabel)
+            mine += [drawn, write_csv(drawn.with_suffix(".csv"), panels, xlabel, options.band)]
         per_class = [(m, v) for m, runs in methods if (v := final_per_class(runs)) is not None]
         if per_class and len({len(v) for _, v in per_class}) == 1:
             values = 100 * np.stack([v for _, v in per_class])
             names = _class_names(methods[0][1][0], values.shape[1])
-            mine.append(plots.heatmap(out / f"{stem}-per-class.{fmt}", title_here,
-                                         "final per-class test accuracy (%), mean over seeds", values,
-                                         [m for m, _ in per_class], names, "class", "method", "test accuracy (%)",
-                                         fmt="{:.0f}", vmin=0.0, vmax=100.0, layout=layout))
+            rows = [options.label(m) for m, _ in per_class]
+            drawn = plots.heatmap(out / f"{stem}-per-class.{fmt}", title_here,
+                                  "final per-class test accuracy (%), mean over seeds", values, rows, names, "class",
+                                  "method", "test accuracy (%)", fmt="{:.0f}", vmin=0.0, vmax=100.0, layout=layout)
+            columns = names or [str(k) for k in range(values.shape[1])]
+            mine += [drawn, write_matrix_csv(drawn.with_suffix(".csv"), values, rows, columns)]
         clients = []
         for m, runs in methods:
-            if (line := final_client_accuracy(runs)) is not None:
-                line.label, line.colour = m, palette[m]
-                clients.append(line)
+            if (line := final_client_accuracy(runs, options.band)) is not None:
+                clients.append(styled(replace(line, label=options.label(m)), palette[m]))
         if clients:
-            mine.append(plots.curves(out / f"{stem}-clients.{fmt}", title_here,
-                                     f"each client on its held-out samples, last evaluation; {seeds_note(counts)}",
-                                     [("client accuracy (%)", clients)],
-                                     layout, xlabel="clients, worst first (%)"))
+            panels = [("client accuracy (%)", clients)]
+            drawn = plots.curves(out / f"{stem}-clients.{fmt}", title_here, "each client on its held-out samples, "
+                                 f"last evaluation; {seeds_note(counts, options.band)}", panels, layout,
+                                 "clients, worst first (%)")
+            mine += [drawn, write_csv(drawn.with_suffix(".csv"), panels, "clients, worst first (%)", options.band)]
     return written
 
 
-def method_colours(c: Collection) -> dict[str, str]:
-    """One colour per method label, the same in every figure and report: a label that is the only one
-    of its algorithm takes that algorithm's colour (FedNTD's, whether the runs are a table's ``fedntd``
-    or a folder's ``digits-lda0.1-fedntd``); labels that share an algorithm take colours of their own."""
-    from mpifed.tables import plots
-    labels = list(dict.fromkeys(m for _, m in c.groups))
+def method_styles(c: Collection, greyscale: bool = False) -> dict[str, "Style"]:
+    """Each method label's look, the same in every figure of a report whatever else it holds
+    (:mod:`mpifed.tables.figure_style`): a label that is its setting's only one of its algorithm is drawn
+    as that algorithm (FedNTD's look, whether the runs are a table's ``fedntd`` or a folder's
+    ``digits-lda0.1-fedntd``); labels that share an algorithm in a setting take looks of their own."""
+    from mpifed.tables import figure_style
+    by_setting: dict[str, list[str]] = {}
+    for (setting, m), runs in c.groups.items():
+        by_setting.setdefault(setting, []).append(m)
     algorithm = {m: _algorithm(next((runs[0] for (_, k), runs in c.groups.items() if k == m and runs), None))
-                 for m in labels}
-    share = {a: sum(1 for m in labels if algorithm[m] == a) for a in algorithm.values()}
-    keys = {m: algorithm[m] if algorithm[m] is not None and share[algorithm[m]] == 1 else m for m in labels}
-    palette = plots.colours(list(keys.values()), [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()])
-    return {m: palette[keys[m]] for m in labels}
+                 for labels in by_setting.values() for m in labels}
+    keys = figure_style.method_keys(by_setting, algorithm)
+    return figure_style.styles(keys, [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()], greyscale)
 
 
 def _algorithm(run: Path | None) -> str | None:

@@ -1,9 +1,9 @@
-"""Figures: curves against round with a band over seeds, per-class accuracy and partition heatmaps.
+"""Figures: curves with a band over seeds, per-class accuracy and partition heatmaps.
 
 Needs matplotlib (``pip install 'mpifed[plots]'``); only :mod:`mpifed.tables.figures` and
 ``python -m mpifed.prepare --plot`` import this module, so the trainer never needs it.
-Figures are sized and labelled for a paper: integer round ticks, a fixed colour per method
-(:func:`colours`), titles that say what was run.
+Figures are sized and labelled for a paper: integer round ticks, a fixed look per method
+(:mod:`mpifed.tables.figure_style`), a legend inside, outside or none, titles that say what was run.
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ try:
 except ImportError:  # the message below says what to install
     plt = None
 
-INSTALL = "plots need matplotlib: pip install 'mpifed[plots]'"
+from mpifed.tables.curves import Curve
 
-# 20 colours that stay apart in print: tab10's, then Dark2's and four more
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#000000",
-           "#6a3d9a", "#b15928"]
+__all__ = ["Curve", "Layout", "PlotsUnavailable", "SIZES", "curves", "heatmap", "require"]
+
+INSTALL = "plots need matplotlib: pip install 'mpifed[plots]'"
+LEGENDS = ("inside", "outside", "none")
 
 
 SIZES = {"column": 3.35, "page": 6.9}   # inches: one column and the full text width of a two-column paper
@@ -36,11 +36,13 @@ FONTS = {"font.size": 8, "axes.labelsize": 8, "axes.titlesize": 8, "xtick.labels
 
 @dataclass
 class Layout:
-    """How big a figure is printed and whether it carries a title: ``width`` in inches (a preset of
-    :data:`SIZES` or any); below 5 in the panels of a curves figure stack, one under the other."""
+    """How big a figure is printed, whether it carries a title and where its legend goes: ``width`` in
+    inches (a preset of :data:`SIZES` or any; below 5 in the panels of a curves figure stack, one
+    under the other), ``legend`` one of :data:`LEGENDS` (outside: beside the last panel)."""
 
     width: float = SIZES["page"]
     title: bool = True
+    legend: str = "inside"
 
 
 class PlotsUnavailable(ImportError):
@@ -53,32 +55,11 @@ def require() -> None:
         raise PlotsUnavailable(INSTALL)
 
 
-def colours(methods: list[str], fixed: list[str]) -> dict[str, str]:
-    """One colour per method, the same in every figure: a method named in ``fixed`` (every
-    registered method, in a fixed order) always gets that place's colour; the others take
-    the colours no method of ``methods`` holds, in order."""
-    out = {m: PALETTE[fixed.index(m) % len(PALETTE)] for m in methods if m in fixed}
-    free = [c for c in PALETTE if c not in out.values()] or PALETTE
-    for i, m in enumerate(sorted(m for m in dict.fromkeys(methods) if m not in out)):
-        out[m] = free[i % len(free)]
-    return out
-
-
-@dataclass
-class Curve:
-    """One method's values against round: the mean over seeds and its sample std (None: one seed)."""
-
-    label: str
-    rounds: np.ndarray
-    mean: np.ndarray
-    std: np.ndarray | None
-    colour: str | None = None
-
-
 def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Curve]]],
            layout: Layout = Layout(), xlabel: str = "round") -> Path:
     """One panel per (y label, curves), side by side (stacked on a narrow figure), x = round (or
-    what ``xlabel`` says); a shaded band of mean ± std."""
+    what ``xlabel`` says); each curve in its colour, line style and marker, with a shaded band of
+    mean ± its half-width."""
     require()
     stacked = layout.width < 5
     rows, cols = (len(panels), 1) if stacked else (1, len(panels))
@@ -87,10 +68,11 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
         fig, axes = plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False)
     for i, (ax, (ylabel, lines)) in enumerate(zip(axes.flat, panels)):
         for c in lines:
-            (line,) = ax.plot(c.rounds, c.mean, label=c.label, color=c.colour, linewidth=1.6,
-                              marker="o" if len(c.rounds) < 12 else None, markersize=3)
-            if c.std is not None:
-                ax.fill_between(c.rounds, c.mean - c.std, c.mean + c.std, color=line.get_color(),
+            (line,) = ax.plot(c.rounds, c.mean, label=c.label, color=c.colour, linewidth=1.4, linestyle=c.linestyle,
+                              marker=c.marker or ("o" if len(c.rounds) < 12 else None), markersize=3,
+                              markevery=max(1, len(c.rounds) // 10))
+            if c.band is not None:
+                ax.fill_between(c.rounds, c.mean - c.band, c.mean + c.band, color=line.get_color(),
                                 alpha=0.2, linewidth=0)
         ax.set_xlabel(xlabel, fontsize=FONTS["axes.labelsize"])
         ax.set_ylabel(ylabel, fontsize=FONTS["axes.labelsize"])
@@ -98,8 +80,11 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
         if xlabel == "round":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
-        if i == 0:
+        if i == 0 and layout.legend == "inside":
             ax.legend(fontsize=FONTS["legend.fontsize"], framealpha=0.85)
+        if i == len(panels) - 1 and layout.legend == "outside":
+            ax.legend(fontsize=FONTS["legend.fontsize"], loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                      borderaxespad=0.0, frameon=False)
     if layout.title:
         _titles(fig, title, subtitle, int(layout.width * 11))
     return _save(fig, path)
