@@ -9,10 +9,15 @@ directories. Runs are grouped into methods: a table's methods, or for directorie
 name without ``-s<seed>``; runs of different configurations are never put in one group.
 For every setting (a table's setting, or the folder that holds the runs) it writes:
 
-    <setting>-curves.<fmt>      test accuracy (%) and loss against round, one line per method,
-                                mean ± sample std over the seeds as a band
+    <setting>-curves.<fmt>      test accuracy (%) and loss (or the --y metrics) against round (or
+                                --x wall_time, sim_time, bytes), one line per method: the mean over
+                                the seeds, with the 95% t interval of that mean as a band (--band)
     <setting>-per-class.<fmt>   the final model's per-class test accuracy (methods x classes,
                                 named where the data set names them)
+
+and beside each figure a CSV of its numbers (``<setting>-curves.csv``, ...), to replot elsewhere.
+Each method has one look (colour, line style, marker) in every figure; ``--greyscale`` for black
+and white print, ``--legend``, ``--label METHOD=TEXT`` and ``--order`` for a paper's figure.
 
 and for all inputs ``table.md``, ``table.csv`` and ``table.tex``: the table in its metric
 (``--metric`` where given, else a table file's own, else final test accuracy), mean ± sample
