@@ -55,9 +55,9 @@ def test_report_of_a_table_writes_figures_and_correct_tables(tmp_path, capsys):
     assert float(got[("b", "T(65%)")]["mean"]) == 3 and got[("b", "T(65%)")]["std"] == "0"
     assert "| a | 65.00 ± 5.57 (n=3) | 3.0 (n=1; not reached in 2) |" in (out / "table.md").read_text()
     tex = (out / "table.tex").read_text()
-    assert "\\begin{tabular}{lcc}" in tex and "T(65\\%)" in tex
-    assert "a & 65.00 $\\pm$ 5.57 & 3.0 (n=1) \\\\" in tex                       # n only where seeds are missing
-    assert "b & \\textbf{74.00 $\\pm$ 3.61} & 3.0 $\\pm$ 0.0 \\\\" in tex           # ahead of a on every seed
+    assert "\\begin{table}[t]" in tex and "\\begin{tabular}{lS[" in tex and "T(65\\%)" in tex
+    assert "a & 65.00 \\pm 5.57 & 3.0{\\,(n=1)} \\\\" in tex                    # n only where seeds are missing
+    assert "b & \\bfseries 74.00 \\pm 3.61 & 3.0 \\pm 0.0 \\\\" in tex             # ahead of a on every seed
     assert float(got[("b", "final test_acc")]["difference"]) == pytest.approx(9.0, abs=1e-4)
     assert got[("b", "final test_acc")]["vs"] == "a" and got[("b", "final test_acc")]["seeds_ahead"] == "3"
     assert got[("b", "final test_acc")]["verdict"] == "higher" and float(got[("b", "final test_acc")]["ci_low"]) > 0

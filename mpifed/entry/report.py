@@ -23,7 +23,9 @@ and for all inputs ``table.md``, ``table.csv`` and ``table.tex``: the table in i
 (``--metric`` where given, else a table file's own, else final test accuracy), mean ± sample
 std (n - 1) with n; for one table file what ``python -m mpifed.table TABLE --summary`` prints,
 claims and Holm's adjustment included; the CSV with each method's paired difference with the
-reference, the LaTeX with the clear best of each setting in bold. Methods are shown as papers
+reference; the LaTeX a table float that compiles as it is (booktabs, siunitx-aligned numbers or
+``--numbers plain``, ``--caption``, ``--tex-label``), in each setting the best in bold with every
+method the seeds cannot tell from it (:mod:`mpifed.tables.latex`). Methods are shown as papers
 write them (fedntd: FedNTD), each in one colour in every figure; titles carry the table's title
 and the ``--set`` overrides the runs were made with. Without matplotlib the tables are still written.
 """
@@ -42,6 +44,7 @@ from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.collection import Collection, ReportError, check_metric, collect
 from mpifed.tables.curves import BANDS, X_AXES, FigureError, figure_options
 from mpifed.tables.figures import FORMATS, figures
+from mpifed.tables.latex import NUMBERS
 from mpifed.tables.report_tables import tables_of, write_tables
 
 
@@ -58,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=float, metavar="INCHES", help="figure width in inches (instead of --size)")
     p.add_argument("--title", metavar="TEXT", help="the figures' title (default: the table's title and the setting)")
     p.add_argument("--no-title", action="store_true", help="figures without a title (a paper's caption says it)")
+    p.add_argument("--caption", metavar="TEXT", help="table.tex's caption (default: the table's title, metric and "
+                   "what the numbers and bold say)")
+    p.add_argument("--tex-label", default="tab:results", metavar="LABEL", help="table.tex's \\label (default: "
+                   "tab:results)")
+    p.add_argument("--numbers", choices=NUMBERS, default="siunitx", help="table.tex's numbers: aligned on the decimal "
+                   "point by siunitx (default; the document loads siunitx and booktabs) or plain (booktabs alone)")
     p.add_argument("--x", choices=tuple(X_AXES), default="round", help="the curves' x axis: rounds (default), wall "
                    "time, or the simulated time and data sent that runs with system.clock=true record")
     p.add_argument("--y", default="test_acc,test_loss", metavar="METRICS", help="the metrics drawn, one panel each, "
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[mpifed.report] warning: {note}", file=sys.stderr)
     drawn: dict[str, list[Path]] = {}
     try:
-        tables = write_tables(summary, out)
+        tables = write_tables(summary, out, a.caption, a.tex_label, a.numbers)
         try:
             plots.require()
             layout = plots.Layout(a.width or plots.SIZES[a.size], title=not a.no_title, legend=a.legend)
