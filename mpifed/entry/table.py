@@ -65,7 +65,8 @@ from mpifed.files.packaged import find_config
 from mpifed.files.pipes import quiet_when_pipe_closes
 from mpifed.tables.listing import listing
 from mpifed.tables.running import dry_run, recheck, reuse, run_table, write_runs
-from mpifed.tables.summarize import LEAVE_OUT, summary_table
+from mpifed.tables.pivot import PivotError
+from mpifed.tables.summarize import LEAVE_OUT, summarize, summary_table, tex_or_pivot
 from mpifed.tables.sweep import DEFAULT_METRIC, load_sweep
 from mpifed.tables.table_file import Table, load_table, resolve
 from mpifed.tables.table_store import archive_table, prune
@@ -199,6 +200,10 @@ def _parser() -> argparse.ArgumentParser:
                    "arguments, instead of the grid")
     p.add_argument("--parallel", type=int, default=1, metavar="P", help="--run/--tune: P runs at once (a GPU, or a "
                    "machine with cores to spare; each run's output goes to <table runs>/logs/)")
+    p.add_argument("--pivot", nargs="?", const="", metavar="DOWN,ACROSS", help="--summary of a sweep of two keys or "
+                   "more: its metric as a pivot, one key down and another across (default: the first two keys)")
+    p.add_argument("--latex", metavar="FILE", help="--summary: also write it (or the --pivot) to FILE as a LaTeX table "
+                   "that compiles as it is (booktabs and siunitx; see mpifed.tables.latex)")
     p.add_argument("--mixed-machines", action="store_true",
                    help="--summary: pair runs of one seed even where they come from machines whose CPU, BLAS, GPU or "
                         "torch differ (refused by default: CPU numbers differ by more than rounding across machines)")
@@ -216,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.parallel < 1:
         p.error("--parallel must be at least 1")
-    for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None), ("--family", a.family)):
+    for flag, given in (("--by-seed", a.by_seed), ("--diverged", a.diverged is not None), ("--family", a.family),
+                        ("--pivot", a.pivot is not None), ("--latex", a.latex)):
         if given and not a.summary:
             p.error(f"{flag} goes with --summary")
     if a.commands and not a.list:
@@ -252,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             mine = find_config(a.table).resolve() if a.table else None
             family = [_family_table(path, a, added) for path in dict.fromkeys(a.family or [])
                       if find_config(path).resolve() != mine]          # the table itself is in the family already
+            if a.pivot is not None or a.latex:
+                return _print(tex_or_pivot(summarize(table, a.reference, a.diverged, a.mixed_machines), a.pivot,
+                                           a.latex))
             return _print(summary_table(table, a.reference, a.by_seed, a.diverged, family, a.mixed_machines))
         if a.archive:
             return _archive(table, a, added)
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             return recheck(table, Path(a.recheck), added, again, a.parallel)
         return run_table(table, ranks, a.tune is not None, added, again, lambda: _loaded(a, added, record=True),
                          a.parallel, a.reference)
-    except (config.ConfigError, OSError) as exc:
+    except (config.ConfigError, OSError, PivotError) as exc:
         if isinstance(exc, BrokenPipeError):
             raise       # the reader went away: quiet_when_pipe_closes ends the command quietly
         print(f"[mpifed.table] {exc}", file=sys.stderr)

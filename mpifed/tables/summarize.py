@@ -1,10 +1,14 @@
 """A table file's runs summarized: the table in its metric with each method against the reference and the
 declared claims tested (:func:`summarize`), the search's scores as a report quotes them (:func:`search_table`),
-and the text ``python -m mpifed.table TABLE --summary`` prints (:func:`summary_table`)."""
+and the text ``python -m mpifed.table TABLE --summary`` prints (:func:`summary_table`), or its pivot and LaTeX
+(:func:`tex_or_pivot`)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from mpifed.tables.latex import latex_table
+from mpifed.tables.pivot import pivot
 from mpifed.tables.summary import ClaimFamily, Runs, Summary, tabulate
 from mpifed.tables.table_file import Table, finished_runs
 from mpifed.tables.tuning import grid_cells, grid_columns
@@ -115,3 +119,18 @@ def summary_table(table: Table, reference: str | None = None, by_seed: bool = Fa
     if not by_seed:
         return s.markdown()
     return "\n\n".join(part for part in (s.markdown(), search_table(table), s.seed_tables()) if part)
+
+
+def tex_or_pivot(s: Summary, given: str | None, latex: str | None) -> str:
+    """The summary ``s`` as a pivot (``given``: ``DOWN,ACROSS`` or empty for the first two keys), else
+    as it prints; with ``latex``, also written there as a LaTeX table (what is printed says so)."""
+    shown = s.markdown()
+    tex = None
+    if given is not None:
+        down, _, across = given.partition(",")
+        found = pivot(s, down.strip() or None, across.strip() or None)
+        shown, tex = found.markdown(), found.latex() if latex else None
+    if latex:
+        Path(latex).write_text(tex or latex_table(s))
+        shown += f"\n\nwrote {latex}"
+    return shown
