@@ -147,3 +147,15 @@ def test_launch_dry_run_names_the_mpirun_command_and_the_ranks_print_once(tmp_pa
     assert p.stdout.count("# dry run: nothing was written") == 1
     assert "3 ranks (1 server + 2 workers)" in p.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_write_runs_says_how_to_get_the_job_scripts_where_there_are_none(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)                           # a pip install's folder: no slurm/ here
+    assert table_main(_sweep(tmp_path, "--write-runs", str(tmp_path / "runs.txt"))) == 0
+    said = capsys.readouterr().out
+    assert "  mpifed slurm        # writes the job scripts into ./slurm\n" \
+           "  sbatch --array=0-3 slurm/array.sbatch" in said
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "array.sbatch").write_text("#!/bin/bash\n")
+    assert table_main(_sweep(tmp_path, "--write-runs", str(tmp_path / "runs.txt"))) == 0
+    assert "mpifed slurm" not in capsys.readouterr().out

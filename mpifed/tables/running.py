@@ -41,12 +41,18 @@ def write_runs(table: Table, added: list[str], path: str) -> str:
     if table.pending:
         runs = [r for r in table.search if not settled(r.path)]
         Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in runs))
-        return (f"{len(runs)} search runs written to {path}; submit them with:\n"
-                f"  sbatch --array=0-{len(runs) - 1} slurm/array.sbatch {path}\n"
+        return (f"{len(runs)} search runs written to {path}; submit them with:\n{_submit(len(runs), path)}\n"
                 f"when they have finished, run --write-runs again: it makes the choice and writes the table's runs")
     Path(path).write_text("".join(shlex.join(r.args(added)) + "\n" for r in table.runs))
-    return (f"{len(table.runs)} runs written to {path}; submit with:\n"
-            f"  sbatch --array=0-{len(table.runs) - 1} slurm/array.sbatch {path}")
+    return f"{len(table.runs)} runs written to {path}; submit with:\n{_submit(len(table.runs), path)}"
+
+
+def _submit(count: int, path: str) -> str:
+    """The sbatch command of an array of ``count`` runs listed in ``path``, after the command that
+    writes the job scripts where a pip install has none (``mpifed slurm``)."""
+    made = "" if Path("slurm/array.sbatch").is_file() else \
+        "  mpifed slurm        # writes the job scripts into ./slurm\n"
+    return f"{made}  sbatch --array=0-{count - 1} slurm/array.sbatch {path}"
 
 
 def reuse(table: Table, folders: list[str], reload: Callable[[], Table]) -> int:
