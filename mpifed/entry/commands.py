@@ -10,6 +10,7 @@ commands:
   config   list the configs shipped with mpifed, or copy them to edit
   slurm    write the Slurm job scripts shipped with mpifed into ./slurm
   check-method  check that each method a file registers is right when its step is captured (CUDA graphs)
+  merge    several machines' runs in one results tree, for one table's summary
 
 `mpifed COMMAND --help` shows a command's own arguments. `mpifed --config X ...` (options
 without a command) is `mpifed run --config X ...`.
@@ -26,7 +27,7 @@ from mpifed import __version__
 COMMANDS = {"run": "mpifed.entry.main", "launch": "mpifed.entry.launch", "prepare": "mpifed.entry.prepare",
             "table": "mpifed.entry.table", "report": "mpifed.entry.report", "evaluate": "mpifed.entry.evaluate",
             "config": "mpifed.entry.configs", "slurm": "mpifed.entry.jobscripts",
-            "check-method": "mpifed.entry.check_method"}
+            "check-method": "mpifed.entry.check_method", "merge": "mpifed.entry.merge"}
 
 
 def command_main(name: str) -> Callable[[list[str]], int] | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mpifed.tables.latex import latex_table
+from mpifed.tables.merge import other_machine_notes
 from mpifed.tables.pivot import pivot
 from mpifed.tables.summary import ClaimFamily, Runs, Summary, tabulate
 from mpifed.tables.table_file import Table, finished_runs
@@ -48,7 +49,8 @@ def summarize(table: Table, reference: str | None = None, diverged_as: float | s
     return tabulate(title, table.metric, Runs(groups, left_out, not_run, counted_at=counted, counted_why=why,
                                               mixed_machines=mixed_machines),
                     paper_metric=table.paper_metric, reference=reference or table.reference,
-                    declared_seeds=len(table.seeds), notes=search_notes(table), claims=claims,
+                    declared_seeds=len(table.seeds), claims=claims,
+                    notes=search_notes(table) + other_machine_notes(table.root.parent, [r.path for r in table.runs]),
                     paper_local_steps=table.paper_local_steps)
 
 
