@@ -105,6 +105,18 @@ def test_report_of_folders_never_mixes_configurations(tmp_path, capsys):
     assert (out / "mine-per-class.svg").stat().st_size > 1000
 
 
+def test_a_folder_report_names_runs_by_their_label_and_keeps_search_runs_apart(tmp_path):
+    table = write_table(tmp_path / "t", tmp_path / "data")
+    root = tmp_path / "runs" / "mine"
+    for seed in (0, 1):
+        fake_run(root / f"x-s{seed}", resolved_config(table, seed, "run.label=FedAvg (tuned)"), [0.5, 0.6 + seed / 10])
+        fake_run(root / "tuning" / f"x-lr0.1-s{seed}", resolved_config(table, seed, "train.lr=0.1"), [0.3, 0.4])
+    out = tmp_path / "report"
+    assert report_main([str(root), "--out", str(out)]) == 0
+    rows = {(r["setting"], r["method"]): r["n"] for r in csv.DictReader((out / "table.csv").open())}
+    assert rows == {("mine", "FedAvg (tuned)"): "2", ("mine (search runs)", "x-lr0.1"): "2"}, rows
+
+
 def test_report_without_matplotlib_writes_the_tables_and_names_the_extra(tmp_path, monkeypatch, capsys):
     table = hand_written_table(tmp_path)
     monkeypatch.setattr(plots, "plt", None)

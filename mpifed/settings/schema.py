@@ -66,6 +66,8 @@ class RunConfig:
     name: str | None = opt(None, "run directory name under run.root; default: <config stem>-<date>-<time> (-2, -3, ... "
                                  "when taken)", math=False)
     root: str = opt("runs", "folder that holds the run directories", math=False)
+    label: str | None = opt(None, "the run's name in figures and reports of folders of runs (the same label on "
+                                  "every seed of a method; default: the run's name without its seed)", math=False)
     seed: int = opt(0, "seed of model initialisation, client sampling and local training", min=0, max=2**63 - 1)
     eval_every: int = opt(1, "evaluate the global model on the test set (and the validation set, data.val_size) every "
                              "this many rounds (and after the last)", min=1, math=False)

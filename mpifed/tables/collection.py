@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from mpifed.files import safe_yaml
 from mpifed.plugin.registry import ALGORITHMS
 from mpifed.run import results
 from mpifed.run.record import RunRecord
@@ -155,8 +158,9 @@ def with_display_names(groups: dict[tuple[str, str], list[Path]]) -> dict[tuple[
 
 
 def _collect_dirs(folder: Path, out: Collection) -> None:
-    """Every run under ``folder`` (itself, or any folder below holding config.yaml), grouped by
-    name without the seed and by configuration without the seed."""
+    """Every run under ``folder`` (itself, or any folder below holding config.yaml), grouped by the
+    folder that holds it (a table's search runs apart: :func:`_setting`), by its ``run.label`` or name
+    without the seed, and by configuration without the seed."""
     found = [folder] if (folder / CONFIG).exists() else sorted(p.parent for p in folder.rglob(CONFIG))
     keyed: dict[tuple[str, str, str], list[Path]] = {}
     for run in found:
@@ -170,13 +174,30 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
             continue
         out.identities[run] = held
         seedless = {**held, "run": {k: v for k, v in held["run"].items() if k != "seed"}}
-        keyed.setdefault((run.parent.name, _SEED_SUFFIX.sub("", run.name), config.digest(seedless)), []).append(run)
+        keyed.setdefault((_setting(run), _label(run), config.digest(seedless)), []).append(run)
     labels: dict[tuple[str, str], int] = {}
     for setting, label, _ in keyed:
         labels[(setting, label)] = labels.get((setting, label), 0) + 1
     for (setting, label, digest), runs in keyed.items():
         method = label if labels[(setting, label)] == 1 else f"{label} [{digest[:6]}]"
         out.groups.setdefault((setting, method), []).extend(runs)
+
+
+def _setting(run: Path) -> str:
+    """A folder's run's setting: the folder that holds it; a table's search runs (its ``tuning/``
+    folder) a setting of their own, apart from the table's final runs."""
+    if run.parent.name == "tuning" and run.parent.parent != run.parent:
+        return f"{run.parent.parent.name} (search runs)"
+    return run.parent.name
+
+
+def _label(run: Path) -> str:
+    """A folder's run's method label: its ``run.label`` where set, else its name without the seed."""
+    try:
+        given = safe_yaml.read(run / CONFIG)["run"].get("label")
+    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        given = None
+    return given if isinstance(given, str) and given.strip() else _SEED_SUFFIX.sub("", run.name)
 
 
 def check_metric(c: Collection, given: str) -> None:
