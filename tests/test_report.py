@@ -271,6 +271,10 @@ def test_figure_options_axes_band_looks_labels_order_and_a_csv_beside_each_figur
     assert float(last["high"]) - float(last["mean"]) == pytest.approx(half, rel=1e-5) and last["band"] == "t95"
     assert (out / "s-per-class.csv").read_text().splitlines()[0] == ",0,1"
     assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(out), "--x", "bytes"]) == 2
+    from mpifed.tables.curves import FigureOptions
+    sweep = FigureOptions(labels=("lr=0.1+beta=0.5=lr 0.1, β=0.5", "lr=0.1=plain"))
+    assert sweep.label("lr=0.1+beta=0.5") == "lr 0.1, β=0.5" and sweep.label("lr=0.1") == "plain"
+    assert sweep.label("lr=0.2") == "lr=0.2"
 
 
 def test_a_clock_runs_curves_against_simulated_time_and_bytes_sent(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,15 @@ class FigureError(ValueError):
 @dataclass(frozen=True)
 class FigureOptions:
     """What a report's curves show and how: the x axis (:data:`X_AXES`), the metrics drawn (one panel
-    each), the band (:data:`BANDS`), greyscale looks, each method's label in figures (by its name in
-    the report) and the order methods are listed in (those named first, in that order)."""
+    each), the band (:data:`BANDS`), greyscale looks, methods' labels in figures (``METHOD=TEXT``, the
+    method by its name in the report, which may hold ``=`` itself, as a sweep's ``lr=0.1+beta=0.5``)
+    and the order methods are listed in (those named first, in that order)."""
 
     x: str = "round"
     y: tuple[str, ...] = ("test_acc", "test_loss")
     band: str = "t95"
     greyscale: bool = False
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: tuple[str, ...] = ()
     order: tuple[str, ...] = ()
 
     def ordered(self, methods: list[Any]) -> list[Any]:
@@ -48,7 +49,8 @@ class FigureOptions:
         return sorted(methods, key=lambda item: rank.get(item[0], len(rank)))
 
     def label(self, method: str) -> str:
-        return self.labels.get(method, method)
+        """``method``'s label in figures: the TEXT of a ``METHOD=TEXT`` given for it, else its name."""
+        return next((given[len(method) + 1:] for given in self.labels if given.startswith(f"{method}=")), method)
 
 
 @dataclass
@@ -118,17 +120,15 @@ def figure_options(x: str = "round", y: str = "test_acc,test_loss", band: str = 
                    labels: list[str] | tuple[str, ...] = (), order: str | None = None) -> FigureOptions:
     """The :class:`FigureOptions` of a report's command line (``y`` and ``order`` comma-separated,
     ``labels`` as ``METHOD=TEXT``); a :class:`FigureError` for a label without its ``=`` or no metric."""
-    named = {}
     for given in labels:
         method, sep, text = given.partition("=")
         if not sep or not method.strip() or not text.strip():
             raise FigureError(f"--label {given!r}: give METHOD=TEXT, e.g. --label 'fedntd=FedNTD (ours)'")
-        named[method.strip()] = text.strip()
     ordered = tuple(m.strip() for m in (order or "").split(",") if m.strip())
     metrics = tuple(m.strip() for m in y.split(",") if m.strip())
     if not metrics:
         raise FigureError("--y: name at least one metric, e.g. --y test_acc")
-    return FigureOptions(x, metrics, band, greyscale, named, ordered)
+    return FigureOptions(x, metrics, band, greyscale, tuple(labels), ordered)
 
 
 def curve(label: str, runs: list[Path], column: str, scale: float = 1.0, x: str = "round",
