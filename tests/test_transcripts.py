@@ -81,7 +81,8 @@ def test_the_tutorials_transcripts_are_what_its_commands_print(tmp_path):
                               text=True, timeout=600)
         printed = (done.stdout + done.stderr).replace(str(tmp_path), "/tmp/tut")
         if os.environ.get("MPIFED_WRITE_TRANSCRIPTS"):
-            TUTORIAL.write_text(TUTORIAL.read_text().replace(f"$ {command}\n{shown[command]}", f"$ {command}\n{printed}"))
+            text = TUTORIAL.read_text()
+            TUTORIAL.write_text(text.replace(f"$ {command}\n{shown[command]}", f"$ {command}\n{printed}"))
             continue
         assert matches(shown[command], printed), f"$ {command}\n--- the tutorial shows:\n{shown[command]}\n--- it " \
                                                  f"prints:\n{printed}"
