@@ -148,6 +148,9 @@ def test_a_method_keeps_its_look_in_every_figure():
     one = figure_style.styles({m: m for m in ("FedNTD", "FedAvg", "FedAvg-tuned", "mine")}, fixed)
     two = figure_style.styles({"FedAvg": "FedAvg"}, fixed)
     assert one["FedAvg"] == two["FedAvg"] and len({s.colour for s in one.values()}) == 4
+    for extra in range(25):                  # however many plugins registered: four methods, four colours
+        padded = [*fixed, *(f"plugin{i}" for i in range(extra))]
+        assert len({s.colour for s in figure_style.styles({m: m for m in one}, padded).values()}) == 4
     grey = figure_style.styles({m: m for m in one}, fixed, greyscale=True)
     assert {s.colour for s in grey.values()} <= set(figure_style.GREYS)
     assert len({(s.linestyle, s.marker) for s in grey.values()}) == 4        # apart without colour

@@ -4,8 +4,9 @@ A method's look is fixed by the method, never by what else a folder holds: a lab
 setting where it appears, the only label of its algorithm is drawn as that algorithm (FedNTD's look,
 whether the runs are a table's ``fedntd`` or a folder's ``digits-lda0.1-fedntd``); labels that share
 an algorithm within a setting take looks of their own, after every registered algorithm's, in name
-order. Greyscale styles keep methods apart by line style and marker, in black and greys that survive
-black-and-white printing. Imports no plotting library.
+order (a colour a method of the report holds passed over). Greyscale styles keep methods apart by
+line style and marker, in black and greys that survive black-and-white printing. Imports no
+plotting library.
 """
 from __future__ import annotations
 
@@ -44,9 +45,17 @@ def method_keys(labels_by_setting: dict[str, list[str]], algorithm: dict[str, st
 def styles(keys: dict[str, str], fixed: list[str], greyscale: bool = False) -> dict[str, Style]:
     """Each label's :class:`Style` from its key (:func:`method_keys`): a key in ``fixed`` (every
     registered algorithm's display name, in a fixed order) takes that place; the other keys take the
-    places after them, in name order."""
-    others = sorted({k for k in keys.values() if k not in fixed})
-    slot = {**{k: i for i, k in enumerate(fixed)}, **{k: len(fixed) + i for i, k in enumerate(others)}}
+    places after them, in name order, passing over those whose colour a key of ``keys`` in ``fixed``
+    holds (so that no two methods of a report share a colour while the palette lasts)."""
+    slot = {k: i for i, k in enumerate(fixed)}
+    taken = {slot[k] % len(PALETTE) for k in keys.values() if k in slot}
+    place = len(fixed)
+    for key in sorted({k for k in keys.values() if k not in slot}):
+        while place % len(PALETTE) in taken and len(taken) < len(PALETTE):
+            place += 1
+        slot[key] = place
+        taken.add(place % len(PALETTE))
+        place += 1
     return {label: _style(slot[key], greyscale) for label, key in keys.items()}
 
 
