@@ -303,6 +303,22 @@ def test_a_clock_runs_curves_against_simulated_time_and_bytes_sent(tmp_path):
     assert report_main([str(plain), "--out", str(out), "--x", "sim_time"]) == 2
 
 
+def test_a_panel_of_differences_to_a_method_has_a_paired_band(tmp_path, monkeypatch):
+    from scipy import stats
+    table = hand_written_table(tmp_path)
+    drawn = {}
+    monkeypatch.setattr(plots, "curves", lambda path, *a: drawn.setdefault("curves", a) and path)
+    assert report_main([str(table), "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
+                        "--y", "test_acc", "--versus", "a"]) == 0
+    _, _, panels, _, _ = drawn["curves"]
+    (_, both), (ylabel, (b,)) = panels
+    assert ylabel == "test accuracy − a (points)" and b.label == "b" and b.n == 3
+    diffs = [100 * (y - x) for x, y in zip(FINALS["a"], FINALS["b"])]
+    assert b.mean[-1] == pytest.approx(statistics.fmean(diffs))
+    assert b.band[-1] == pytest.approx(stats.t.ppf(0.975, 2) * statistics.stdev(diffs) / 3 ** 0.5)
+    assert b.band[-1] < both[1].band[-1]                                   # paired: narrower than b's own band
+
+
 def test_prepare_plot_writes_the_partition_heatmap_beside_the_shards(tmp_path, capsys):
     from mpifed.entry.prepare import main as prepare_main
     assert prepare_main(tiny(tmp_path) + ["--plot"]) == 0

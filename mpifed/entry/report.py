@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", action="append", default=[], metavar="METHOD=TEXT",
                    help="show a method under another name in figures, e.g. --label 'fedntd=FedNTD (ours)'")
     p.add_argument("--order", metavar="M1,M2,...", help="list these methods first, in this order (figures)")
+    p.add_argument("--versus", metavar="METHOD", help="a panel more per metric: each method's difference to METHOD, "
+                   "seed by seed, its band the paired one (the 95%% t interval of the mean difference)")
     p.add_argument("--runs-root", default="runs", help="where a table file's runs are (as for python -m mpifed.table)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", help="load a Python file or "
                    "module of your own first (as for python -m mpifed.table); runs made with plugins need none, "
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from mpifed.tables import plots
     try:
-        options = figure_options(a.x, a.y, a.band, a.greyscale, a.label, a.order)
+        options = figure_options(a.x, a.y, a.band, a.greyscale, a.label, a.order, a.versus)
         metric = None
         if a.metric:
             spec = safe_yaml.load(a.metric, f"--metric {a.metric!r}")

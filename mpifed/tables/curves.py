@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
+from mpifed.files import safe_yaml
 from mpifed.run import results
+from mpifed.run.rundir import CONFIG
 
 X_AXES = {"round": "round", "wall_time": "wall time (s)", "sim_time": "simulated time (s)",
           "bytes": "data sent (MB)"}
@@ -33,8 +36,9 @@ class FigureError(ValueError):
 class FigureOptions:
     """What a report's curves show and how: the x axis (:data:`X_AXES`), the metrics drawn (one panel
     each), the band (:data:`BANDS`), greyscale looks, methods' labels in figures (``METHOD=TEXT``, the
-    method by its name in the report, which may hold ``=`` itself, as a sweep's ``lr=0.1+beta=0.5``)
-    and the order methods are listed in (those named first, in that order)."""
+    method by its name in the report, which may hold ``=`` itself, as a sweep's ``lr=0.1+beta=0.5``),
+    the order methods are listed in (those named first, in that order), and the method whose paired
+    differences get panels of their own (``versus``)."""
 
     x: str = "round"
     y: tuple[str, ...] = ("test_acc", "test_loss")
@@ -42,6 +46,7 @@ class FigureOptions:
     greyscale: bool = False
     labels: tuple[str, ...] = ()
     order: tuple[str, ...] = ()
+    versus: str | None = None    # a method: a panel more per metric, each method's paired difference to it
 
     def ordered(self, methods: list[Any]) -> list[Any]:
         """``methods`` ((name, ...) pairs) with those :attr:`order` names first, in its order."""
@@ -117,7 +122,8 @@ def _position(row: dict[str, Any], axis: str) -> float | None:
 
 
 def figure_options(x: str = "round", y: str = "test_acc,test_loss", band: str = "t95", greyscale: bool = False,
-                   labels: list[str] | tuple[str, ...] = (), order: str | None = None) -> FigureOptions:
+                   labels: list[str] | tuple[str, ...] = (), order: str | None = None,
+                   versus: str | None = None) -> FigureOptions:
     """The :class:`FigureOptions` of a report's command line (``y`` and ``order`` comma-separated,
     ``labels`` as ``METHOD=TEXT``); a :class:`FigureError` for a label without its ``=`` or no metric."""
     for given in labels:
@@ -128,7 +134,7 @@ def figure_options(x: str = "round", y: str = "test_acc,test_loss", band: str = 
     metrics = tuple(m.strip() for m in y.split(",") if m.strip())
     if not metrics:
         raise FigureError("--y: name at least one metric, e.g. --y test_acc")
-    return FigureOptions(x, metrics, band, greyscale, tuple(labels), ordered)
+    return FigureOptions(x, metrics, band, greyscale, tuple(labels), ordered, versus)
 
 
 def curve(label: str, runs: list[Path], column: str, scale: float = 1.0, x: str = "round",
@@ -144,6 +150,39 @@ def curve(label: str, runs: list[Path], column: str, scale: float = 1.0, x: str 
     where = [x_values(rs, x, run) for rs, run in zip(rows, runs)]
     xs = np.array([[w[r] for r in rounds] for w in where], dtype=np.float64).mean(axis=0)
     return Curve(label, xs, values.mean(axis=0), spread(values, band), n=len(runs))
+
+
+def difference(label: str, runs: list[Path], reference: list[Path], column: str, scale: float = 1.0,
+               x: str = "round", band: str = "t95") -> Curve | None:
+    """The paired difference of ``column`` (times ``scale``) between ``runs`` and the ``reference``'s runs
+    of the same seeds, round by round (the rounds both evaluated): its mean over the seeds with the
+    ``band`` of that mean (a paired band: the seeds' differences, not the two methods' spreads); None
+    where they share no seed or round."""
+    mine, theirs = _by_seed(runs), _by_seed(reference)
+    seeds = sorted(set(mine) & set(theirs))
+    if not seeds:
+        return None
+    rows = {s: (results.read_rows(mine[s]), results.read_rows(theirs[s])) for s in seeds}
+    series = {s: (dict(results.evaluations(a, column)), dict(results.evaluations(b, column))) for s, (a, b) in
+              rows.items()}
+    rounds = sorted(set.intersection(*(set(a) & set(b) for a, b in series.values())))
+    if not rounds:
+        return None
+    diffs = scale * np.array([[a[r] - b[r] for r in rounds] for a, b in series.values()], dtype=np.float64)
+    where = [x_values(rows[s][0], x, mine[s]) for s in seeds]
+    xs = np.array([[w[r] for r in rounds] for w in where], dtype=np.float64).mean(axis=0)
+    return Curve(label, xs, diffs.mean(axis=0), spread(diffs, band), n=len(seeds))
+
+
+def _by_seed(runs: list[Path]) -> dict[int, Path]:
+    """Runs by their seed (their config.yaml's run.seed)."""
+    found = {}
+    for run in runs:
+        try:
+            found[int(safe_yaml.read(run / CONFIG)["run"]["seed"])] = run
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+            continue
+    return found
 
 
 def spread(values: np.ndarray, band: str) -> np.ndarray | None:

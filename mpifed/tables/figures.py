@@ -20,8 +20,8 @@ from mpifed.run import results
 from mpifed.run.record import RunRecord
 from mpifed.run.rundir import CONFIG
 from mpifed.tables.collection import Collection
-from mpifed.tables.curves import (BANDS, X_AXES, FigureOptions, curve, styled, write_csv, write_matrix_csv,
-                                  y_axis)
+from mpifed.tables.curves import (BANDS, X_AXES, FigureOptions, curve, difference, styled, write_csv,
+                                  write_matrix_csv, y_axis)
 
 if TYPE_CHECKING:
     from mpifed.tables.curves import Curve
@@ -98,6 +98,7 @@ def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
                     lines.append(styled(line, palette[m]))
             if lines:
                 panels.append((ylabel, lines))
+        panels += _differences(methods, options, palette, mixed)
         stem = _slug(setting)
         mine = written.setdefault(setting, [])
         if panels:
@@ -126,6 +127,30 @@ def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
                                  "clients, worst first (%)")
             mine += [drawn, write_csv(drawn.with_suffix(".csv"), panels, "clients, worst first (%)", options.band)]
     return written
+
+
+def _differences(methods: list[tuple[str, list[Path]]], options: FigureOptions, palette: dict[str, "Style"],
+                 mixed: bool) -> list[tuple[str, list["Curve"]]]:
+    """With ``options.versus``, a panel per metric of each other method's paired difference to it, seed
+    by seed (its band a paired one); none where the setting does not hold that method."""
+    reference = dict(methods).get(options.versus) if options.versus else None
+    if reference is None:
+        return []
+    panels = []
+    for column in options.y:
+        ylabel, scale = y_axis(column)
+        lines = []
+        for m, runs in methods:
+            if m != options.versus:
+                name = options.label(m)
+                line = difference(f"{name} (n={len(runs)})" if mixed else name, runs, reference, column, scale,
+                                  options.x, options.band)
+                if line is not None:
+                    lines.append(styled(line, palette[m]))
+        if lines:
+            unit = " (points)" if scale == 100.0 else ""
+            panels.append((f"{ylabel.split(' (')[0]} − {options.label(options.versus)}{unit}", lines))
+    return panels
 
 
 def method_styles(c: Collection, greyscale: bool = False) -> dict[str, "Style"]:
