@@ -395,3 +395,14 @@ def test_an_older_hash_is_learned_from_the_runs_copy_without_running_it(tmp_path
     assert "plug_penalty" not in ALGORITHMS and "mylab.methods" not in sys.modules
     restored = plugins.restore(records, run, "the run", changed="copy", trust=True)   # the old hash checks the copy
     assert [p.sha256 for p in restored] == [plugins.canonical(old)] and "plug_penalty" in ALGORITHMS
+
+
+def test_other_code_from_an_installed_package_under_a_runs_names_says_how_to_leave_it_out(tmp_path, monkeypatch):
+    records, run = recorded_run(tmp_path)
+    write(tmp_path / "pkg" / "otherlab" / "__init__.py", method() + "# another version\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    installed = plugins.load("otherlab")
+    installed.kind = "entry point"                       # as load_installed finds an installed package
+    with pytest.raises(plugins.PluginError, match=r"the code differs\. Set MPIFED_DISABLE_PLUGIN_AUTOLOAD=1 so that "
+                                                  r"the installed package is not loaded"):
+        plugins.restore(records, run, "the run", changed="copy", trust=True)

@@ -432,9 +432,13 @@ def _other_code_under_its_names(rec: dict[str, Any], run_dir: Path, what: str,
         raise _changed(rec, same[0].sha256, run_dir, what)
     if not same:
         now = ", ".join(f"plugin {p.label} (SHA-256 {p.sha256[:12]}...)" for p in have) or "mpifed's own entries"
+        fix = "Leave out the --plugin or plugins: entry that loads it"
+        if any(p.kind == "entry point" for p in have):
+            fix = (f"Set {AUTOLOAD_OFF}=1 so that the installed package is not loaded (the run's own code then comes "
+                   f"from its copy, with {TRUST_FLAG}), or install the version the run was made with")
         raise PluginError(f"{what} was made with {_recorded_label(rec)} (SHA-256 {rec['sha256'][:12]}...) for "
                           f"{', '.join(rec['provides'])}, but this process has {now} under those names: the code "
-                          f"differs. Leave out the --plugin or plugins: entry that loads it")
+                          f"differs. {fix}")
     return same
 
 
