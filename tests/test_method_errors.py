@@ -7,6 +7,7 @@ import re
 import pytest
 
 from conftest import plugin_method, run_mpi, tiny
+from mpifed.algorithms.base import NonFiniteLoss
 from mpifed.round.method_errors import hook_failure, method_sources
 
 BROKEN = plugin_method("plug_broken").replace("class PenaltyClient(Client):\n", """class PenaltyClient(Client):
@@ -38,6 +39,10 @@ def test_a_failure_passing_through_the_methods_file_names_the_hook_and_line():
     assert found.text.startswith("Traceback (most recent call last):\n  File \"/somewhere/broken.py\"")
     assert found.text.rstrip().endswith("ZeroDivisionError: division by zero")
     assert hook_failure(exc, "plug_broken", {"/elsewhere/other.py"}, 2, 7, 3) is None   # mpifed's own: as before
+    try:
+        raise NonFiniteLoss("the loss is nan")
+    except NonFiniteLoss as diverged:
+        assert hook_failure(diverged, "plug_broken", {__file__}, 2, 7, 3) is None       # a diverged run stays one
 
 
 def test_the_methods_sources_leave_out_mpifeds_base_classes():

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from mpifed.algorithms.base import NonFiniteLoss
 from mpifed.settings.plugins import CHANGED_FLAG
 
 
@@ -67,7 +68,10 @@ def method_sources(*classes: type) -> frozenset[str]:
 def hook_failure(exc: BaseException, method: str, sources: Iterable[str], rank: int, client: int | None,
                  server_round: int) -> HookFailure | None:
     """``exc`` as a failure of the method's code, when its traceback passes through ``sources``;
-    None when it does not (mpifed's own error)."""
+    None when it does not (mpifed's own error), and for a loss that became NaN or infinite (a run
+    that diverged, recorded as such, whatever code it passed through)."""
+    if isinstance(exc, NonFiniteLoss):
+        return None
     sources = set(sources)
     frames = traceback.extract_tb(exc.__traceback__)
     mine = [i for i, f in enumerate(frames) if str(Path(f.filename).resolve()) in sources]
