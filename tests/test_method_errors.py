@@ -80,3 +80,19 @@ def test_a_hook_that_raises_on_the_workers_is_reported_once_and_the_fix_continue
     assert last["start_round"] == 1 and last["code_changed"]["algorithm"] == {
         "from": first["plugins"][0]["sha256"], "to": last["plugins"][0]["sha256"]}
     assert first["plugins"][0]["sha256"] != last["plugins"][0]["sha256"]
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("unload_plugins")
+def test_the_api_continues_a_fixed_run_with_trust_changed_code(tmp_path):
+    from mpifed import api
+    plugin = tmp_path / "broken.py"
+    plugin.write_text(BROKEN)
+    sets = [s for s in tiny(tmp_path, "algorithm.name=plug_broken", "train.rounds=3", "run.checkpoint_every=1")[1:]]
+    with pytest.raises(api.MpifedError, match="failed in its hook begin_client"):
+        api.run(overrides=sets, plugins=[str(plugin)], quiet=True)
+    plugin.write_text(BROKEN.replace("return 1 / 0", "return 1"))
+    with pytest.raises(api.MpifedError, match="add --trust-changed-code"):
+        api.run(overrides=sets, plugins=[str(plugin)], resume=True, quiet=True)
+    done = api.run(overrides=sets, plugins=[str(plugin)], resume=True, quiet=True, trust_changed_code=True)
+    assert done.status == "finished"

@@ -99,7 +99,7 @@ class Run:
 def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
         overrides: Mapping[str, Any] | Sequence[str] = (), *, plugins: Sequence[str] = (), name: str | None = None,
         root: str | Path | None = None, resume: bool = False, overwrite: bool = False, quiet: bool = False,
-        trust_run_code: bool = False) -> Run:
+        trust_run_code: bool = False, trust_changed_code: bool = False) -> Run:
     """Run an experiment in this process and return its run directory.
 
     ``config_files``: config files (paths) and mappings (read like a file; a mapping's file paths,
@@ -110,7 +110,8 @@ def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
     ``<config>-<date>-<time>``). ``resume``: continue that run (more rounds with a larger
     ``train.rounds``). ``quiet``: print nothing but errors. ``trust_run_code``: with ``resume``, run
     the code from outside mpifed that the run records without it being in ``plugins`` (as
-    ``--trust-run-code``). A run stopped by Ctrl-C is returned too (``status`` says stopped); any
+    ``--trust-run-code``); ``trust_changed_code``: with ``resume``, continue with a plugin's code changed
+    since the run started, a fix (as ``--trust-changed-code``). A run stopped by Ctrl-C is returned too (``status`` says stopped); any
     other failure raises :class:`MpifedError` with its message.
     """
     from mpifed.entry.main import main
@@ -135,6 +136,7 @@ def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
     argv += (["--set", *sets] if sets else []) + (["--resume", str(path)] if resume else [])
     argv += ["--overwrite"] if overwrite else []
     argv += ["--trust-run-code"] if trust_run_code else []
+    argv += ["--trust-changed-code"] if trust_changed_code else []
     import torch
     threads = torch.get_num_threads()
     errors = io.StringIO()
