@@ -111,8 +111,8 @@ def run(config_files: ConfigLike | Sequence[ConfigLike] | None = None,
     ``train.rounds``). ``quiet``: print nothing but errors. ``trust_run_code``: with ``resume``, run
     the code from outside mpifed that the run records without it being in ``plugins`` (as
     ``--trust-run-code``); ``trust_changed_code``: with ``resume``, continue with a plugin's code changed
-    since the run started, a fix (as ``--trust-changed-code``). A run stopped by Ctrl-C is returned too (``status`` says stopped); any
-    other failure raises :class:`MpifedError` with its message.
+    since the run started, a fix (as ``--trust-changed-code``). A run stopped by Ctrl-C is returned
+    too (``status`` says stopped); any other failure raises :class:`MpifedError` with its message.
     """
     from mpifed.entry.main import main
     given = [] if config_files is None else (
