@@ -53,6 +53,12 @@ def test_runs_of_two_machines_merge_and_the_summary_names_those_made_on_both(tmp
     assert "1 of these runs were also made on another machine, with other numbers" in summary, summary
     assert f"{differing} (2.00 points, on b7;" in summary
     assert merge(list((a, b)), into).same == 11                               # again: nothing new
+    from mpifed.entry.report import main as report_main
+    assert report_main([str(into), "--out", str(tmp_path / "r")]) == 0         # a folder report keeps them apart
+    import csv
+    rows = {(r["setting"], r["method"]): r["n"] for r in csv.DictReader((tmp_path / "r" / "table.csv").open())
+            if r["column"] == "final test_acc"}
+    assert rows[("t-t", "s-a")] == "3" and any(s.startswith("t-t (on b7-") and n == "1" for (s, _), n in rows.items())
 
 
 def test_the_same_run_with_other_numbers_from_one_machine_is_refused_and_nothing_is_merged(tmp_path, capsys):

@@ -17,6 +17,7 @@ from mpifed.run.record import RunRecord
 from mpifed.run.rundir import CONFIG, RunDir
 from mpifed.run.state import RunState
 from mpifed.settings import config
+from mpifed.tables.merge import OTHER
 from mpifed.tables.table_file import Table, finished_runs, load_table, resolve, stored_identity
 
 
@@ -185,10 +186,15 @@ def _collect_dirs(folder: Path, out: Collection) -> None:
 
 def _setting(run: Path) -> str:
     """A folder's run's setting: the folder that holds it; a table's search runs (its ``tuning/``
-    folder) a setting of their own, apart from the table's final runs."""
+    folder) a setting of their own, apart from the table's final runs; and so are the runs a merge
+    kept from another machine (``other-machines/<machine>/``, :mod:`mpifed.tables.merge`)."""
+    setting = run.parent.name
     if run.parent.name == "tuning" and run.parent.parent != run.parent:
-        return f"{run.parent.parent.name} (search runs)"
-    return run.parent.name
+        setting = f"{run.parent.parent.name} (search runs)"
+    parts = run.parts
+    if OTHER in parts[:-2]:
+        setting += f" (on {parts[parts.index(OTHER) + 1]})"
+    return setting
 
 
 def _label(run: Path) -> str:
