@@ -8,7 +8,6 @@ import io
 from pathlib import Path
 from typing import Any
 
-from mpifed.run import results
 from mpifed.tables.collection import Collection, display_name
 from mpifed.tables.latex import latex_table
 from mpifed.tables.summary import Runs, Summary, tabulate
