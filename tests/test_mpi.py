@@ -125,7 +125,9 @@ def test_exception_on_a_worker_ends_the_job(has_mpirun, tmp_path):
     assert "client 3 fails mid-run" in p.stderr and "[mpifed] rank" in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("[mpifed.launch] the job failed (mpirun exited with "), p.stderr      # no NUL before it
-    assert "No checkpoint was written yet" in last and "start the run again with: " in last and "--resume" in last
+    assert "the method raising failed in its hook" in p.stderr                           # the method's own code
+    assert "from round 1 (no checkpoint was written yet)" in last and "--resume" in last   # the fix, then the same
+    assert last.rstrip().endswith("--trust-changed-code")                                 # command the report gives
 
 
 @pytest.mark.mpi
