@@ -24,6 +24,7 @@ from mpifed.run.rundir import CONFIG
 
 X_AXES = {"round": "round", "wall_time": "wall time (s)", "sim_time": "simulated time (s)",
           "bytes": "data sent (MB)"}
+AXIS_KEYS = {"wall_time": "time.round", "sim_time": "sim_clock", "bytes": "bytes_down and bytes_up"}  # in metrics rows
 BANDS = {"t95": "band: 95% t interval of the mean over seeds", "std": "band: ± sample std over seeds",
          "none": "no band"}
 
@@ -104,9 +105,6 @@ def x_values(rows: list[dict[str, Any]], axis: str, run: Path) -> dict[int, floa
             total = value if axis == "sim_time" else total + value
         out[int(r.get("round", 0))] = total / 1e6 if axis == "bytes" else total
     return out
-
-
-AXIS_KEYS = {"wall_time": "time.round", "sim_time": "sim_clock", "bytes": "bytes_down and bytes_up"}
 
 
 def _position(row: dict[str, Any], axis: str) -> float | None:
