@@ -1,4 +1,5 @@
-"""Named plug-ins of one kind (algorithms, models, data sets, partitions, server optimisers), one way for all.
+"""Named plug-ins of one kind (algorithms, models, data sets, partitions, server optimisers, selections,
+aggregations), one way for all.
 
 An entry registers itself where it is defined, with an explicit name::
 
@@ -136,3 +137,4 @@ DATASETS: Registry = Registry("data set", "mpifed.data.sets")
 PARTITIONS: Registry = Registry("partition", "mpifed.data.partitions")
 SERVER_OPTIMIZERS: Registry = Registry("server optimizer", "mpifed.federation.server_optimizers")
 SELECTORS: Registry = Registry("selection", "mpifed.federation.selection")
+AGGREGATIONS: Registry = Registry("aggregation", "mpifed.federation.async_rules")
