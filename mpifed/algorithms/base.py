@@ -602,8 +602,11 @@ class Algorithm:
     numbers depend on, where mpifed would not count them: ``("train.rounds",)`` for a schedule
     over the rounds), ``own_server_step`` (why its server role steps the global model itself, as
     FedAvgM's momentum does, so that it refuses any ``server_optimizer`` but sgd at lr 1; empty
-    if it does not), and override :meth:`messages` and :meth:`extend_model` where they add to
-    FedAvg's.
+    if it does not), ``asynchronous`` (how the method runs under ``aggregation: fedbuff`` or
+    ``fedasync``, where each client trains from the model version it started from and the server
+    takes the asynchronous rule's step instead of the method's aggregation; empty: it needs
+    synchronous rounds and is refused there), and override :meth:`messages` and
+    :meth:`extend_model` where they add to FedAvg's.
     """
 
     Options: ClassVar[type] = NoOptions
@@ -614,6 +617,7 @@ class Algorithm:
     depends_on: ClassVar[tuple[str, ...]] = ()   # dotted config keys: part of the run's identity with this method
     own_server_step: ClassVar[str] = ""   # why its server steps itself: it takes no server_optimizer but sgd at lr 1
     extra_forwards: ClassVar[int] = 0   # forward passes per sample beyond FedAvg's forward and backward (the clock's)
+    asynchronous: ClassVar[str] = ""    # how it runs under an asynchronous aggregation (empty: it is refused there)
 
     def __init__(self, options: Any, setup: Setup) -> None:
         self.options = options

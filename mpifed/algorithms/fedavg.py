@@ -7,3 +7,5 @@ from mpifed.plugin.registry import ALGORITHMS
 class FedAvg(Algorithm):
     """FedAvg (McMahan et al., AISTATS 2017): local SGD on cross-entropy, then the sample-weighted
     average of the local models (the interface's default behaviour, :mod:`mpifed.algorithms.base`)."""
+
+    asynchronous = "its client needs only the model it starts from"

@@ -52,6 +52,7 @@ class FedNTD(Algorithm):
     """
 
     extra_forwards = 1   # the global model's forward (the virtual clock's compute)
+    asynchronous = "it distils from the model the client starts from"
 
     @dataclass
     class Options:

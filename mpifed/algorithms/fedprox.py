@@ -26,4 +26,5 @@ class FedProx(Algorithm):
         mu: float = opt(0.01, "weight of the proximal term (FedGKD's tables: 0.01 on CIFAR-10, 0.001 otherwise)", min=0)
 
     Client = FedProxClient
+    asynchronous = "its proximal term is to the model the client starts from"
     switches = Switches(on=("algorithm.mu=0.5",), off=("algorithm.mu=0",))

@@ -85,6 +85,31 @@ class AsyncRule(Aggregation):
         each client's model, the model it started from, and its staleness."""
         raise NotImplementedError
 
+    @classmethod
+    def check_config(cls, cfg: Any) -> list[str]:
+        """What the rest of the configuration must be for an asynchronous server, each message naming the fix (the
+        method's own declaration is checked with the other methods' in :mod:`mpifed.settings.validate`)."""
+        name, errors = cfg.aggregation.name, []
+        if not cfg.system.clock:
+            errors.append(f"aggregation: {name} orders its events on the virtual clock, which is off; set "
+                          f"system.clock=true")
+        concurrency = cfg.aggregation.options.concurrency
+        if concurrency > cfg.data.num_clients:
+            errors.append(f"aggregation.concurrency: {concurrency} clients cannot train at once among "
+                          f"data.num_clients={cfg.data.num_clients}; set it to at most {cfg.data.num_clients}")
+        rounds = [f"{key} ({value})" for key, value, off in (
+            ("system.deadline", cfg.system.deadline, 0.0), ("system.overcommit", cfg.system.overcommit, 1.0),
+            ("system.local_work", cfg.system.local_work, "fixed"), ("selection", cfg.selection.name, "uniform"))
+            if value != off]
+        if rounds:
+            errors.append(f"aggregation: {name} has no rounds, so {', '.join(rounds)} has no meaning (a free "
+                          f"slot takes a uniform keyed draw of the available clients, each with its full local "
+                          f"work); leave them at their defaults, or set aggregation=sync")
+        errors.append(f"aggregation: {name}'s rule, event queue and server state exist "
+                      f"(mpifed.federation.async_server, tested against a reference) but the run loop does not run "
+                      f"them yet (docs/federations.md, Asynchronous FL); set aggregation=sync for a run")
+        return errors
+
 
 @dataclass
 class _Staleness:
@@ -104,8 +129,8 @@ class FedBuff(AsyncRule):
     @dataclass
     class Options(_Staleness):
         buffer: int = opt(10, "K: client updates per server step (the paper's K = 10)", min=1)
-        concurrency: int = opt(100, "clients training at once (the paper's experiments: 100 and more); at most "
-                                    "data.num_clients", min=1)
+        concurrency: int = opt(100, "clients training at once (the paper's experiments, as remembered: 100 and "
+                                    "more); at most data.num_clients", min=1)
         max_staleness: int = opt(20, "drop an update that started more than this many server versions ago "
                                      "(mpifed's bound: the paper drops none)", min=0)
 

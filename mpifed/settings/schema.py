@@ -16,7 +16,8 @@ from typing import Any, Callable, Literal
 
 from mpifed.local.train_config import TrainConfig
 from mpifed.plugin.options import NoOptions, opt
-from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, SELECTORS, SERVER_OPTIMIZERS, Registry
+from mpifed.plugin.registry import (AGGREGATIONS, ALGORITHMS, DATASETS, MODELS, PARTITIONS, SELECTORS,
+                                    SERVER_OPTIMIZERS, Registry)
 from mpifed.settings.system import SystemConfig
 
 
@@ -59,6 +60,7 @@ _datasets = _options_of(DATASETS)
 _models = _options_of(MODELS)
 _server_optimizers = _options_of(SERVER_OPTIMIZERS)
 _selectors = _options_of(SELECTORS)
+_aggregations = _options_of(AGGREGATIONS)
 
 
 @dataclass
@@ -211,6 +213,8 @@ class Config:
     algorithm: Choice = choice(_algorithms, "fedavg", "federated algorithm (fedavg, fedntd, fedgkd, ...)")
     server_optimizer: Choice = choice(_server_optimizers, "sgd", "the server's step from the global model to the "
                                       "round's aggregate (sgd, sgdm, adagrad, adam, yogi; sgd at lr 1: the aggregate)")
+    aggregation: Choice = choice(_aggregations, "sync", "synchronous rounds (sync), or an asynchronous server on the "
+                                 "virtual clock: fedbuff or fedasync (docs/federations.md)")
     selection: Choice = choice(_selectors, "uniform", "which available clients a round samples (uniform, weighted, "
                                                       "oort; docs/federations.md)")
     system: SystemConfig = section(SystemConfig, "the simulated federation: virtual clock, devices, availability, "

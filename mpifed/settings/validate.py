@@ -15,7 +15,7 @@ import typing
 from typing import Any, Literal, Union
 
 from mpifed.plugin.options import ConfigError
-from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, SERVER_OPTIMIZERS, nearest
+from mpifed.plugin.registry import AGGREGATIONS, ALGORITHMS, DATASETS, MODELS, PARTITIONS, SERVER_OPTIMIZERS, nearest
 from mpifed.settings import plugins as plugin_code
 from mpifed.settings.keys import dotted, holds
 from mpifed.settings.schema import Choice, Config, to_dict, type_hints
@@ -255,6 +255,13 @@ def cross_checks(cfg: Config) -> list[str]:
                       f"({method.own_server_step}), so it cannot take server_optimizer "
                       f"{cfg.server_optimizer.name!r} as well; set server_optimizer=sgd with lr 1 (the default), or "
                       f"choose another algorithm (fedavg with server_optimizer=sgdm is fedavgm with buffers: average)")
+    if AGGREGATIONS.get(cfg.aggregation.name).asynchronous and not method.asynchronous:
+        errors.append(f"aggregation: {cfg.aggregation.name} trains each client from the model version it started from "
+                      f"and takes the server step of its own rule, while algorithm {cfg.algorithm.name!r} needs "
+                      f"synchronous rounds (its server role, its messages or its clients' state assume that every "
+                      f"client of a round starts from one model, as SCAFFOLD's control variates, FedDyn's correction "
+                      f"and prototype exchange do); set aggregation=sync, choose fedavg, fedprox or fedntd, or declare "
+                      f"how the method runs asynchronously (its Algorithm's asynchronous)")
     if not cfg.run.eval_test and cfg.data.val_size <= 0:
         errors.append("run.eval_test: false evaluates only the validation set, and data.val_size is 0; set "
                       "data.val_size (e.g. 2000) or run.eval_test=true")
@@ -268,9 +275,11 @@ def cross_checks(cfg: Config) -> list[str]:
 
 def entry_checks(cfg: Config) -> list[str]:
     """The chosen entries' own checks of the rest of the configuration: the ``check_config(cfg)``
-    hook an algorithm, model, data set, partition or server optimiser may define (FedNova needs SGD, say)."""
+    hook an algorithm, model, data set, partition, server optimiser or aggregation may define (FedNova needs
+    SGD, say)."""
     chosen = [(ALGORITHMS, cfg.algorithm), (MODELS, cfg.model), (DATASETS, cfg.data.dataset),
-              (PARTITIONS, cfg.data.partition), (SERVER_OPTIMIZERS, cfg.server_optimizer)]
+              (PARTITIONS, cfg.data.partition), (SERVER_OPTIMIZERS, cfg.server_optimizer),
+              (AGGREGATIONS, cfg.aggregation)]
     errors = []
     for registry, picked in chosen:
         check = getattr(registry.get(picked.name), "check_config", None)
