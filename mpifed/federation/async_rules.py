@@ -105,9 +105,6 @@ class AsyncRule(Aggregation):
             errors.append(f"aggregation: {name} has no rounds, so {', '.join(rounds)} has no meaning (a free "
                           f"slot takes a uniform keyed draw of the available clients, each with its full local "
                           f"work); leave them at their defaults, or set aggregation=sync")
-        errors.append(f"aggregation: {name}'s rule, event queue and server state exist "
-                      f"(mpifed.federation.async_server, tested against a reference) but the run loop does not run "
-                      f"them yet (docs/federations.md, Asynchronous FL); set aggregation=sync for a run")
         return errors
 
 

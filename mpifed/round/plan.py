@@ -25,6 +25,8 @@ class RoundPlan:
                                                                  # (methods with client state; absent: never)
     steps: dict[int, int] = field(default_factory=dict)   # client -> its local step limit (system:; absent: the
                                                           # full local work)
+    seed_key: int | None = None   # keys the clients' training seeds in place of the round (an asynchronous
+                                  # client's dispatch sequence number: aggregation fedbuff, fedasync)
 
     @property
     def number(self) -> int:

@@ -26,6 +26,8 @@ from mpifed.data.store import holdout_size
 from mpifed.local.evaluation import client_figures, evaluation_figures, validation
 from mpifed.comm.handoff import EXIT_STOPPED, describe_signal, note_resume_point
 from mpifed.local.optim import round_lr
+from mpifed.federation.async_server import StepPlan
+from mpifed.round.async_setup import asynchronous, make_async_server
 from mpifed.round.method_errors import HookFailure, MethodFailed, hook_failure, how_to_continue, method_sources
 from mpifed.round.plan import RoundPlan, assign_clients, sample_clients, state_moves
 from mpifed.run.progress import Progress
@@ -81,6 +83,10 @@ class RoundServer:
             method.load_state_dict(resume["algorithm"])
             if "server_optimizer" in resume:     # a checkpoint from before server optimisers: sgd, no state
                 self.optimizer.load_state_dict(resume["server_optimizer"], self.device)
+        # aggregation fedbuff or fedasync: the asynchronous server (its event queue, the versions in flight)
+        self.steps = make_async_server(cfg, timeline, self.global_floats) if asynchronous(cfg) else None
+        if self.steps is not None and resume is not None:
+            self.steps.load_state_dict(resume["async"], self.device)
         # made now: a name not declared fails before round 1
         self.first_down = self._method_downlink(self.rounds_done + 1)
         # a finished run trained further is running again, from now
@@ -90,6 +96,11 @@ class RoundServer:
     # ------------------------------------------------------------ the round, in order
     def _stopping(self) -> bool:
         return self.rounds_done >= self.cfg.train.rounds or stop_requested() or bool(self.worker_stops)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the run stops now: the last round (or server step) is done, or a stop was requested."""
+        return self._stopping()
 
     def probe(self) -> list[list[int]] | None:
         """A probing selector's candidates for the next round, split over the workers (None: the run stops)."""
@@ -215,6 +226,49 @@ class RoundServer:
                                  f"{self.last_checkpoint}); continue with: {self.resume_command}")
             self.exit_code = EXIT_STOPPED
 
+    # ------------------------------------------------------------ an asynchronous server's step
+    def stepped(self, plan: StepPlan, new: torch.Tensor, ints: torch.Tensor, reports: list[Any]) -> None:
+        """The asynchronous server applied ``plan``: ``new`` is the global float state (version
+        ``plan.version``), ``ints`` the integer buffers (the taken clients' sample-weighted mean, rounded)."""
+        bad = int((~torch.isfinite(new)).sum())
+        if bad:
+            raise ProtocolError(f"aggregation {self.cfg.aggregation.name} (server step {plan.version}) made a global "
+                                f"model with {bad} NaN or infinite value(s) of {new.numel()} from finite client "
+                                f"models: lower the server optimiser's learning rate or the clients' train.lr")
+        self.global_floats = new.to(torch.float32)
+        self.global_ints = ints.to(self.device)
+        self.model_sent = False
+        self.replies = Replies(Fields("", {}), Fields("", {}), reports)
+
+    def evaluate_now(self, version: int) -> bool:
+        """Whether server step ``version`` (counted from 1) is evaluated: every ``run.eval_every`` steps and
+        the last ``run.eval_last``."""
+        cfg = self.cfg
+        return version % cfg.run.eval_every == 0 or version > cfg.train.rounds - max(cfg.run.eval_last, 1)
+
+    def end_step(self, plan: StepPlan, reports: list[Any], times: dict[str, float]) -> None:
+        """Server step ``plan.version`` done: its row in metrics.jsonl (the version, the simulated time, the
+        staleness of each update taken, those left out), then a checkpoint when one is due."""
+        self._check_lock()
+        samples = sum(r.samples for r in reports)
+        row: dict[str, Any] = {"round": plan.version, "lr": round_lr(self.cfg.train, plan.version - 1),
+                               "clients": len(reports),
+                               "train_loss": sum(r.train_loss * r.samples for r in reports) / max(samples, 1)}
+        if self.evaluate_now(plan.version):
+            row.update(self.result)
+        row.update(self.method.log())
+        row.update({"version": plan.version, "sim_clock": plan.sim_time, "staleness": list(plan.staleness),
+                    "stale_dropped": len(plan.stale), "dropped": len(plan.dropped),
+                    "in_flight_versions": len(self.steps.versions)})
+        row["time"] = {k: round(v, 4) for k, v in times.items()}
+        self.records.add_round(row, reports)
+        self.run_dir.log(self.progress.line(plan.version, row))
+        self.progress.advance(plan.version)
+        self.rounds_done = plan.version
+        every = self.cfg.run.checkpoint_every
+        if every and plan.version % every == 0 and plan.version < self.cfg.train.rounds:
+            self.checkpoint(self.rounds_done)
+
     # ------------------------------------------------------------ bookkeeping
     def _stop_reason(self) -> str:
         if received():
@@ -256,6 +310,7 @@ class RoundServer:
             "algorithm": self.method.state_dict(),
             "server_optimizer": self.optimizer.state_dict(),
             "timeline": self.timeline.state_dict(),    # the simulated time and the selector's state
+            **({"async": self.steps.state_dict()} if self.steps is not None else {}),   # queue, versions in flight
             # the rounds clients last trained in, where the plan is not today's draw by (seed, round) alone
             **({} if self.timeline.today else {"last_trained": dict(self.last_trained)}),
             "metrics": self.records.metrics,

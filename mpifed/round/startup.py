@@ -45,6 +45,8 @@ from mpifed.comm.collectives import Comm
 from mpifed.data.prepared import Manifest, verify_blocks
 from mpifed.run.progress import count
 from mpifed.round.method_errors import MethodFailed
+from mpifed.round.async_protocol import AsyncProtocol
+from mpifed.round.async_setup import asynchronous
 from mpifed.round.protocol import RoundProtocol, build_layouts
 from mpifed.run.rundir import LockLost, RunDir
 
@@ -89,7 +91,7 @@ class Resolved:
 class Started:
     """A rank ready for round 1: the round protocol with this rank's roles."""
 
-    protocol: RoundProtocol
+    protocol: RoundProtocol | AsyncProtocol
     server: RoundServer | None
     run: RunDir
     rank: int
@@ -139,6 +141,7 @@ class Startup:
         world.on_abort = lambda reason: run.mark_failed(reason, checkpoint.latest(run.checkpoints))
         world.timeout_s, world.poll_s = cfg.comm.timeout_s, cfg.comm.poll_ms / 1000.0
         is_server, has_worker = rank == 0, rank > 0 or size == 1
+        self._decided("aggregation", lambda: debug_mode_only(cfg, size))
         workers, index = max(size - 1, 1), rank - 1 if size > 1 else 0
 
         manifest = Manifest.load(self._decided("prepare", lambda: prepare(cfg)))
@@ -168,6 +171,8 @@ class Startup:
             world.context = server.describe_checkpoint
             world.hosts.update({r["rank"]: r["host"] for r in ranks})
             signals.on_signal(lambda name: announce_stop(server, name))
+        if asynchronous(cfg):
+            return Started(AsyncProtocol(server, worker), server, run, rank)
         from mpifed.plugin.registry import SELECTORS
         probes = SELECTORS.get(cfg.selection.name).probes
         return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round, probes), server,
@@ -329,6 +334,15 @@ def make_transform(cfg: config.Config, manifest: Manifest, device: torch.device)
     return for_manifest(manifest, cfg.data.augment, device)
 
 
+def debug_mode_only(cfg: config.Config, size: int) -> None:
+    """Refuse an asynchronous aggregation under MPI (``size`` ranks): it runs in the debug mode only so far."""
+    if asynchronous(cfg) and size > 1:
+        raise config.ConfigError(f"aggregation: {cfg.aggregation.name} runs in the debug mode only so far (one "
+                                 f"process, without mpirun); under MPI the versions in flight do not travel yet "
+                                 f"(docs/federations.md, Asynchronous FL); run it without mpirun, or set "
+                                 f"aggregation=sync")
+
+
 def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layouts, manifest: Manifest,
                 transform: BatchTransform, run: RunDir, index: int, workers: int, rank: int) -> Worker:
     """The worker side of this rank (``rank``, the ``index``-th of ``workers``): the method's client role,
@@ -397,6 +411,10 @@ def log_start(run: RunDir, cfg: config.Config, manifest: Manifest, size: int, ra
     if chosen != config.Config().server_optimizer:
         options = ", ".join(f"{key} {value}" for key, value in config.to_dict(chosen.options).items())
         run.log(f"[mpifed] server optimizer {chosen.name} ({options}): the server steps to each round's aggregate")
+    if asynchronous(cfg):
+        options = ", ".join(f"{key} {value}" for key, value in config.to_dict(cfg.aggregation.options).items())
+        run.log(f"[mpifed] aggregation {cfg.aggregation.name} ({options}): an asynchronous server on the virtual "
+                f"clock; a round is one server step")
     if size > 1:
         run.log(f"[mpifed]   {rank_summary(ranks)}" + ("" if verbose else " (log.txt and --verbose: a line per rank)"))
     for r in ranks:

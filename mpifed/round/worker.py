@@ -170,7 +170,7 @@ class Worker:
                                 f"around and changes every client's); return a weight of 0 or more from the hook")
 
     def _context(self, plan: RoundPlan, cid: int) -> ClientContext:
-        seed = client_seed(self.seed, plan.round, cid)
+        seed = client_seed(self.seed, plan.round if plan.seed_key is None else plan.seed_key, cid)
         torch.manual_seed(seed)  # dropout and other users of the global generator
         self.flat.load(self.down.weights, self.down.ints)
         ctx = ClientContext(cid=cid, server_round=plan.number, lr=plan.lr, flat=self.flat,

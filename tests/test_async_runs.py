@@ -1,0 +1,56 @@
+"""Asynchronous runs in the debug mode (aggregation fedbuff, fedasync): one metrics row per server
+step (its version, simulated time, the staleness of each update taken); a run stopped and resumed
+equals the run never stopped, bit for bit; MPI is refused until the versions in flight travel."""
+import pytest
+
+from conftest import assert_same_model, final_model, metrics, run_debug, tiny
+from mpifed.config import ConfigError, load
+from mpifed.round.startup import debug_mode_only
+from mpifed.run import checkpoint
+
+pytestmark = pytest.mark.e2e
+
+CLOCK = ("system.clock=true", "system.speed_sigma=0.8", "run.checkpoint_every=2")
+FEDBUFF = ("aggregation.name=fedbuff", "aggregation.buffer=2", "aggregation.concurrency=3", *CLOCK)
+FEDASYNC = ("aggregation.name=fedasync", "aggregation.concurrency=4", "aggregation.max_staleness=1",
+            "aggregation.staleness=hinge", "aggregation.a=10", "aggregation.b=0", "system.dropout=0.2", *CLOCK)
+
+
+def test_a_fedbuff_step_is_one_row_with_its_version_simulated_time_and_staleness(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=5", *FEDBUFF))
+    rows = metrics(tmp_path / "runs" / "run")
+    assert [r["version"] for r in rows] == [1, 2, 3, 4, 5] == [r["round"] for r in rows]
+    assert all(len(r["staleness"]) == 2 == r["clients"] for r in rows)
+    assert any(s > 0 for r in rows for s in r["staleness"])
+    clock = [r["sim_clock"] for r in rows]
+    assert clock == sorted(clock) and clock[0] > 0
+    saved = checkpoint.load_run_state(checkpoint.latest(tmp_path / "runs" / "run" / "checkpoints"))["async"]
+    # in flight: the concurrency less the slot the step's last update freed (filled at the next step, from the new
+    # version); kept: the versions those clients started from and the current one
+    assert set(saved) == {"queue", "version", "versions"} and len(saved["queue"]["events"]) == 2
+    assert saved["version"] == 5 and 5 in saved["versions"] and len(saved["versions"]) <= 21
+
+
+@pytest.mark.parametrize("options", [FEDBUFF, FEDASYNC], ids=["fedbuff", "fedasync"])
+def test_stopped_and_resumed_equals_uninterrupted(tmp_path, options):
+    run_debug(tiny(tmp_path, "train.rounds=6", *options, name="full"))
+    run_debug(tiny(tmp_path, "train.rounds=3", *options, name="cut"))
+    cut = tmp_path / "runs" / "cut"
+    run_debug(["--resume", str(cut), "--set", "train.rounds=6"])
+    full = tmp_path / "runs" / "full"
+    assert_same_model(final_model(cut), final_model(full))
+    assert metrics(cut) == metrics(full)
+
+
+def test_fedasync_drops_stale_and_dropped_out_updates(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=8", *FEDASYNC))
+    rows = metrics(tmp_path / "runs" / "run")
+    assert all(r["clients"] == 1 and r["staleness"][0] <= 1 for r in rows)
+    assert sum(r["stale_dropped"] + r["dropped"] for r in rows) > 0
+
+
+def test_mpi_is_refused_until_the_versions_in_flight_travel():
+    cfg, _ = load(None, ["aggregation.name=fedbuff", "aggregation.concurrency=5", "system.clock=true"])
+    debug_mode_only(cfg, 1)
+    with pytest.raises(ConfigError, match="runs in the debug mode only so far"):
+        debug_mode_only(cfg, 3)
