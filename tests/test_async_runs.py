@@ -1,11 +1,11 @@
-"""Asynchronous runs in the debug mode (aggregation fedbuff, fedasync): one metrics row per server
-step (its version, simulated time, the staleness of each update taken); a run stopped and resumed
-equals the run never stopped, bit for bit; MPI is refused until the versions in flight travel."""
+"""Asynchronous runs (aggregation fedbuff, fedasync): one metrics row per server step (its version,
+simulated time, the staleness of each update taken); a run stopped and resumed equals the run never
+stopped, bit for bit; under mpirun -n 3 and -n 4 the runs equal the debug mode's, bit for bit."""
+import json
+
 import pytest
 
-from conftest import assert_same_model, final_model, metrics, run_debug, tiny
-from mpifed.config import ConfigError, load
-from mpifed.round.startup import debug_mode_only
+from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi_series, tiny
 from mpifed.run import checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -49,8 +49,34 @@ def test_fedasync_drops_stale_and_dropped_out_updates(tmp_path):
     assert sum(r["stale_dropped"] + r["dropped"] for r in rows) > 0
 
 
-def test_mpi_is_refused_until_the_versions_in_flight_travel():
-    cfg, _ = load(None, ["aggregation.name=fedbuff", "aggregation.concurrency=5", "system.clock=true"])
-    debug_mode_only(cfg, 1)
-    with pytest.raises(ConfigError, match="runs in the debug mode only so far"):
-        debug_mode_only(cfg, 3)
+@pytest.fixture(scope="module")
+def debug_runs(tmp_path_factory):
+    """The uninterrupted debug-mode runs of FedBuff and FedAsync, and the folder they live under."""
+    tmp = tmp_path_factory.mktemp("async")
+    for name, options in (("fedbuff", FEDBUFF), ("fedasync", FEDASYNC)):
+        run_debug(tiny(tmp, "train.rounds=6", *options, name=name))
+    return tmp / "runs"
+
+
+def clients(run_dir):
+    """clients.jsonl without the wall-clock seconds and the worker index (they differ between rank counts)."""
+    rows = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+    return [[{k: v for k, v in c.items() if k not in ("seconds", "worker")} for c in r["clients"]] for r in rows]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [3, 4])
+def test_under_mpirun_equals_debug_and_resumes_exactly(has_mpirun, debug_runs, tmp_path, n):
+    runs = []
+    for name, options in (("fedbuff", FEDBUFF), ("fedasync", FEDASYNC)):
+        runs += [tiny(tmp_path, "train.rounds=6", *options, name=name),
+                 tiny(tmp_path, "train.rounds=3", *options, name=f"{name}-cut"),
+                 ["--resume", str(tmp_path / "runs" / f"{name}-cut"), "--set", "train.rounds=6"]]
+    for p in run_mpi_series(n, runs, tmp_path / "series"):
+        assert p.returncode == 0, f"mpirun -n {n} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    for name in ("fedbuff", "fedasync"):
+        debug = debug_runs / name
+        for run in (tmp_path / "runs" / name, tmp_path / "runs" / f"{name}-cut"):
+            assert_same_model(final_model(run), final_model(debug))
+            assert metrics(run) == metrics(debug)
+            assert clients(run) == clients(debug)

@@ -1,90 +1,201 @@
-"""The asynchronous server's run in the debug mode (``aggregation: fedbuff`` or ``fedasync``;
-docs/federations.md): one server step at a time, in one process.
+"""The asynchronous server's run (``aggregation: fedbuff`` or ``fedasync``; docs/federations.md): one
+server step at a time, every collective of a step written once, as :mod:`mpifed.round.protocol`
+does for a round (the debug mode walks the same steps in one process)::
 
-Each step: the server plans it from the event queue (:meth:`~mpifed.federation.async_server.AsyncServer.plan`),
-the worker trains each client it takes, in event order, from the model version the client started
-from (the method's client role, unchanged; its training seed keyed by the client's dispatch
-sequence number, its learning rate the schedule's at its start version), and the server applies
-the rule's step through the server optimiser, records the step (one row of metrics.jsonl),
-evaluates every ``run.eval_every`` steps and checkpoints as a round does. Under MPI the versions in
-flight would travel as buffers once per step; that is not wired yet, and startup refuses it.
+    order      server -> all       the step's updates in event order (client, dispatch sequence, start
+                                   version, learning rate), which worker trains which, evaluate? stop?
+    versions   server -> all       the model versions the step's clients started from (Bcast, buffers)
+    (local training)               each taken client trained by the method's client role, unchanged,
+                                   from its start version; its seed keyed by its dispatch sequence number
+    models     all -> server       each trained model, one row per update (Gatherv), put in event order
+    buffers    all -> server       the integer buffers times samples, and the samples (Reduce; exact sums)
+    reports    all -> server       small per-client figures (gather of objects)
+    evaluation server -> all -> server   as a round's (every ``run.eval_every`` steps)
+
+The server plans each step from the event queue before anything trains
+(:meth:`~mpifed.federation.async_server.AsyncServer.plan`), applies the rule's step through the
+server optimiser on the models in event order, whatever the rank count, records the step (one row of
+metrics.jsonl) and checkpoints as a round does.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from mpifed.algorithms.base import Downlink, ProtocolError
+from mpifed.comm.collectives import Comm
+from mpifed.federation.async_server import StepPlan
 from mpifed.local.optim import round_lr
 from mpifed.round.plan import RoundPlan
-from mpifed.round.protocol import usage
+from mpifed.round.protocol import Layouts, RoundProtocol, _timed
+from mpifed.round.signals import received
 
 if TYPE_CHECKING:
     from mpifed.round.server import RoundServer
     from mpifed.round.worker import Worker
 
 
-class AsyncProtocol:
-    """Walks the server steps of an asynchronous run in the debug mode (the server and the worker in one process)."""
+@dataclass
+class StepOrder:
+    """Broadcast to every rank at the start of a server step (a small pickled object)."""
 
-    def __init__(self, server: RoundServer, worker: Worker) -> None:
-        if server.steps is None:
-            raise ValueError("AsyncProtocol needs a server with an asynchronous aggregation (aggregation: fedbuff "
-                             "or fedasync)")
-        layouts = server.layouts
+    plan: RoundPlan                                   # round: the new version less 1; evaluate; stop
+    entries: list[tuple[int, int, int, float]] = field(default_factory=list)   # per update, in event order:
+                                                      # (client, dispatch sequence, its start version's index in the
+                                                      # versions broadcast, learning rate)
+    assignment: list[list[int]] = field(default_factory=list)   # per worker: the entries (indices) it trains
+    versions: int = 0                                 # model versions broadcast
+
+
+def assign_entries(cids: list[int], sizes: np.ndarray, workers: int) -> list[list[int]]:
+    """The step's updates (by index; a client may train twice in one step) split over workers, balancing
+    their sample counts (largest first to the least loaded); each worker's in event order."""
+    load = np.zeros(workers, dtype=np.int64)
+    out: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(cids)), key=lambda i: (-int(sizes[cids[i]]), i)):
+        w = int(np.argmin(load))
+        out[w].append(i)
+        load[w] += int(sizes[cids[i]])
+    return [sorted(a) for a in out]
+
+
+class AsyncProtocol(RoundProtocol):
+    """Walks the server steps of an asynchronous run on one rank, with the roles this rank plays."""
+
+    def __init__(self, layouts: Layouts, world: Comm, peers: Comm, server: RoundServer | None,
+                 worker: Worker | None) -> None:
         carried = [what for what, layout in (("down tensors", layouts.down), ("client statistics", layouts.statistics),
                                               ("client state", layouts.client_state)) if layout.entries]
         if carried:
-            raise ProtocolError(f"algorithm {server.cfg.algorithm.name!r} declares that it runs asynchronously, but "
-                                f"its messages hold {', '.join(carried)}, which the asynchronous server does not carry "
-                                f"yet (docs/federations.md, Asynchronous FL); set aggregation=sync")
-        self.server, self.worker = server, worker
+            raise ProtocolError(f"the method declares that it runs asynchronously, but its messages hold "
+                                f"{', '.join(carried)}, which the asynchronous server does not carry yet "
+                                f"(docs/federations.md, Asynchronous FL); set aggregation=sync")
+        super().__init__(layouts, world, peers, server, worker, clients_per_round=0)
+        self._pending: StepPlan | None = None      # the server's plan of the step under way (rank 0)
+        self._starts: list[int] = []               # the versions its clients started from, as broadcast
+        self._reports: list = []                   # its clients' reports, in event order
 
-    def run(self) -> None:
-        """Walk server steps until the run stops."""
-        while self.step():
-            pass
-
-    def step(self) -> bool:
-        """One server step; False once the run has stopped."""
-        server, worker = self.server, self.worker
-        steps = server.steps
-        if server.stopping:
-            worker.flush_states(())
-            server.stopped([usage()])
-            return False
+    def round(self) -> bool:
+        """One server step on this rank; False once the server has said stop."""
+        server, worker, world = self.server, self.worker, self.world
         times: dict[str, float] = {}
         start = time.perf_counter()
-        plan = steps.plan()
-        cfg = server.cfg
-        models, reports = [], []
-        ints = torch.zeros_like(server.global_ints, dtype=torch.float64)
-        for event, staleness in zip(plan.taken, plan.staleness):
-            round_plan = RoundPlan(round=event.start_version, lr=round_lr(cfg.train, event.start_version),
-                                   assignment=[[event.cid]], seed_key=event.seq)
-            worker.start_round(round_plan, Downlink(steps.start_model(event), server.global_ints, {},
-                                                    server.layouts.down.what))
-            trained = worker.train(round_plan)
-            if worker.failure is not None:
-                raise server.method_failed([worker.failure])
-            report = trained.reports[0]
-            report.extra.update({"seq": event.seq, "start_version": event.start_version, "staleness": staleness,
-                                 "sim_end": event.end})
-            reports.append(report)
-            models.append(worker.flat.floats.detach().clone())
-            ints += worker.flat.ints.cpu().double() * report.samples
-        times["local_training"] = time.perf_counter() - start
-        new = steps.apply(plan, models, server.optimizer)
-        samples = sum(r.samples for r in reports)
-        server.stepped(plan, new, torch.round(ints / samples).to(torch.int64), reports)
-        if server.evaluate_now(plan.version):
-            tick = time.perf_counter()
-            state = server.evaluation_state()
-            share = worker.evaluate(state["weights"], state["ints"])
-            server.evaluated(RoundPlan(round=plan.version - 1, lr=0.0), server.layouts.evaluation.views(share))
-            times["evaluation"] = time.perf_counter() - tick
-        times["round"] = time.perf_counter() - start
-        server.end_step(plan, reports, times)
+        order = self._order() if server else None
+        world.sync("start of server step")
+        order = world.bcast_object(order, what="server step: broadcast")
+        if order.plan.stop:
+            self._stop(order.plan)
+            return False
+        versions = self._versions(order)
+        with _timed(times, "local_training"):
+            rows, buffers, reports = self._train(order, versions) if worker else self._nothing()
+            world.sync("end of local training")
+        with _timed(times, "uplink"):
+            per_update = self.layouts.model.entries["weights"].nbytes
+            counts = [len(a) * per_update for a in order.assignment]
+            if world.size > 1:
+                counts = [0] + counts     # rank 0 (the server) trains no client under MPI
+            gathered_rows = world.gatherv(rows, counts, np.zeros(sum(counts), np.uint8) if server else None,
+                                          what="models: gather")
+            totals = world.reduce_sum(buffers, what="integer buffers: reduction")
+            failure = worker.failure if worker else None
+            gathered = world.gather_object((reports, received(), failure), what="reports: gather")
+        if server:
+            failures = [f for _, _, f in gathered if f is not None]
+            if failures:
+                raise server.method_failed(failures)
+            with _timed(times, "aggregate"):
+                self._apply(order, gathered_rows, totals, [r for part, _, _ in gathered for r in part])
+        if order.plan.evaluate:
+            with _timed(times, "evaluation"):
+                self._evaluate(order.plan)
+        if server:
+            times["round"] = time.perf_counter() - start
+            stops = [(rank, names) for rank, (_, names, _) in enumerate(gathered) if names]
+            server.end_step(self._pending, self._reports, times, stops)
         return True
+
+    # ---------------------------------------------------------------- the server's side
+    def _order(self) -> StepOrder:
+        server = self.server
+        if server.stopping:
+            return StepOrder(RoundPlan(round=server.rounds_done, lr=0.0, stop=True))
+        steps = server.steps
+        plan = self._pending = steps.plan()
+        starts = sorted({e.start_version for e in plan.taken})
+        index = {v: i for i, v in enumerate(starts)}
+        train = server.cfg.train
+        entries = [(e.cid, e.seq, index[e.start_version], round_lr(train, e.start_version)) for e in plan.taken]
+        assignment = assign_entries([e.cid for e in plan.taken], server.manifest.client_sizes, server.workers)
+        self._starts = starts
+        return StepOrder(RoundPlan(round=plan.version - 1, lr=round_lr(train, plan.version - 1),
+                                   evaluate=server.evaluate_now(plan.version)), entries, assignment, len(starts))
+
+    def _versions(self, order: StepOrder) -> np.ndarray:
+        """The step's start versions on every rank, as one buffer."""
+        size = self.layouts.model.nbytes
+        buf = np.zeros(size * order.versions, dtype=np.uint8)
+        if self.server:
+            for i, v in enumerate(self._starts):
+                self.layouts.model.pack({"weights": self.server.steps.versions[v], "ints": self.server.global_ints},
+                                        buf[i * size: (i + 1) * size])
+        self.world.bcast_buffer(buf, what="versions in flight: broadcast")
+        return buf
+
+    def _apply(self, order: StepOrder, rows: np.ndarray, totals: np.ndarray, reports: list) -> None:
+        """The step's models in event order through the rule and the server optimiser."""
+        server = self.server
+        per_update = self.layouts.model.entries["weights"].nbytes
+        position = [i for a in order.assignment for i in a]     # the gathered rows' order: worker by worker
+        models: list[torch.Tensor | None] = [None] * len(order.entries)
+        for k, i in enumerate(position):
+            row = rows[k * per_update: (k + 1) * per_update].view(np.float32)
+            models[i] = torch.from_numpy(row.copy()).to(server.device)
+        by_seq = {r.extra["seq"]: r for r in reports}
+        self._reports = [by_seq[seq] for _, seq, _, _ in order.entries]
+        for report, event, staleness in zip(self._reports, self._pending.taken, self._pending.staleness):
+            report.extra.update({"start_version": event.start_version, "staleness": staleness, "sim_end": event.end})
+        new = server.steps.apply(self._pending, models, server.optimizer)
+        samples = torch.from_numpy(totals[-1:].copy())
+        ints = torch.round(torch.from_numpy(totals[:-1].copy()) / samples).to(torch.int64)
+        server.stepped(self._pending, new, ints, self._reports)
+
+    # ---------------------------------------------------------------- the worker's side
+    def _train(self, order: StepOrder, versions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+        """This worker's updates of the step: their trained models (rows), integer buffers times samples
+        and samples (summed), and reports."""
+        worker = self.worker
+        mine = order.assignment[worker.index]
+        size = self.layouts.model.nbytes
+        per_update = self.layouts.model.entries["weights"].nbytes
+        rows = np.zeros(len(mine) * per_update, dtype=np.uint8)
+        num_ints = self.layouts.model.entries["ints"].shape[0]
+        buffers = np.zeros(num_ints + 1, dtype=np.float64)
+        reports = []
+        for k, i in enumerate(mine):
+            cid, seq, start, lr = order.entries[i]
+            model = self.layouts.model.views(versions[start * size: (start + 1) * size])
+            assignment: list[list[int]] = [[] for _ in order.assignment]
+            assignment[worker.index] = [cid]
+            plan = RoundPlan(round=order.plan.round, lr=lr, assignment=assignment, seed_key=seq)
+            worker.start_round(plan, Downlink(model["weights"], model["ints"], {}, self.layouts.down.what))
+            trained = worker.train(plan)
+            if worker.failure is not None:   # reported by rank 0 after the step's gather
+                return np.zeros_like(rows), buffers, []
+            report = trained.reports[0]
+            report.extra["seq"] = seq
+            reports.append(report)
+            rows[k * per_update: (k + 1) * per_update] = worker.flat.floats.detach().cpu().float().numpy().view(
+                np.uint8)
+            buffers[:-1] += worker.flat.ints.cpu().double().numpy() * report.samples
+            buffers[-1] += report.samples
+        return rows, buffers, reports
+
+    def _nothing(self) -> tuple[np.ndarray, np.ndarray, list]:
+        num_ints = self.layouts.model.entries["ints"].shape[0]
+        return np.zeros(0, dtype=np.uint8), np.zeros(num_ints + 1, dtype=np.float64), []
+

@@ -246,10 +246,13 @@ class RoundServer:
         cfg = self.cfg
         return version % cfg.run.eval_every == 0 or version > cfg.train.rounds - max(cfg.run.eval_last, 1)
 
-    def end_step(self, plan: StepPlan, reports: list[Any], times: dict[str, float]) -> None:
+    def end_step(self, plan: StepPlan, reports: list[Any], times: dict[str, float],
+                 stops: list[tuple[int, list[str]]]) -> None:
         """Server step ``plan.version`` done: its row in metrics.jsonl (the version, the simulated time, the
-        staleness of each update taken, those left out), then a checkpoint when one is due."""
+        staleness of each update taken, those left out), then a checkpoint when one is due; ``stops``: the
+        stop signals workers received."""
         self._check_lock()
+        self.worker_stops = stops
         samples = sum(r.samples for r in reports)
         row: dict[str, Any] = {"round": plan.version, "lr": round_lr(self.cfg.train, plan.version - 1),
                                "clients": len(reports),

@@ -141,7 +141,6 @@ class Startup:
         world.on_abort = lambda reason: run.mark_failed(reason, checkpoint.latest(run.checkpoints))
         world.timeout_s, world.poll_s = cfg.comm.timeout_s, cfg.comm.poll_ms / 1000.0
         is_server, has_worker = rank == 0, rank > 0 or size == 1
-        self._decided("aggregation", lambda: debug_mode_only(cfg, size))
         workers, index = max(size - 1, 1), rank - 1 if size > 1 else 0
 
         manifest = Manifest.load(self._decided("prepare", lambda: prepare(cfg)))
@@ -172,7 +171,7 @@ class Startup:
             world.hosts.update({r["rank"]: r["host"] for r in ranks})
             signals.on_signal(lambda name: announce_stop(server, name))
         if asynchronous(cfg):
-            return Started(AsyncProtocol(server, worker), server, run, rank)
+            return Started(AsyncProtocol(layouts, world, peers, server, worker), server, run, rank)
         from mpifed.plugin.registry import SELECTORS
         probes = SELECTORS.get(cfg.selection.name).probes
         return Started(RoundProtocol(layouts, world, peers, server, worker, setup.clients_per_round, probes), server,
@@ -332,15 +331,6 @@ def make_algorithm(cfg: config.Config, manifest: Manifest, device: torch.device)
 def make_transform(cfg: config.Config, manifest: Manifest, device: torch.device) -> BatchTransform:
     from mpifed.data.transforms import make_transform as for_manifest
     return for_manifest(manifest, cfg.data.augment, device)
-
-
-def debug_mode_only(cfg: config.Config, size: int) -> None:
-    """Refuse an asynchronous aggregation under MPI (``size`` ranks): it runs in the debug mode only so far."""
-    if asynchronous(cfg) and size > 1:
-        raise config.ConfigError(f"aggregation: {cfg.aggregation.name} runs in the debug mode only so far (one "
-                                 f"process, without mpirun); under MPI the versions in flight do not travel yet "
-                                 f"(docs/federations.md, Asynchronous FL); run it without mpirun, or set "
-                                 f"aggregation=sync")
 
 
 def make_worker(cfg: config.Config, algo: Algorithm, setup: Setup, layouts: Layouts, manifest: Manifest,
