@@ -162,7 +162,7 @@ class AsyncProtocol(RoundProtocol):
         new = server.steps.apply(self._pending, models, server.optimizer)
         samples = torch.from_numpy(totals[-1:].copy())
         ints = torch.round(torch.from_numpy(totals[:-1].copy()) / samples).to(torch.int64)
-        server.stepped(self._pending, new, ints, self._reports)
+        server.stepped(self._pending, new, ints)
 
     # ---------------------------------------------------------------- the worker's side
     def _train(self, order: StepOrder, versions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:

@@ -227,7 +227,7 @@ class RoundServer:
             self.exit_code = EXIT_STOPPED
 
     # ------------------------------------------------------------ an asynchronous server's step
-    def stepped(self, plan: StepPlan, new: torch.Tensor, ints: torch.Tensor, reports: list[Any]) -> None:
+    def stepped(self, plan: StepPlan, new: torch.Tensor, ints: torch.Tensor) -> None:
         """The asynchronous server applied ``plan``: ``new`` is the global float state (version
         ``plan.version``), ``ints`` the integer buffers (the taken clients' sample-weighted mean, rounded)."""
         bad = int((~torch.isfinite(new)).sum())
@@ -238,7 +238,6 @@ class RoundServer:
         self.global_floats = new.to(torch.float32)
         self.global_ints = ints.to(self.device)
         self.model_sent = False
-        self.replies = Replies(Fields("", {}), Fields("", {}), reports)
 
     def evaluate_now(self, version: int) -> bool:
         """Whether server step ``version`` (counted from 1) is evaluated: every ``run.eval_every`` steps and
