@@ -49,6 +49,13 @@ def test_fedasync_drops_stale_and_dropped_out_updates(tmp_path):
     assert sum(r["stale_dropped"] + r["dropped"] for r in rows) > 0
 
 
+@pytest.mark.parametrize("method", ["fedprox", "fedntd"])
+def test_the_methods_that_declare_how_they_run_asynchronously_run(tmp_path, method):
+    run_debug(tiny(tmp_path, "train.rounds=3", f"algorithm.name={method}", *FEDBUFF))
+    rows = metrics(tmp_path / "runs" / "run")
+    assert [r["version"] for r in rows] == [1, 2, 3] and all(r["test_acc"] is not None for r in rows)
+
+
 @pytest.fixture(scope="module")
 def debug_runs(tmp_path_factory):
     """The uninterrupted debug-mode runs of FedBuff and FedAsync, and the folder they live under."""
