@@ -50,3 +50,8 @@ def test_methods_whose_clients_need_only_their_start_model_are_accepted(method):
     cfg, d = load(None, ASYNC + [f"algorithm.name={method}"])
     assert d["aggregation"]["name"] == "fedbuff" and d["aggregation"]["concurrency"] == 5
     assert math_fingerprint(d)["aggregation"] == d["aggregation"]
+
+
+def test_availability_needs_no_deadline_asynchronously_the_server_waits_its_idle_wait():
+    load(None, ASYNC + ["system.availability=on-off"])
+    assert "needs a deadline" in errors(["system.clock=true", "system.availability=on-off"])

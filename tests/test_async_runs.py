@@ -56,6 +56,14 @@ def test_the_methods_that_declare_how_they_run_asynchronously_run(tmp_path, meth
     assert [r["version"] for r in rows] == [1, 2, 3] and all(r["test_acc"] is not None for r in rows)
 
 
+def test_with_on_off_availability_only_available_clients_train_and_the_server_waits(tmp_path):
+    run_debug(tiny(tmp_path, "train.rounds=6", *FEDBUFF, "system.availability=on-off", "system.on_period=2",
+                   "system.off_period=20", "aggregation.idle_wait=5"))
+    rows = metrics(tmp_path / "runs" / "run")
+    assert [r["version"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[-1]["sim_clock"] > 20          # most clients are away most of the time: the clock waited for them
+
+
 @pytest.fixture(scope="module")
 def debug_runs(tmp_path_factory):
     """The uninterrupted debug-mode runs of FedBuff and FedAsync, and the folder they live under."""

@@ -69,10 +69,6 @@ class SystemConfig:
             if needs:
                 errors.append(f"clock: {', '.join(needs)} act(s) on the simulated clock, which is off; set "
                               f"system.clock=true, or leave them at their defaults")
-        if (self.availability != "always" or self.availability_trace) and not self.deadline:
-            errors.append("deadline: availability other than always needs a deadline: a round when no client is "
-                          "available lasts the deadline (without one the clock would never move); set "
-                          "system.deadline, e.g. 600")
         if self.availability_trace and self.availability != "always":
             errors.append("availability: an availability_trace says when each client is available; leave "
                           "system.availability at always, or drop the trace")

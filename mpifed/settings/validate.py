@@ -255,6 +255,12 @@ def cross_checks(cfg: Config) -> list[str]:
                       f"({method.own_server_step}), so it cannot take server_optimizer "
                       f"{cfg.server_optimizer.name!r} as well; set server_optimizer=sgd with lr 1 (the default), or "
                       f"choose another algorithm (fedavg with server_optimizer=sgdm is fedavgm with buffers: average)")
+    system = cfg.system
+    if (system.availability != "always" or system.availability_trace) and not system.deadline and \
+            not AGGREGATIONS.get(cfg.aggregation.name).asynchronous:
+        errors.append("system.deadline: availability other than always needs a deadline: a round when no client is "
+                      "available lasts the deadline (without one the clock would never move); set system.deadline, "
+                      "e.g. 600 (an asynchronous aggregation waits its idle_wait instead)")
     if AGGREGATIONS.get(cfg.aggregation.name).asynchronous and not method.asynchronous:
         errors.append(f"aggregation: {cfg.aggregation.name} trains each client from the model version it started from "
                       f"and takes the server step of its own rule, while algorithm {cfg.algorithm.name!r} needs "
