@@ -64,6 +64,18 @@ def test_with_on_off_availability_only_available_clients_train_and_the_server_wa
     assert rows[-1]["sim_clock"] > 20          # most clients are away most of the time: the clock waited for them
 
 
+def test_each_version_is_broadcast_once_and_then_cached(tmp_path, monkeypatch):
+    from mpifed.comm.collectives import Comm
+    sizes = []
+    monkeypatch.setattr(Comm, "bcast_buffer", lambda self, buf, *, what, root=0: sizes.append(buf.nbytes)
+                        if what.startswith("versions in flight") else None)
+    run_debug(tiny(tmp_path, "train.rounds=6", *FEDBUFF))
+    weights = final_model(tmp_path / "runs" / "run")
+    per_version = sum(t.numel() * 4 for t in weights.values() if t.is_floating_point())
+    broadcast = [(n // per_version) for n in sizes]          # versions per step (the integer buffers are smaller)
+    assert len(sizes) == 6 and sum(broadcast) <= 6 < 12      # 12 updates taken from at most versions 0..5
+
+
 @pytest.fixture(scope="module")
 def debug_runs(tmp_path_factory):
     """The uninterrupted debug-mode runs of FedBuff and FedAsync, and the folder they live under."""

@@ -4,7 +4,9 @@ does for a round (the debug mode walks the same steps in one process)::
 
     order      server -> all       the step's updates in event order (client, dispatch sequence, start
                                    version, learning rate), which worker trains which, evaluate? stop?
-    versions   server -> all       the model versions the step's clients started from (Bcast, buffers)
+    versions   server -> all       the current integer buffers and the model versions the step's clients
+                                   started from that no step broadcast before (Bcast, one buffer); every
+                                   worker caches the versions a client in flight may still need
     (local training)               each taken client trained by the method's client role, unchanged,
                                    from its start version; its seed keyed by its dispatch sequence number
     models     all -> server       each trained model, one row per update (Gatherv), put in event order
@@ -45,10 +47,10 @@ class StepOrder:
 
     plan: RoundPlan                                   # round: the new version less 1; evaluate; stop
     entries: list[tuple[int, int, int, float]] = field(default_factory=list)   # per update, in event order:
-                                                      # (client, dispatch sequence, its start version's index in the
-                                                      # versions broadcast, learning rate)
+                                                      # (client, dispatch sequence, start version, learning rate)
     assignment: list[list[int]] = field(default_factory=list)   # per worker: the entries (indices) it trains
-    versions: int = 0                                 # model versions broadcast
+    new: list[int] = field(default_factory=list)      # the versions this step broadcasts (no earlier step did)
+    keep: list[int] = field(default_factory=list)     # the versions a worker keeps cached (the others are dropped)
 
 
 def assign_entries(cids: list[int], sizes: np.ndarray, workers: int) -> list[list[int]]:
@@ -76,7 +78,9 @@ class AsyncProtocol(RoundProtocol):
                                 f"(docs/federations.md, Asynchronous FL); set aggregation=sync")
         super().__init__(layouts, world, peers, server, worker, clients_per_round=0)
         self._pending: StepPlan | None = None      # the server's plan of the step under way (rank 0)
-        self._starts: list[int] = []               # the versions its clients started from, as broadcast
+        self._sent: set[int] = set()               # the versions every worker holds (rank 0's record)
+        self._cache: dict[int, torch.Tensor] = {}  # version -> its float state (a worker's cache)
+        self._ints = torch.zeros(0, dtype=torch.int64)   # the integer buffers each client starts from
         self._reports: list = []                   # its clients' reports, in event order
 
     def round(self) -> bool:
@@ -90,9 +94,9 @@ class AsyncProtocol(RoundProtocol):
         if order.plan.stop:
             self._stop(order.plan)
             return False
-        versions = self._versions(order)
+        self._versions(order)
         with _timed(times, "local_training"):
-            rows, buffers, reports = self._train(order, versions) if worker else self._nothing()
+            rows, buffers, reports = self._train(order) if worker else self._nothing()
             world.sync("end of local training")
         with _timed(times, "uplink"):
             per_update = self.layouts.model.entries["weights"].nbytes
@@ -126,25 +130,32 @@ class AsyncProtocol(RoundProtocol):
             return StepOrder(RoundPlan(round=server.rounds_done, lr=0.0, stop=True))
         steps = server.steps
         plan = self._pending = steps.plan()
-        starts = sorted({e.start_version for e in plan.taken})
-        index = {v: i for i, v in enumerate(starts)}
         train = server.cfg.train
-        entries = [(e.cid, e.seq, index[e.start_version], round_lr(train, e.start_version)) for e in plan.taken]
+        entries = [(e.cid, e.seq, e.start_version, round_lr(train, e.start_version)) for e in plan.taken]
         assignment = assign_entries([e.cid for e in plan.taken], server.manifest.client_sizes, server.workers)
-        self._starts = starts
+        new = sorted({e.start_version for e in plan.taken} - self._sent)
+        keep = sorted(steps.versions)
+        self._sent = (self._sent | set(new)) & set(keep)
         return StepOrder(RoundPlan(round=plan.version - 1, lr=round_lr(train, plan.version - 1),
-                                   evaluate=server.evaluate_now(plan.version)), entries, assignment, len(starts))
+                                   evaluate=server.evaluate_now(plan.version)), entries, assignment, new, keep)
 
-    def _versions(self, order: StepOrder) -> np.ndarray:
-        """The step's start versions on every rank, as one buffer."""
-        size = self.layouts.model.nbytes
-        buf = np.zeros(size * order.versions, dtype=np.uint8)
+    def _versions(self, order: StepOrder) -> None:
+        """The current integer buffers and the step's new start versions on every rank, as one buffer; each
+        worker caches the versions in ``order.keep``."""
+        ints, weights = (self.layouts.model.entries[k].nbytes for k in ("ints", "weights"))
+        buf = np.zeros(ints + weights * len(order.new), dtype=np.uint8)
         if self.server:
-            for i, v in enumerate(self._starts):
-                self.layouts.model.pack({"weights": self.server.steps.versions[v], "ints": self.server.global_ints},
-                                        buf[i * size: (i + 1) * size])
+            buf[:ints] = self.server.global_ints.cpu().numpy().view(np.uint8)
+            for i, v in enumerate(order.new):
+                buf[ints + i * weights: ints + (i + 1) * weights] = \
+                    self.server.steps.versions[v].cpu().float().numpy().view(np.uint8)
         self.world.bcast_buffer(buf, what="versions in flight: broadcast")
-        return buf
+        if not self.worker:
+            return
+        self._ints = torch.from_numpy(buf[:ints].view(np.int64).copy())
+        for i, v in enumerate(order.new):
+            self._cache[v] = torch.from_numpy(buf[ints + i * weights: ints + (i + 1) * weights].view(np.float32).copy())
+        self._cache = {v: w for v, w in self._cache.items() if v in set(order.keep)}
 
     def _apply(self, order: StepOrder, rows: np.ndarray, totals: np.ndarray, reports: list) -> None:
         """The step's models in event order through the rule and the server optimiser."""
@@ -165,12 +176,11 @@ class AsyncProtocol(RoundProtocol):
         server.stepped(self._pending, new, ints)
 
     # ---------------------------------------------------------------- the worker's side
-    def _train(self, order: StepOrder, versions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    def _train(self, order: StepOrder) -> tuple[np.ndarray, np.ndarray, list]:
         """This worker's updates of the step: their trained models (rows), integer buffers times samples
         and samples (summed), and reports."""
         worker = self.worker
         mine = order.assignment[worker.index]
-        size = self.layouts.model.nbytes
         per_update = self.layouts.model.entries["weights"].nbytes
         rows = np.zeros(len(mine) * per_update, dtype=np.uint8)
         num_ints = self.layouts.model.entries["ints"].shape[0]
@@ -178,11 +188,10 @@ class AsyncProtocol(RoundProtocol):
         reports = []
         for k, i in enumerate(mine):
             cid, seq, start, lr = order.entries[i]
-            model = self.layouts.model.views(versions[start * size: (start + 1) * size])
             assignment: list[list[int]] = [[] for _ in order.assignment]
             assignment[worker.index] = [cid]
             plan = RoundPlan(round=order.plan.round, lr=lr, assignment=assignment, seed_key=seq)
-            worker.start_round(plan, Downlink(model["weights"], model["ints"], {}, self.layouts.down.what))
+            worker.start_round(plan, Downlink(self._cache[start], self._ints, {}, self.layouts.down.what))
             trained = worker.train(plan)
             if worker.failure is not None:   # reported by rank 0 after the step's gather
                 return np.zeros_like(rows), buffers, []
