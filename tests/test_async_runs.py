@@ -76,6 +76,28 @@ def test_each_version_is_broadcast_once_and_then_cached(tmp_path, monkeypatch):
     assert len(sizes) == 6 and sum(broadcast) <= 6 < 12      # 12 updates taken from at most versions 0..5
 
 
+AGGREGATION_PLUGIN = '''"""An aggregation of a user's own: FedBuff's step taken half way."""
+from mpifed.federation.async_rules import FedBuff
+from mpifed.registry import AGGREGATIONS
+
+
+@AGGREGATIONS.register("half_buff")
+class HalfBuff(FedBuff):
+    def aggregate(self, x, starts, models, staleness):
+        return (x + super().aggregate(x, starts, models, staleness)) / 2
+'''
+
+
+def test_an_aggregation_from_a_plugin_file_runs_and_is_recorded_by_hash(tmp_path):
+    from mpifed.config import read_yaml
+    plugin = tmp_path / "half.py"
+    plugin.write_text(AGGREGATION_PLUGIN)
+    options = [o.replace("aggregation.name=fedbuff", "aggregation.name=half_buff") for o in FEDBUFF]
+    run_debug([*tiny(tmp_path, "train.rounds=2", *options, name="mine"), "--plugin", str(plugin)])
+    saved = read_yaml(tmp_path / "runs" / "mine" / "config.yaml")
+    assert saved["aggregation"]["name"] == "half_buff" and len(saved["code"]["aggregation"]) == 64
+
+
 @pytest.fixture(scope="module")
 def debug_runs(tmp_path_factory):
     """The uninterrupted debug-mode runs of FedBuff and FedAsync, and the folder they live under."""

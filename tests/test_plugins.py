@@ -51,8 +51,8 @@ def test_an_edited_file_replaces_its_earlier_version(tmp_path):
     ("x = 1\ny = undefined_name\n",
      r"failed to import: NameError: name 'undefined_name' is not defined \(.*, line 2\)"),
     ("def f(:\n", r"failed to import: SyntaxError: .*\(.*broken\.py, line 1\)"),
-    ("x = 1\n", r"registers nothing: a plugin defines a method, model, data set, partition or client selection and "
-                r"registers it"),
+    ("x = 1\n", r"registers nothing: a plugin defines a method, model, data set, partition, client selection or "
+                r"aggregation and registers it"),
     (plugin_method("fedavg"), r"algorithm 'fedavg' is registered twice: by mpifed\.algorithms\.fedavg\.FedAvg"),
     (plugin_method("plug_bad").replace("def loss(self, ctx, batch, out)", "def loss(self, batch, out)"),
      r"PenaltyClient\.loss\(self, batch, out\) cannot be called as the round calls it: loss\(self, ctx, batch, out\)"),
@@ -108,9 +108,9 @@ def test_configs_name_plugins_relative_to_themselves_and_their_bases_add_up(tmp_
     assert d["plugins"] == [str(tmp_path / "code" / "a.py"), str(tmp_path / "code" / "b.py")]
     assert cfg.algorithm.options.penalty == 0.2
     assert d["code"] == {"algorithm": plugins.provider("algorithm", "plug_b").sha256, "model": None, "dataset": None,
-                         "partition": None, "selection": None}
+                         "partition": None, "selection": None, "aggregation": None}
     assert config.load([])[1]["code"] == {"algorithm": None, "model": None, "dataset": None, "partition": None,
-                                          "selection": None}
+                                          "selection": None, "aggregation": None}
 
 
 def test_code_is_recorded_not_set(tmp_path):

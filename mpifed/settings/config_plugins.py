@@ -46,4 +46,5 @@ def code_of(cfg: Config) -> CodeConfig:
 def chosen_entries(cfg: Config) -> list[tuple[str, str]]:
     """The (kind, name) of each registry entry ``cfg`` chooses, as :mod:`mpifed.settings.plugins` names them."""
     return [("algorithm", cfg.algorithm.name), ("model", cfg.model.name), ("dataset", cfg.data.dataset.name),
-            ("partition", cfg.data.partition.name), ("selection", cfg.selection.name)]
+            ("partition", cfg.data.partition.name), ("selection", cfg.selection.name),
+            ("aggregation", cfg.aggregation.name)]

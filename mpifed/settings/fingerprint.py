@@ -44,11 +44,11 @@ def math_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
 @functools.cache
 def _later_defaults() -> dict[str, Any]:
     """The keys added after runs were archived (the server optimiser, client selection, the simulated
-    federation, a selection plugin's hash, the aggregation) at their defaults: absent from the math fingerprint,
-    as they were before they existed."""
+    federation, a selection plugin's hash, the aggregation and its plugin's hash) at their defaults: absent
+    from the math fingerprint, as they were before they existed."""
     return {"server_optimizer": Config().server_optimizer.to_dict(), "selection": Config().selection.to_dict(),
             "system": to_dict(SystemConfig()), "code.selection": None,
-            "aggregation": Config().aggregation.to_dict()}
+            "aggregation": Config().aggregation.to_dict(), "code.aggregation": None}
 
 
 def _method_depends_on(d: dict[str, Any]) -> tuple[str, ...]:

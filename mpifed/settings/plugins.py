@@ -48,13 +48,14 @@ from typing import Any, Iterable, Literal
 
 from mpifed.files.nofollow import read_bytes
 from mpifed.plugin.options import ConfigError
-from mpifed.plugin.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONS, SELECTORS, Registry, RegistryError
+from mpifed.plugin.registry import (AGGREGATIONS, ALGORITHMS, DATASETS, MODELS, PARTITIONS, SELECTORS, Registry,
+                                    RegistryError)
 
 GROUP = "mpifed.plugins"                    # the entry-point group installed plugins declare
 AUTOLOAD_OFF = "MPIFED_DISABLE_PLUGIN_AUTOLOAD"
 COPIES = "plugins"                          # a run directory's folder of plugin copies
 KINDS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "dataset": DATASETS,
-                              "partition": PARTITIONS, "selection": SELECTORS}
+                              "partition": PARTITIONS, "selection": SELECTORS, "aggregation": AGGREGATIONS}
 
 
 class PluginError(ConfigError):
@@ -264,8 +265,8 @@ def _register(plugin: Plugin, run: Any, already: bool = False) -> Plugin:
         if problems:
             raise PluginError(f"plugin {plugin.label}: " + "; ".join(problems))
         raise PluginError(f"plugin {plugin.label} registers nothing: a plugin defines a method, model, data set, "
-                          f"partition or client selection and registers it, e.g. @ALGORITHMS.register(\"my_method\") "
-                          f"above an Algorithm subclass (see docs/methods.md)")
+                          f"partition, client selection or aggregation and registers it, e.g. "
+                          f"@ALGORITHMS.register(\"my_method\") above an Algorithm subclass (see docs/methods.md)")
     _loaded[plugin.sha256] = plugin
     _aliases.update(dict.fromkeys(plugin.aliases, plugin.sha256))
     return plugin
@@ -647,7 +648,8 @@ def _entry_problems(kind: str, name: str, entry: Any) -> list[str]:
     if kind == "algorithm":
         from mpifed.algorithms.base import role_problems
         return [f"{where}: {p}" for p in role_problems(entry)]
-    needed = {"model": "build", "dataset": "load", "partition": "split", "selection": "select"}[kind]
+    needed = {"model": "build", "dataset": "load", "partition": "split", "selection": "select",
+              "aggregation": "aggregate"}[kind]
     if not callable(getattr(entry, needed, None)):
         return [f"{where} has no {needed}() (see docs/methods.md for what a {kind} defines)"]
     return []

@@ -199,6 +199,8 @@ class CodeConfig:
     partition: str | None = opt(None, "SHA-256 of the plugin that defines the chosen partition (null: mpifed's own)")
     selection: str | None = opt(None, "SHA-256 of the plugin that defines the chosen client selection (null: "
                                       "mpifed's own)")
+    aggregation: str | None = opt(None, "SHA-256 of the plugin that defines the chosen aggregation (null: mpifed's "
+                                        "own)")
 
 
 @dataclass
