@@ -211,6 +211,17 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], at
         assert diff <= atol, f"{k} differs by {diff}"
 
 
+def assert_resumed_equals_uninterrupted(runs: Path, full: list[str], cut: list[str], rounds: int) -> None:
+    """Run ``full`` and ``cut`` (the same run stopping earlier), named so under ``runs``, in the debug
+    mode and resume ``cut`` to ``rounds``: its model and metrics are ``full``'s."""
+    run_debug(full)
+    run_debug(cut)
+    cut_dir, full_dir = runs / "cut", runs / "full"
+    run_debug(["--resume", str(cut_dir), "--set", f"train.rounds={rounds}"])
+    assert_same_model(final_model(cut_dir), final_model(full_dir))
+    assert metrics(cut_dir) == metrics(full_dir)
+
+
 def watch_local_steps(monkeypatch: pytest.MonkeyPatch, guard: Callable[[], ContextManager]) -> None:
     """Run every local step, and the making of every training batch (augmentation included), under
     ``guard()``; what a round does once per client (the loss read at the end of an epoch, say)

@@ -7,7 +7,8 @@ import pickle
 import numpy as np
 import pytest
 
-from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi_series, tiny
+from conftest import (assert_resumed_equals_uninterrupted, assert_same_model, final_model, metrics, run_debug,
+                      run_mpi_series, tiny)
 from mpifed.round.plan import sample_clients
 from mpifed.round.timeline import Costs, Timeline, full_steps
 from mpifed.settings import config
@@ -82,12 +83,8 @@ def test_a_round_that_no_client_finishes_keeps_the_model(tmp_path):
                          ids=["oort", "scaffold-weighted"])
 def test_on_the_clock_resumed_equals_the_run_never_stopped(tmp_path, extra):
     sets = (*SIMULATED, *extra)
-    run_debug(tiny(tmp_path, *sets, "train.rounds=6", name="full"))
-    run_debug(tiny(tmp_path, *sets, "train.rounds=3", name="cut"))
-    cut = tmp_path / "runs" / "cut"
-    run_debug(["--resume", str(cut), "--set", "train.rounds=6"])
-    assert_same_model(final_model(cut), final_model(tmp_path / "runs" / "full"))
-    assert metrics(cut) == metrics(tmp_path / "runs" / "full")
+    assert_resumed_equals_uninterrupted(tmp_path / "runs", tiny(tmp_path, *sets, "train.rounds=6", name="full"),
+                                        tiny(tmp_path, *sets, "train.rounds=3", name="cut"), rounds=6)
 
 
 @pytest.mark.mpi

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from conftest import LAUNCH, REPO, assert_same_model, env, final_model, metrics, run_debug, run_mpi, small_setup, tiny
+from conftest import (LAUNCH, REPO, assert_resumed_equals_uninterrupted, assert_same_model, env, final_model, metrics,
+                      run_debug, run_mpi, small_setup, tiny)
 from mpifed.run import checkpoint
 from mpifed.algorithms.base import Server
 from mpifed.registry import ALGORITHMS
@@ -74,12 +75,8 @@ def test_every_stateful_method_resumed_from_a_checkpoint_equals_the_uninterrupte
     rounds: 3 of 5 train each round) is all that round 4 onward needs: training further from it
     gives the numbers of the run never stopped."""
     sets = (*method, "train.participation=0.6")
-    run_debug(args_for(tmp_path, *sets, name="full"))
-    run_debug(args_for(tmp_path, *sets, "train.rounds=3", name="cut"))
-    cut = tmp_path / "runs" / "cut"
-    run_debug(["--resume", str(cut), "--set", "train.rounds=6"])
-    assert_same_model(final_model(cut), final_model(tmp_path / "runs" / "full"))
-    assert metrics(cut) == metrics(tmp_path / "runs" / "full")
+    assert_resumed_equals_uninterrupted(tmp_path / "runs", args_for(tmp_path, *sets, name="full"),
+                                        args_for(tmp_path, *sets, "train.rounds=3", name="cut"), rounds=6)
 
 
 @pytest.mark.mpi
