@@ -94,17 +94,14 @@ class RoundServer:
         note_resume_point(self.describe_checkpoint())
 
     # ------------------------------------------------------------ the round, in order
-    def _stopping(self) -> bool:
-        return self.rounds_done >= self.cfg.train.rounds or stop_requested() or bool(self.worker_stops)
-
     @property
     def stopping(self) -> bool:
         """Whether the run stops now: the last round (or server step) is done, or a stop was requested."""
-        return self._stopping()
+        return self.rounds_done >= self.cfg.train.rounds or stop_requested() or bool(self.worker_stops)
 
     def probe(self) -> list[list[int]] | None:
         """A probing selector's candidates for the next round, split over the workers (None: the run stops)."""
-        if self._stopping():
+        if self.stopping:
             return None
         return assign_clients(self.timeline.probe(self.rounds_done), self.manifest.client_sizes, self.workers)
 
@@ -119,7 +116,7 @@ class RoundServer:
     def plan(self) -> RoundPlan:
         """The next round's plan, or the stop plan after the last round or on a stop request."""
         cfg, rnd = self.cfg, self.rounds_done
-        if self._stopping():
+        if self.stopping:
             return RoundPlan(round=rnd, lr=0.0, stop=True, resume_rounds=self._resume_rounds())
         planned = self.timeline.plan(rnd)
         clients = planned.clients
@@ -131,9 +128,8 @@ class RoundServer:
             last = {int(c): self.last_trained[int(c)] for c in clients if int(c) in self.last_trained}
             self.last_trained.update({int(c): rnd for c in clients})
         every = cfg.run.checkpoint_every
-        near_end = rnd + 1 > cfg.train.rounds - max(cfg.run.eval_last, 1)   # the last round, or one of run.eval_last
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
-                         evaluate=(rnd + 1) % cfg.run.eval_every == 0 or near_end,
+                         evaluate=self.evaluate_now(rnd + 1),
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
                          resume_rounds=self._resume_rounds(), moves=moves, model_held=self.model_sent,
                          last_trained=last, steps=planned.steps)
@@ -240,8 +236,8 @@ class RoundServer:
         self.model_sent = False
 
     def evaluate_now(self, version: int) -> bool:
-        """Whether server step ``version`` (counted from 1) is evaluated: every ``run.eval_every`` steps and
-        the last ``run.eval_last``."""
+        """Whether round or server step ``version`` (counted from 1) is evaluated: every ``run.eval_every``
+        and the last ``run.eval_last`` (the last one at least)."""
         cfg = self.cfg
         return version % cfg.run.eval_every == 0 or version > cfg.train.rounds - max(cfg.run.eval_last, 1)
 
