@@ -64,7 +64,7 @@ from mpifed.local.flat import FlatModel
 from mpifed.models.base import Classifier
 from mpifed.local.optim import FlatOptimizer
 from mpifed.plugin.options import NoOptions
-from mpifed.local.steps import Batch, LocalSteps
+from mpifed.local.steps import Batch, LocalSteps, batches_per_epoch
 from mpifed.local.train_config import TrainConfig
 
 if TYPE_CHECKING:
@@ -295,8 +295,7 @@ class ClientContext:
     @property
     def batches_per_epoch(self) -> int:
         """How many mini-batches :meth:`batches` yields."""
-        n, size = self.num_samples, self.train_cfg.batch_size
-        return -(-n // size) - (1 if n > 1 and size > 1 and n % size == 1 else 0)
+        return int(batches_per_epoch(self.num_samples, self.train_cfg.batch_size))
 
     @property
     def epochs(self) -> int:

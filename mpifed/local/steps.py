@@ -55,6 +55,12 @@ CHECKS = ("rounds", "every")
 
 
 
+def batches_per_epoch(n: Any, batch_size: int) -> Any:
+    """The mini-batches of one epoch over ``n`` samples (an int, or an array of them): a trailing single
+    sample is dropped where the batch size is larger (BatchNorm cannot train on it)."""
+    return -(-n // batch_size) - ((n > 1) & (batch_size > 1) & (n % batch_size == 1))
+
+
 @dataclasses.dataclass
 class Batch:
     """One mini-batch: model inputs (augmented, normalised), labels, and the samples' indices."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mpifed.local.steps import batches_per_epoch
 from mpifed.algorithms.base import ClientReport
 from mpifed.data.store import holdout_size
 from mpifed.federation import keyed
@@ -75,8 +76,7 @@ def full_steps(n: np.ndarray, batch_size: int, local_epochs: int, local_steps: i
     :meth:`ClientContext.batches` counts them)."""
     if local_steps:
         return np.full(len(n), local_steps, dtype=np.int64)
-    batches = -(-n // batch_size) - ((n > 1) & (batch_size > 1) & (n % batch_size == 1)).astype(np.int64)
-    return np.maximum(batches, 1) * local_epochs
+    return np.maximum(batches_per_epoch(n, batch_size), 1).astype(np.int64) * local_epochs
 
 
 class Timeline:
