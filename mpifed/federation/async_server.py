@@ -53,6 +53,11 @@ class AsyncServer:
         """The current global float state."""
         return self.versions[self.version]
 
+    @property
+    def sim_clock(self) -> float:
+        """The simulated time of the last server step (0 before the first)."""
+        return self.queue.now
+
     def plan(self) -> StepPlan:
         """Pop events until the next server step's updates have arrived (see the module's docstring)."""
         plan = StepPlan(self.version + 1)

@@ -136,8 +136,9 @@ class AsyncProtocol(RoundProtocol):
         new = sorted({e.start_version for e in plan.taken} - self._sent)
         keep = sorted(steps.versions)
         self._sent = (self._sent | set(new)) & set(keep)
-        return StepOrder(RoundPlan(round=plan.version - 1, lr=round_lr(train, plan.version - 1),
-                                   evaluate=server.evaluate_now(plan.version)), entries, assignment, new, keep)
+        evaluate = server.evaluate_now(plan.version, plan.sim_time)
+        return StepOrder(RoundPlan(round=plan.version - 1, lr=round_lr(train, plan.version - 1), evaluate=evaluate),
+                         entries, assignment, new, keep)
 
     def _versions(self, order: StepOrder) -> None:
         """The current integer buffers and the step's new start versions on every rank, as one buffer; each

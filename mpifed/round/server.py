@@ -97,7 +97,22 @@ class RoundServer:
     @property
     def stopping(self) -> bool:
         """Whether the run stops now: the last round (or server step) is done, or a stop was requested."""
-        return self.rounds_done >= self.cfg.train.rounds or stop_requested() or bool(self.worker_stops)
+        return self.finished or stop_requested() or bool(self.worker_stops)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has trained all it was asked to: ``train.rounds``, or ``system.time_budget``."""
+        return self.rounds_done >= self.cfg.train.rounds or self.budget_spent(self.sim_clock)
+
+    @property
+    def sim_clock(self) -> float:
+        """The simulated seconds so far (0 without the virtual clock)."""
+        return self.steps.sim_clock if self.steps is not None else self.timeline.sim_clock
+
+    def budget_spent(self, sim_clock: float) -> bool:
+        """Whether a run whose simulated clock reads ``sim_clock`` has spent its ``system.time_budget``."""
+        budget = self.cfg.system.time_budget
+        return bool(budget) and sim_clock >= budget
 
     def probe(self) -> list[list[int]] | None:
         """A probing selector's candidates for the next round, split over the workers (None: the run stops)."""
@@ -129,7 +144,7 @@ class RoundServer:
             self.last_trained.update({int(c): rnd for c in clients})
         every = cfg.run.checkpoint_every
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
-                         evaluate=self.evaluate_now(rnd + 1),
+                         evaluate=self.evaluate_now(rnd + 1, self.timeline.clock_after()),
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
                          resume_rounds=self._resume_rounds(), moves=moves, model_held=self.model_sent,
                          last_trained=last, steps=planned.steps)
@@ -205,14 +220,15 @@ class RoundServer:
         """After the stop plan: the final checkpoint, model, summary and status."""
         self.progress.close()
         rounds_done = self.rounds_done
-        finished = rounds_done >= self.cfg.train.rounds
+        finished = self.finished
         self._check_lock()
         if self.last_checkpoint_round != rounds_done:
             self.checkpoint(rounds_done)
         if finished and self.cfg.run.save_model:
             self._save_model()
         self.records.finish(RunState.FINISHED if finished else RunState.STOPPED, rounds_done, self.last_checkpoint,
-                            self.elapsed(), self.first_round_at, usage)
+                            self.elapsed(), self.first_round_at, usage,
+                            self.sim_clock if self.cfg.system.clock else None)
         if not finished:
             if rounds_done == 0:
                 self.run_dir.log(f"[mpifed] stopped before round 1 on {self._stop_reason()}: nothing was trained; "
@@ -235,11 +251,13 @@ class RoundServer:
         self.global_ints = ints.to(self.device)
         self.model_sent = False
 
-    def evaluate_now(self, version: int) -> bool:
-        """Whether round or server step ``version`` (counted from 1) is evaluated: every ``run.eval_every``
-        and the last ``run.eval_last`` (the last one at least)."""
+    def evaluate_now(self, version: int, sim_clock: float) -> bool:
+        """Whether round or server step ``version`` (counted from 1), which ends at simulated time
+        ``sim_clock``, is evaluated: every ``run.eval_every``, the last ``run.eval_last`` (the last one at
+        least), and the one that spends the time budget."""
         cfg = self.cfg
-        return version % cfg.run.eval_every == 0 or version > cfg.train.rounds - max(cfg.run.eval_last, 1)
+        return version % cfg.run.eval_every == 0 or version > cfg.train.rounds - max(cfg.run.eval_last, 1) or \
+            self.budget_spent(sim_clock)
 
     def end_step(self, plan: StepPlan, reports: list[Any], times: dict[str, float],
                  stops: list[tuple[int, list[str]]]) -> None:
@@ -252,7 +270,7 @@ class RoundServer:
         row: dict[str, Any] = {"round": plan.version, "lr": round_lr(self.cfg.train, plan.version - 1),
                                "clients": len(reports),
                                "train_loss": sum(r.train_loss * r.samples for r in reports) / max(samples, 1)}
-        if self.evaluate_now(plan.version):
+        if self.evaluate_now(plan.version, plan.sim_time):
             row.update(self.result)
         row.update(self.method.log())
         row.update({"version": plan.version, "sim_clock": plan.sim_time, "staleness": list(plan.staleness),

@@ -197,6 +197,11 @@ class Timeline:
                             probed, self._probe_seconds(available) if probed else 0.0)
         return self.last
 
+    def clock_after(self) -> float:
+        """The simulated clock once the round just planned is over (the clock now, without the clock)."""
+        timing = self.last.timing if self.last is not None else None
+        return self.sim_clock if timing is None else self.sim_clock + self.last.probe_seconds + timing.sim_time
+
     def _local_work(self, server_round: int, ids: np.ndarray) -> dict[int, int]:
         """Each client's local steps this round (``system.local_work``)."""
         full = self.full[ids]

@@ -7,7 +7,8 @@ at start-up, with the run's lock held):
                                   change the numbers (``math`` keys) or the prepared data differ
                                   (refused, naming them) or train.rounds is below the rounds done
                                   (refused); a checkpoint that predates a setting takes its default
-    --resume, finished            nothing to do when train.rounds is the rounds done; more rounds
+    --resume, finished            nothing to do when train.rounds is the rounds done (or the run spent
+                                  its system.time_budget); more rounds (or a larger budget)
                                   train further from the last checkpoint; with the checkpoints
                                   deleted, more rounds are refused
     --resume, no checkpoint       start from round 1
@@ -135,8 +136,15 @@ def make_room(run: RunDir, overwrite: bool) -> None:
 def finished_as_asked(run: RunDir, cfg: config.Config) -> bool:
     """Whether the run is finished with the rounds ``cfg`` asks for (a resume that has nothing to do,
     which even a read-only run directory allows)."""
-    status = run.status()
-    return status is not None and status["state"] == RunState.FINISHED and status.get("rounds_done") == cfg.train.rounds
+    return _done_as_asked(run.status(), cfg)
+
+
+def _done_as_asked(status: dict[str, Any] | None, cfg: config.Config) -> bool:
+    """Whether a run with this status has trained what ``cfg`` asks: its rounds, or its simulated time budget."""
+    if status is None or status["state"] != RunState.FINISHED:
+        return False
+    budget = cfg.system.time_budget
+    return status.get("rounds_done") == cfg.train.rounds or bool(budget) and status.get("sim_clock", 0.0) >= budget
 
 
 def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
@@ -203,17 +211,19 @@ def _from_checkpoint(run: RunDir, cfg: config.Config, resolved: dict[str, Any], 
     if any(k.split(".")[0] == "code" for k in predates) and any((resolved.get("code") or {}).values()):
         print(f"[mpifed] {run.path}'s checkpoint predates the record of a run's code: resuming with the plugins "
               f"loaded now", flush=True)
-    if status is not None and status["state"] == RunState.FINISHED and state["rounds_done"] == rounds:
-        return Decision(nothing_to_do=f"[mpifed] {run.path} is finished ({count(rounds, 'round')}): nothing to resume, "
-                                      f"nothing changed. To train it further, resume with "
-                                      f"--set train.rounds=<more than {rounds}>")
+    if _done_as_asked(status, cfg) and state["rounds_done"] == status.get("rounds_done"):
+        done = count(state["rounds_done"], "round")
+        more = f"--set train.rounds=<more than {rounds}>" if state["rounds_done"] == rounds else \
+            f"--set system.time_budget=<more than {cfg.system.time_budget:g}>"
+        return Decision(nothing_to_do=f"[mpifed] {run.path} is finished ({done}): nothing to resume, "
+                                      f"nothing changed. To train it further, resume with {more}")
     check_same_data(run.path, state, cfg)
     return Decision(code_changed=code_changed)
 
 
 def _finished_without_checkpoint(run: RunDir, cfg: config.Config, status: dict[str, Any]) -> Decision:
     done = status.get("rounds_done")
-    if done != cfg.train.rounds:
+    if not _done_as_asked(status, cfg):
         raise RunError(f"cannot resume {run.path} with train.rounds={cfg.train.rounds}: it is finished ({done} "
                        f"rounds) and has no checkpoint left in {run.checkpoints}, so it cannot be trained further; "
                        f"nothing was changed. Start a new run (another run.name) instead")

@@ -71,17 +71,22 @@ class RunRecords:
                 tracker.add_row(row)
         self.run.append_row(CLIENTS, {"round": row["round"], "clients": [asdict(r) for r in clients]})
 
-    def status(self, state: RunState, rounds_done: int, last_checkpoint: Path | None) -> None:
-        self.run.write_json(STATUS, {"state": state, "rounds_done": rounds_done,
-                                            "checkpoint": str(last_checkpoint) if last_checkpoint else None})
+    def status(self, state: RunState, rounds_done: int, last_checkpoint: Path | None,
+               sim_clock: float | None = None) -> None:
+        """status.json: the run's state, rounds done, last checkpoint and (on the virtual clock) its simulated time."""
+        status = {"state": state, "rounds_done": rounds_done,
+                  "checkpoint": str(last_checkpoint) if last_checkpoint else None}
+        if sim_clock is not None:
+            status["sim_clock"] = sim_clock
+        self.run.write_json(STATUS, status)
 
     def finish(self, status: RunState, rounds_done: int, last_checkpoint: Path | None, wall_time_s: float,
-               first_round_at: float, usage: list[tuple[float, float]]) -> None:
+               first_round_at: float, usage: list[tuple[float, float]], sim_clock: float | None = None) -> None:
         """The run ended (``finished`` or ``stopped``): summary.json, status.json and the log's last line;
         the trackers closed."""
         summary = self._summary(status, rounds_done, last_checkpoint, wall_time_s, first_round_at, usage)
         self.run.write_json(SUMMARY, summary)
-        self.status(status, rounds_done, last_checkpoint)
+        self.status(status, rounds_done, last_checkpoint, sim_clock)
         self._tell(status, rounds_done, summary)
         self._close(status, self.run.path / SUMMARY)
 

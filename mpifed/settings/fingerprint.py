@@ -47,7 +47,7 @@ def _later_defaults() -> dict[str, Any]:
     federation, a selection plugin's hash, the aggregation and its plugin's hash) at their defaults: absent
     from the math fingerprint, as they were before they existed."""
     return {"server_optimizer": Config().server_optimizer.to_dict(), "selection": Config().selection.to_dict(),
-            "system": to_dict(SystemConfig()), "code.selection": None,
+            "system": _filter_math(SystemConfig, to_dict(SystemConfig())), "code.selection": None,
             "aggregation": Config().aggregation.to_dict(), "code.aggregation": None}
 
 
@@ -59,12 +59,15 @@ def _method_depends_on(d: dict[str, Any]) -> tuple[str, ...]:
 
 def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     """What a finished run's reported numbers depend on: the math fingerprint, the number of
-    rounds and the evaluation cadence (best accuracy, rounds-to-target and the mean of the last
+    rounds, the simulated time budget (when set) and the evaluation cadence (best accuracy, rounds-to-target and the mean of the last
     evaluations read the evaluations)."""
     out = math_fingerprint(d)
     out.setdefault("train", {})["rounds"] = d.get("train", {}).get("rounds")
     run = d.get("run", {})
     out.setdefault("run", {}).update(eval_every=run.get("eval_every"), eval_last=run.get("eval_last"))
+    system = d.get("system", {})
+    if isinstance(system, dict) and system.get("time_budget"):
+        out.setdefault("system", {})["time_budget"] = system["time_budget"]
     return out
 
 

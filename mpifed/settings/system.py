@@ -53,6 +53,9 @@ class SystemConfig:
                  "to one below the full steps, the rest the full work (straggler)")
     straggler_share: float = opt(0.5, "local_work straggler: the share of a round's clients that do less", min=0,
                                  max=1)
+    time_budget: float = opt(0.0, "clock: end the run with the first round (or asynchronous server step) that "
+                                  "brings the simulated clock to this many seconds, evaluating it (0: none; "
+                                  "train.rounds stays the most rounds)", min=0, math=False)
 
     @property
     def simulated(self) -> bool:
@@ -65,7 +68,8 @@ class SystemConfig:
             needs = [f"{key} ({value})" for key, value, off in (
                 ("device_trace", self.device_trace, None), ("availability_trace", self.availability_trace, None),
                 ("availability", self.availability, "always"), ("dropout", self.dropout, 0.0),
-                ("deadline", self.deadline, 0.0), ("overcommit", self.overcommit, 1.0)) if value != off]
+                ("deadline", self.deadline, 0.0), ("overcommit", self.overcommit, 1.0),
+                ("time_budget", self.time_budget, 0.0)) if value != off]
             if needs:
                 errors.append(f"clock: {', '.join(needs)} act(s) on the simulated clock, which is off; set "
                               f"system.clock=true, or leave them at their defaults")
