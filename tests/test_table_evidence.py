@@ -24,7 +24,7 @@ from mpifed.run import results
 from mpifed.tables import stats
 from mpifed.run.rundir import RunDir
 from mpifed.entry.table import main as table_main
-from mpifed.tables.summarize import search_table, summarize
+from mpifed.tables.summarize import search_notes, search_table, summarize
 from mpifed.tables.table_file import load_table, resolve, settled
 from mpifed.tables.tuning import SearchChoice, grid_columns
 
@@ -994,3 +994,39 @@ def test_a_per_client_statistic_is_a_tables_metric(tmp_path, metric, cell):
 def test_a_per_client_metric_without_its_statistic_names_them(metric, said):
     with pytest.raises(results.MetricError, match=said + r".*worst10: the unweighted mean of the lowest ceil\(n/10\)"):
         results.Metric.parse(yaml.safe_load(metric))
+
+
+def test_a_search_on_one_setting_gives_its_choice_to_every_setting(tmp_path, capsys):
+    table = _table(tmp_path, "tuning: {grid: {train.lr: [0.01, 0.1]}, rounds: 3, setting: s}\n", seeds="[0, 1]",
+                   metric="{kind: last_k, k: 2}")
+    (table.parent / "hard.yaml").write_text("base: s.yaml\ndata: {partition: {name: dirichlet, beta: 0.1, "
+                                            "min_size: 2}}\n")
+    table.write_text(table.read_text().replace("settings: [s.yaml]", "settings: [s.yaml, hard.yaml]"))
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    assert {(r.setting, r.method, r.candidate) for r in t.search} == {
+        ("s", m, c) for m in ("a", "b") for c in ("lr=0.01", "lr=0.1")}              # no search on hard
+    assert t.pending == {(s, m) for s in ("s", "hard") for m in ("a", "b")}
+    assert "hard x a: waits for the search on s" in "\n".join(search_notes(t))
+    hard_only = load_table(table, str(tmp_path / "runs"))
+    resolve(hard_only, [])
+    hard_only.select(["hard"], None, None)
+    assert len(hard_only.search) == 4                # the search hard waits for is part of a filtered table
+    val = {("a", "lr=0.01"): 0.8, ("a", "lr=0.1"): 0.7, ("b", "lr=0.01"): 0.6, ("b", "lr=0.1"): 0.9}
+    for r in t.search:
+        _write(r.path, r.resolved, [{"round": i + 1, "val_acc": val[(r.method, r.candidate)]} for i in range(3)])
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [], record=True)
+    assert not t.pending
+    lr = {(r.setting, r.method): r.resolved["train"]["lr"] for r in t.runs}
+    assert lr == {("s", "a"): 0.01, ("hard", "a"): 0.01, ("s", "b"): 0.1, ("hard", "b"): 0.1}
+    notes = "\n".join(search_notes(t))
+    assert "searched on s, its choice taken by every setting" in notes
+    assert "hard x b: the choice made on s (tuning.setting)" in notes
+    assert [line.split(" | ")[:2] for line in search_table(t).splitlines()[4:]] == [["| s", "a"], ["| s", "b"]]
+
+
+def test_tuning_setting_must_name_a_setting_of_the_table(tmp_path, capsys):
+    table = _table(tmp_path, "tuning: {grid: {train.lr: [0.01, 0.1]}, setting: ideal}\n")
+    with pytest.raises(config.ConfigError, match="tuning.setting 'ideal' is not one of its settings \\(s\\)"):
+        load_table(table, str(tmp_path / "runs"))

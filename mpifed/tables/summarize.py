@@ -61,6 +61,9 @@ def search_notes(table: Table) -> list[str]:
     lines = [f"Tuned on the validation set ({table.tuning.describe()}); each method's choice and every candidate's "
              "score:"]
     for (setting, method), choice in table.choices.items():
+        if choice.setting != setting:
+            lines.append(f"  {setting} x {method}: the choice made on {choice.setting} (tuning.setting)")
+            continue
         if not choice.search:
             lines.append(f"  {setting} x {method}: nothing to search (no grid)")
             continue
@@ -72,6 +75,9 @@ def search_notes(table: Table) -> list[str]:
                         + (" (for an extended key: the next value would leave its bounds)" if grown else "")
                         if edges else ""))
     for setting, method in sorted(table.pending):
+        if table.tuning.setting not in (None, setting):
+            lines.append(f"  {setting} x {method}: waits for the search on {table.tuning.setting}")
+            continue
         partial = table.searching.get((setting, method), [])
         lines.append(f"  {setting} x {method}: search not finished, {sum(c.settled for c in partial)} of "
                      f"{len(partial)} candidates scored (python -m mpifed.table ... --tune N)")
@@ -90,7 +96,7 @@ def search_table(table: Table) -> str:
     shown: list[dict[str, Any]] = []
     for pair in dict.fromkeys((r.setting, r.method) for r in table.runs):
         choice, partial = table.choices.get(pair), table.searching.get(pair, [])
-        if choice is not None and choice.search:
+        if choice is not None and choice.search and choice.setting == pair[0]:
             rows[pair] = choice.grid_cells(grid, percent)
             shown += choice.record.get("candidates", [])
         elif any(c.settled for c in partial):

@@ -110,6 +110,8 @@ class Table:
             return (settings is None or setting in settings) and (methods is None or method in methods)
 
         def keep(r: TableRun, search: bool) -> bool:
+            if search and self.tuning is not None and self.tuning.setting is not None:   # it serves every setting
+                return methods is None or r.method in methods
             return pair(r.setting, r.method) and (search or seeds is None or r.seed in seeds)
         self.whole = self.whole or copy.copy(self)
         self.runs = [r for r in self.runs if keep(r, False)]
@@ -164,6 +166,9 @@ def load_table(path: str | Path, runs_root: str = "runs", plugins: list[str] | N
     with at("tuning"):
         tuning = Tuning.parse(spec["tuning"], seeds, metric, f"table {path}") if spec.get("tuning") is not None \
             else None
+    if tuning is not None and tuning.setting is not None and tuning.setting not in settings.values():
+        raise config.ConfigError(f"table {path}, line {lines.get('tuning', '?')}: tuning.setting {tuning.setting!r} "
+                                 f"is not one of its settings ({', '.join(settings.values())})")
     reference = spec.get("reference")
     if reference is not None and reference not in methods.values():
         close = nearest(reference, methods.values())
@@ -399,7 +404,8 @@ def _resolve_search(table: Table, added: list[str], loader: _Loader, record: boo
     once every candidate has settled, else the pair left pending with its candidates so far."""
     tuning = table.tuning
     _check_overrides(tuning, added)
-    pairs = list(dict.fromkeys((r.setting, r.method, tuple(r.configs)) for r in table.runs))
+    pairs = list(dict.fromkeys((r.setting, r.method, tuple(r.configs)) for r in table.runs
+                               if tuning.setting in (None, r.setting)))
     probes = {(setting, method): loader(TableRun(setting, method, tuning.seeds[0], list(configs), table.root, "",
                                                  plugins=table.plugins))[0]
               for setting, method, configs in pairs}
@@ -448,6 +454,13 @@ def _resolve_search(table: Table, added: list[str], loader: _Loader, record: boo
             table.searching[(setting, method)] = candidates
             continue
         table.choices[(setting, method)] = choice
+    if tuning.setting is not None:     # every other setting takes the choice made on tuning.setting
+        for r in table.runs:
+            searched = (tuning.setting, r.method)
+            if searched in table.pending:
+                table.pending.add((r.setting, r.method))
+            elif searched in table.choices:
+                table.choices[(r.setting, r.method)] = table.choices[searched]
     if changed and record:
         book.save()
 

@@ -10,9 +10,12 @@ A table may declare a search (see :mod:`mpifed.entry.table`)::
       rounds: 20                                          # the search horizon; default: the setting's
       select: {kind: last_k, k: 5, column: val_acc}       # default: the table's metric, on val_acc
       extend: {train.lr: {factor: 3, bounds: [0.0001, 1.0]}}   # a choice at an end: search one step beyond
+      setting: ideal                                      # search on this setting only; every setting takes its choice
 
 Each (setting, method) tries every combination of its grid values (the candidates) on the
-search seeds and horizon; the candidate with the best mean ``select`` value wins (the first
+search seeds and horizon (with ``setting``, only that setting's pairs search, and each other
+setting's runs of a method take the method's choice there: tuned without, say, heterogeneity, then run
+under it); the candidate with the best mean ``select`` value wins (the first
 listed on ties; a candidate whose loss diverged, or that failed, cannot win). The selection
 reads the validation columns only: a metric on the test set is reported, never used to choose.
 A key under ``extend`` (a grid key whose values are positive numbers) does not leave a choice at
@@ -42,7 +45,7 @@ from mpifed.run.state import RunState
 from mpifed.run.record import RunRecord
 
 CHOICES = "choices.yaml"
-KEYS = ("grid", "per_method", "seeds", "rounds", "select", "extend")
+KEYS = ("grid", "per_method", "seeds", "rounds", "select", "extend", "setting")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Tuning:
     rounds: int | None
     select: results.Metric
     extend: dict[str, Extend] = field(default_factory=dict)
+    setting: str | None = None      # the one setting searched on (None: each setting its own search)
 
     @staticmethod
     def parse(spec: Any, table_seeds: list[int], primary: results.Metric, source: str) -> "Tuning":
@@ -101,7 +105,11 @@ class Tuning:
                               f"last_k (e.g. {{kind: last_k, k: 5, column: val_acc}}), got {select.to_spec()!r}: "
                               f"a choice made on the test set would make the test numbers optimistic")
         extend = _extend(spec.get("extend", {}), [grid, *per_method.values()], f"{source}: tuning.extend")
-        return Tuning(grid, per_method, tuple(seeds), rounds, select, extend)
+        setting = spec.get("setting")
+        if setting is not None and not isinstance(setting, str):
+            raise ConfigError(f"{source}: tuning.setting must be the label of one of the table's settings (its file "
+                              f"name without .yaml), got {setting!r}")
+        return Tuning(grid, per_method, tuple(seeds), rounds, select, extend, setting)
 
     def extended(self, grid: dict[str, list[Any]], chosen: dict[str, Any]) -> tuple[dict[str, list[Any]], list[str]]:
         """``grid`` with one value more past each end that ``chosen`` sits at, for the keys under
@@ -144,7 +152,8 @@ class Tuning:
 
     def describe(self) -> str:
         horizon = f"{self.rounds} rounds" if self.rounds is not None else "the setting's rounds"
-        return f"{self.select.label}, mean over seeds {list(self.seeds)}, {horizon}"
+        where = f"; searched on {self.setting}, its choice taken by every setting" if self.setting else ""
+        return f"{self.select.label}, mean over seeds {list(self.seeds)}, {horizon}{where}"
 
 
 def validation_metric(primary: results.Metric) -> results.Metric:
