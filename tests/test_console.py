@@ -21,6 +21,17 @@ def test_durations_and_eta():
     assert p.eta(6) == "ETA 40s"
 
 
+def test_with_a_time_budget_the_line_shows_the_simulated_clock_and_the_eta_follows_it():
+    p = Progress(total=100_000, start=0, live=False)
+    p.budget_from(3600.0, 600.0)                      # a resumed run: 600 simulated s before this invocation
+    p.begun -= 30.0                                   # 10 rounds took 30 s and 300 simulated s: 2700 s more
+    assert p.eta(10, 900.0) == "ETA 4m30s"
+    row = {"test_acc": 0.71234, "test_loss": 12.3456, "val_acc": 0.69871, "train_loss": 10.0123,
+           "time": {"round": 123.456}, "sim_clock": 3599.5}
+    line = p.line(99_999, row)
+    assert line.startswith("round 99999 t=3600s  acc 0.7123") and len(line) <= 100, line
+    assert Progress(total=10, start=0, live=False).line(1, {**row, "time": {"round": 1.0}}).startswith("round 1/10 ")
+
 def test_a_round_line_fits_in_100_columns_whatever_it_shows():
     p = Progress(total=1000, start=0, live=False)
     p.begun -= 40_000.0

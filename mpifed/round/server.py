@@ -87,6 +87,8 @@ class RoundServer:
         self.steps = make_async_server(cfg, timeline, self.global_floats) if asynchronous(cfg) else None
         if self.steps is not None and resume is not None:
             self.steps.load_state_dict(resume["async"], self.device)
+        if cfg.system.time_budget:
+            self.progress.budget_from(cfg.system.time_budget, self.sim_clock)
         # made now: a name not declared fails before round 1
         self.first_down = self._method_downlink(self.rounds_done + 1)
         # a finished run trained further is running again, from now

@@ -31,6 +31,8 @@ class Progress:
     def __init__(self, total: int, start: int, live: bool | None = None) -> None:
         self.total = total
         self.start = start
+        self.budget = 0.0            # system.time_budget: the ETA follows the simulated clock instead (budget_from)
+        self.sim_start = 0.0
         self.begun = time.perf_counter()
         self.bar: Any = None
         if live if live is not None else progress_bar_wanted():
@@ -39,17 +41,28 @@ class Progress:
             # bar on stderr would be drawn out of order with the lines written above it
             self.bar = tqdm(total=total, initial=start, unit="round", dynamic_ncols=True, leave=False, file=sys.stdout)
 
-    def eta(self, done: int) -> str:
-        """``ETA 3m10s`` after ``done`` rounds, from this invocation's pace."""
+    def budget_from(self, budget: float, sim_clock: float) -> None:
+        """The run ends at simulated time ``budget`` (``system.time_budget``), this invocation starting at
+        ``sim_clock``: the lines show the simulated clock, and the ETA its pace, when it ends first."""
+        self.budget, self.sim_start = budget, sim_clock
+
+    def eta(self, done: int, sim_clock: float | None = None) -> str:
+        """``ETA 3m10s`` after ``done`` rounds (the simulated clock at ``sim_clock``), from this invocation's
+        pace: of the rounds, or of the simulated clock towards the time budget when that ends sooner."""
         elapsed = time.perf_counter() - self.begun
-        return f"ETA {duration(elapsed / max(done - self.start, 1) * (self.total - done))}"
+        left = elapsed / max(done - self.start, 1) * (self.total - done)
+        if self.budget and sim_clock is not None and sim_clock > self.sim_start:
+            left = min(left, elapsed / (sim_clock - self.sim_start) * max(self.budget - sim_clock, 0.0))
+        return f"ETA {duration(left)}"
 
     def line(self, done: int, row: dict[str, Any]) -> str:
         """The console's line for a round (at most 100 characters): its test, validation and training
         figures, its seconds and the ETA; the phases' seconds are in metrics.jsonl."""
         figures = [("acc", "test_acc"), ("loss", "test_loss"), ("val_acc", "val_acc"), ("train_loss", "train_loss")]
         shown = "".join(f"  {name} {row[key]:.4f}" for name, key in figures if row.get(key) is not None)
-        return f"round {done}/{self.total}{shown}  {row['time']['round']:.2f} s  {self.eta(done)}"
+        sim = row.get("sim_clock") if self.budget else None
+        of = f" t={sim:.0f}s" if sim is not None else f"/{self.total}"    # t: the simulated clock
+        return f"round {done}{of}{shown}  {row['time']['round']:.2f} s  {self.eta(done, sim)}"
 
     def advance(self, done: int) -> None:
         if self.bar is not None:
