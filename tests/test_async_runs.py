@@ -26,9 +26,11 @@ def test_a_fedbuff_step_is_one_row_with_its_version_simulated_time_and_staleness
     assert clock == sorted(clock) and clock[0] > 0
     saved = checkpoint.load_run_state(checkpoint.latest(tmp_path / "runs" / "run" / "checkpoints"))["async"]
     # in flight: the concurrency less the slot the step's last update freed (filled at the next step, from the new
-    # version); kept: the versions those clients started from and the current one
-    assert set(saved) == {"queue", "version", "versions"} and len(saved["queue"]["events"]) == 2
+    # version); kept: the versions those clients started from and the current one, each with its downlink (FedAvg's:
+    # nothing besides the model)
+    assert set(saved) == {"queue", "version", "versions", "downlinks"} and len(saved["queue"]["events"]) == 2
     assert saved["version"] == 5 and 5 in saved["versions"] and len(saved["versions"]) <= 21
+    assert saved["downlinks"] == {v: {} for v in saved["versions"]}
 
 
 @pytest.mark.parametrize("options", [FEDBUFF, FEDASYNC], ids=["fedbuff", "fedasync"])

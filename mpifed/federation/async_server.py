@@ -9,8 +9,9 @@ never on what a client learns, so the clients a step takes can then train anywhe
 version it started from, its training seed keyed by its dispatch sequence number) and
 :meth:`AsyncServer.apply` takes the rule's aggregate, in event order, through the server
 optimiser. The server keeps a version while a client in flight started from it and it is at most
-``max_staleness`` versions old: at most ``max_staleness + 1`` models. A checkpoint is taken between
-steps (:meth:`AsyncServer.state_dict`).
+``max_staleness`` versions old: at most ``max_staleness + 1`` models, each with its whole downlink (the
+method's down tensors made at that version, :meth:`AsyncServer.keep_downlink`), which its clients train
+with. A checkpoint is taken between steps (:meth:`AsyncServer.state_dict`).
 """
 from __future__ import annotations
 
@@ -41,12 +42,15 @@ class StepPlan:
 
 class AsyncServer:
     """Rank 0's asynchronous server: ``rule`` (FedBuff or FedAsync) over ``queue``, from the global
-    float state ``model`` (version 0)."""
+    float state ``model`` (version 0) and the method's down tensors made for it, ``down`` (none: a method
+    that sends nothing besides the model)."""
 
-    def __init__(self, rule: AsyncRule, queue: EventQueue, model: torch.Tensor, max_staleness: int) -> None:
+    def __init__(self, rule: AsyncRule, queue: EventQueue, model: torch.Tensor, max_staleness: int,
+                 down: dict[str, torch.Tensor] | None = None) -> None:
         self.rule, self.queue, self.max_staleness = rule, queue, max_staleness
         self.version = 0
         self.versions: dict[int, torch.Tensor] = {0: model}
+        self.downlinks: dict[int, dict[str, torch.Tensor]] = {0: dict(down or {})}   # version -> the method's down tensors
 
     @property
     def model(self) -> torch.Tensor:
@@ -101,7 +105,15 @@ class AsyncServer:
         self.versions[self.version] = new
         needed = {v for v in self.queue.start_versions() if v >= self.version - self.max_staleness} | {self.version}
         self.versions = {v: m for v, m in self.versions.items() if v in needed}
+        self.downlinks = {v: d for v, d in self.downlinks.items() if v in needed}
         return new
+
+    def keep_downlink(self, version: int, down: dict[str, torch.Tensor]) -> None:
+        """The method's down tensors made for ``version`` (the current one, just applied): its clients'."""
+        if version != self.version:
+            raise ValueError(f"keep_downlink() takes the downlink of the current version {self.version}, got "
+                             f"version {version}'s")
+        self.downlinks[version] = {k: v.detach().clone() for k, v in down.items()}
 
     def step(self, train: Callable[[Event, torch.Tensor], torch.Tensor], optimizer: ServerOptimizer) -> StepPlan:
         """One server step in this process: plan it, ``train(event, start model)`` each client it takes
@@ -111,12 +123,17 @@ class AsyncServer:
         return plan
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps between steps: the queue, the version and the versions in flight."""
+        """What a checkpoint keeps between steps: the queue, the version and the versions in flight with
+        their down tensors (made from the method's state at each version, so kept, not made again)."""
         return {"queue": self.queue.state_dict(), "version": self.version,
-                "versions": {v: m.cpu() for v, m in self.versions.items()}}
+                "versions": {v: m.cpu() for v, m in self.versions.items()},
+                "downlinks": {v: {k: t.cpu() for k, t in d.items()} for v, d in self.downlinks.items()}}
 
     def load_state_dict(self, saved: dict[str, Any], device: torch.device | str = "cpu") -> None:
         """Restore what :meth:`state_dict` returned, the models on ``device``."""
         self.queue.load_state_dict(saved["queue"])
         self.version = int(saved["version"])
         self.versions = {int(v): m.to(device) for v, m in saved["versions"].items()}
+        # a checkpoint from before the downlinks were kept: its methods sent nothing besides the model
+        downlinks = saved.get("downlinks", {v: {} for v in saved["versions"]})
+        self.downlinks = {int(v): {k: t.to(device) for k, t in d.items()} for v, d in downlinks.items()}

@@ -4,11 +4,13 @@ does for a round (the debug mode walks the same steps in one process)::
 
     order      server -> all       the step's updates in event order (client, dispatch sequence, start
                                    version, learning rate), which worker trains which, evaluate? stop?
-    versions   server -> all       the current integer buffers and the model versions the step's clients
-                                   started from that no step broadcast before (Bcast, one buffer); every
-                                   worker caches the versions a client in flight may still need
+    versions   server -> all       the current integer buffers and the whole downlinks (the model and the
+                                   method's down tensors) of the versions the step's clients started from
+                                   that no step broadcast before (Bcast, one buffer); every worker caches
+                                   the downlinks a client in flight may still need
     (local training)               each taken client trained by the method's client role, unchanged,
-                                   from its start version; its seed keyed by its dispatch sequence number
+                                   with its start version's downlink (its round that version's: v + 1);
+                                   its seed keyed by its dispatch sequence number
     models     all -> server       each trained model, one row per update (Gatherv), put in event order
     buffers    all -> server       the integer buffers times samples, and the samples (Reduce; exact sums)
     reports    all -> server       small per-client figures (gather of objects)
@@ -70,16 +72,18 @@ class AsyncProtocol(RoundProtocol):
 
     def __init__(self, layouts: Layouts, world: Comm, peers: Comm, server: RoundServer | None,
                  worker: Worker | None) -> None:
-        carried = [what for what, layout in (("down tensors", layouts.down), ("client statistics", layouts.statistics),
+        carried = [what for what, layout in (("client statistics", layouts.statistics),
                                               ("client state", layouts.client_state)) if layout.entries]
         if carried:
             raise ProtocolError(f"the method declares that it runs asynchronously, but its messages hold "
-                                f"{', '.join(carried)}, which the asynchronous server does not carry yet "
-                                f"(docs/federations.md, Asynchronous FL); set aggregation=sync")
+                                f"{' and '.join(carried)}, which the asynchronous server does not carry: "
+                                f"statistics are summed over one round's clients and a client's state assumes "
+                                f"rounds (docs/federations.md, Asynchronous FL); set aggregation=sync")
         super().__init__(layouts, world, peers, server, worker, clients_per_round=0)
         self._pending: StepPlan | None = None      # the server's plan of the step under way (rank 0)
         self._sent: set[int] = set()               # the versions every worker holds (rank 0's record)
-        self._cache: dict[int, torch.Tensor] = {}  # version -> its float state (a worker's cache)
+        # version -> its float state and the method's down tensors made for it (a worker's cache)
+        self._cache: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
         self._ints = torch.zeros(0, dtype=torch.int64)   # the integer buffers each client starts from
         self._reports: list = []                   # its clients' reports, in event order
 
@@ -141,22 +145,29 @@ class AsyncProtocol(RoundProtocol):
                          entries, assignment, new, keep)
 
     def _versions(self, order: StepOrder) -> None:
-        """The current integer buffers and the step's new start versions on every rank, as one buffer; each
-        worker caches the versions in ``order.keep``."""
-        ints, weights = (self.layouts.model.entries[k].nbytes for k in ("ints", "weights"))
-        buf = np.zeros(ints + weights * len(order.new), dtype=np.uint8)
+        """The current integer buffers and the downlinks of the step's new start versions on every rank, as
+        one buffer (per version its float state, then the method's down tensors); each worker caches the
+        versions in ``order.keep``."""
+        ints = self.layouts.model.entries["ints"].nbytes
+        weights = self.layouts.model.entries["weights"].nbytes
+        down = self.layouts.down
+        stride = -(-weights // 8) * 8 + down.nbytes      # each part 8-byte aligned
+        buf = np.zeros(ints + stride * len(order.new), dtype=np.uint8)
+        parts = [buf[ints + i * stride: ints + (i + 1) * stride] for i in range(len(order.new))]
         if self.server:
             buf[:ints] = self.server.global_ints.cpu().numpy().view(np.uint8)
-            for i, v in enumerate(order.new):
-                buf[ints + i * weights: ints + (i + 1) * weights] = \
-                    self.server.steps.versions[v].cpu().float().numpy().view(np.uint8)
+            steps = self.server.steps
+            for part, v in zip(parts, order.new):
+                part[:weights] = steps.versions[v].cpu().float().numpy().view(np.uint8)
+                down.pack(steps.downlinks[v], part[stride - down.nbytes:])
         self.world.bcast_buffer(buf, what="versions in flight: broadcast")
         if not self.worker:
             return
         self._ints = torch.from_numpy(buf[:ints].view(np.int64).copy())
-        for i, v in enumerate(order.new):
-            self._cache[v] = torch.from_numpy(buf[ints + i * weights: ints + (i + 1) * weights].view(np.float32).copy())
-        self._cache = {v: w for v, w in self._cache.items() if v in set(order.keep)}
+        for part, v in zip(parts, order.new):
+            sent = {k: t.clone() for k, t in down.views(part[stride - down.nbytes:]).items()}
+            self._cache[v] = torch.from_numpy(part[:weights].view(np.float32).copy()), sent
+        self._cache = {v: d for v, d in self._cache.items() if v in set(order.keep)}
 
     def _apply(self, order: StepOrder, rows: np.ndarray, totals: np.ndarray, reports: list) -> None:
         """The step's models in event order through the rule and the server optimiser."""
@@ -174,7 +185,8 @@ class AsyncProtocol(RoundProtocol):
         new = server.steps.apply(self._pending, models, server.optimizer)
         samples = torch.from_numpy(totals[-1:].copy())
         ints = torch.round(torch.from_numpy(totals[:-1].copy()) / samples).to(torch.int64)
-        server.stepped(self._pending, new, ints)
+        with server.method_hooks(order.plan):
+            server.stepped(self._pending, new, ints)
 
     # ---------------------------------------------------------------- the worker's side
     def _train(self, order: StepOrder) -> tuple[np.ndarray, np.ndarray, list]:
@@ -191,8 +203,9 @@ class AsyncProtocol(RoundProtocol):
             cid, seq, start, lr = order.entries[i]
             assignment: list[list[int]] = [[] for _ in order.assignment]
             assignment[worker.index] = [cid]
-            plan = RoundPlan(round=order.plan.round, lr=lr, assignment=assignment, seed_key=seq)
-            worker.start_round(plan, Downlink(self._cache[start], self._ints, {}, self.layouts.down.what))
+            plan = RoundPlan(round=start, lr=lr, assignment=assignment, seed_key=seq)   # round start + 1's downlink
+            weights, sent = self._cache[start]
+            worker.start_round(plan, Downlink(weights, self._ints, sent, self.layouts.down.what))
             trained = worker.train(plan)
             if worker.failure is not None:   # reported by rank 0 after the step's gather
                 return np.zeros_like(rows), buffers, []

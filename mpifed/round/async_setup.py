@@ -21,9 +21,11 @@ def asynchronous(cfg: Config) -> bool:
     return AGGREGATIONS.get(cfg.aggregation.name).asynchronous
 
 
-def make_async_server(cfg: Config, timeline: Timeline, floats: torch.Tensor) -> AsyncServer:
-    """The asynchronous server of ``cfg`` from the global float state ``floats`` (version 0): each
-    client's duration the clock's for its full local work, availability and dropout the clock's."""
+def make_async_server(cfg: Config, timeline: Timeline, floats: torch.Tensor,
+                      down: dict[str, torch.Tensor]) -> AsyncServer:
+    """The asynchronous server of ``cfg`` from the global float state ``floats`` (version 0) and the method's
+    down tensors made for it, ``down``: each client's duration the clock's for its full local work,
+    availability and dropout the clock's."""
     options = cfg.aggregation.options
     seconds = timeline.known.expected_seconds
     availability = timeline.availability
@@ -31,4 +33,4 @@ def make_async_server(cfg: Config, timeline: Timeline, floats: torch.Tensor) -> 
                        None if availability is None or availability.always else availability.mask,
                        cfg.system.dropout, options.idle_wait)
     rule = AGGREGATIONS.get(cfg.aggregation.name)(options)
-    return AsyncServer(rule, queue, floats, options.max_staleness)
+    return AsyncServer(rule, queue, floats, options.max_staleness, down)

@@ -83,14 +83,16 @@ class RoundServer:
             method.load_state_dict(resume["algorithm"])
             if "server_optimizer" in resume:     # a checkpoint from before server optimisers: sgd, no state
                 self.optimizer.load_state_dict(resume["server_optimizer"], self.device)
-        # aggregation fedbuff or fedasync: the asynchronous server (its event queue, the versions in flight)
-        self.steps = make_async_server(cfg, timeline, self.global_floats) if asynchronous(cfg) else None
+        # made now: a name not declared fails before round 1
+        self.first_down = self._method_downlink(self.rounds_done + 1)
+        # aggregation fedbuff or fedasync: the asynchronous server (its event queue, the versions in flight and
+        # their downlinks; version 0's is round 1's)
+        self.steps = make_async_server(cfg, timeline, self.global_floats, self.first_down) if asynchronous(cfg) \
+            else None
         if self.steps is not None and resume is not None:
             self.steps.load_state_dict(resume["async"], self.device)
         if cfg.system.time_budget:
             self.progress.budget_from(cfg.system.time_budget, self.sim_clock)
-        # made now: a name not declared fails before round 1
-        self.first_down = self._method_downlink(self.rounds_done + 1)
         # a finished run trained further is running again, from now
         self.records.status(RunState.RUNNING, self.rounds_done, self.last_checkpoint)
         note_resume_point(self.describe_checkpoint())
@@ -243,7 +245,10 @@ class RoundServer:
     # ------------------------------------------------------------ an asynchronous server's step
     def stepped(self, plan: StepPlan, new: torch.Tensor, ints: torch.Tensor) -> None:
         """The asynchronous server applied ``plan``: ``new`` is the global float state (version
-        ``plan.version``), ``ints`` the integer buffers (the taken clients' sample-weighted mean, rounded)."""
+        ``plan.version``), ``ints`` the integer buffers (the taken clients' sample-weighted mean, rounded). The
+        method's server role then makes the new version's down tensors, those of the round that would start
+        from it (``plan.version + 1``, as round t's downlink is made from the model after t - 1 rounds), which
+        its clients will train with."""
         bad = int((~torch.isfinite(new)).sum())
         if bad:
             raise ProtocolError(f"aggregation {self.cfg.aggregation.name} (server step {plan.version}) made a global "
@@ -252,6 +257,7 @@ class RoundServer:
         self.global_floats = new.to(torch.float32)
         self.global_ints = ints.to(self.device)
         self.model_sent = False
+        self.steps.keep_downlink(plan.version, self._method_downlink(plan.version + 1))
 
     def evaluate_now(self, version: int, sim_clock: float) -> bool:
         """Whether round or server step ``version`` (counted from 1), which ends at simulated time
