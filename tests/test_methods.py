@@ -29,18 +29,25 @@ def test_fedgkd_teacher_is_the_average_of_the_last_m_models():
     w = [torch.full((setup.num_floats,), float(i)) for i in range(4)]
     assert server.downlink(1, w[0])["active"].item() == 0          # round 1: no aggregated model yet
     for i in (1, 2, 3):
-        server.aggregate(i, w[i - 1], fedavg_replies(w[i]))
+        aggregated(server, i, w[i - 1], fedavg_replies(w[i]))
     down = server.downlink(4, w[3])
     assert down["active"].item() == 1 and torch.equal(down["teacher"], torch.full_like(w[0], 2.5))
     one, _ = roles("fedgkd", setup, buffer_size=1, distill_first_round=True)
     assert torch.equal(one.downlink(1, w[0])["teacher"], w[0])
-    one.aggregate(1, w[0], fedavg_replies(w[1]))
+    aggregated(one, 1, w[0], fedavg_replies(w[1]))
     assert torch.equal(one.downlink(2, w[1])["teacher"], w[1])   # M = 1: the current global model
 
 
 def fedavg_replies(model):
     """Replies whose FedAvg average is ``model``."""
     return Replies({"model": model.double(), "weight": torch.ones(1, dtype=torch.float64)}, {}, [])
+
+
+def aggregated(server, server_round, weights, replies):
+    """The new global model of round ``server_round``, the server role told of it, as the round does."""
+    new = server.aggregate(server_round, weights, replies)
+    server.global_updated(server_round, new)
+    return new
 
 
 def test_fedgkd_vote_weights_follow_validation_losses():
@@ -51,7 +58,7 @@ def test_fedgkd_vote_weights_follow_validation_losses():
     server, _ = roles("fedgkd_vote", setup, tools, buffer_size=3)
     models = [torch.randn(setup.num_floats) for _ in range(2)]
     for i, m in enumerate(models):
-        server.aggregate(i + 1, m, fedavg_replies(m))
+        aggregated(server, i + 1, m, fedavg_replies(m))
     down = server.downlink(3, models[-1])
     losses = torch.tensor([torch.nn.functional.cross_entropy(tools.logits(m), y).item() for m in models],
                           dtype=torch.float64)

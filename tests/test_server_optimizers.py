@@ -140,6 +140,7 @@ def test_fedgkds_buffer_and_fedcsds_teacher_hold_the_stepped_model():
     w = torch.randn(setup.num_floats)
     gkd = server_of("fedgkd", setup, make("adam", setup.num_params, lr=0.1))
     new = gkd.aggregate(1, w, replies(setup, 0))
+    gkd.global_updated(1, new)                                    # what the round calls after aggregate
     assert torch.equal(gkd.buffer[-1], new)
     csd = server_of("fedcsd", setup, make("adam", setup.num_params, lr=0.1))
     csd.start(w)

@@ -30,6 +30,8 @@ protocol (:mod:`mpifed.round.protocol`) carries between them. One round, in orde
     server  aggregate(server_round, w, replies)  -> the new global model, from the sums, rows and reports:
                                          the run's server optimiser steps from w to the method's
                                          aggregate (server_step), then the method's own updates
+    server  global_updated(server_round, w)  after each new global model w: what the method keeps of it
+                                         (after aggregate; once per step of an asynchronous server)
     server  reported(w)                  -> the model evaluated and saved (default: the global model)
 
 What the client role's hooks leave for the loss (a per-round temperature, a client's correction)
@@ -427,6 +429,13 @@ class Server:
         optimizer = self.tools.optimizer if self.tools is not None else None
         return aggregate if optimizer is None else optimizer.step(weights, aggregate)
 
+    def global_updated(self, server_round: int, weights: torch.Tensor) -> None:
+        """The global model of round ``server_round`` is now ``weights``: keep what later downlinks need of it
+        (FedGKD's buffer of past global models). Called after :meth:`aggregate` in each round that changed
+        the model, and once per server step of an asynchronous server (``aggregation: fedbuff``,
+        ``fedasync``: its rule takes the step in place of :meth:`aggregate`), ``server_round`` the new
+        version."""
+
     def reported(self, weights: torch.Tensor) -> torch.Tensor:
         """The float state the run evaluates and saves as its model, given the global model
         ``weights`` just aggregated: the global model itself, unless the method reports another
@@ -668,8 +677,8 @@ class Algorithm:
 _HOOKS: dict[type, dict[str, int]] = {
     Client: {"round_start": 2, "statistics": 2, "use_statistics": 1, "local_round": 1, "begin_client": 1, "train": 1,
              "optimizer": 1, "step": 3, "on_batch": 3, "loss": 3, "end_client": 1, "uplink": 1},
-    Server: {"start": 1, "downlink": 2, "aggregate": 3, "reported": 1, "log": 0, "state_dict": 0,
-             "load_state_dict": 1},
+    Server: {"start": 1, "downlink": 2, "aggregate": 3, "global_updated": 2, "reported": 1, "log": 0,
+             "state_dict": 0, "load_state_dict": 1},
 }
 
 

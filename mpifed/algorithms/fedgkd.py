@@ -16,7 +16,8 @@ from mpifed.plugin.registry import ALGORITHMS
 
 
 class BufferServer(Server):
-    """Keeps the last M global models produced by aggregation (Alg. 1's buffer)."""
+    """Keeps the last M global models (Alg. 1's buffer): each round's aggregate, or each asynchronous
+    server step's new version."""
 
     state = ("buffer",)
 
@@ -31,10 +32,8 @@ class BufferServer(Server):
         self.teacher_models = len(models)
         return models
 
-    def aggregate(self, server_round, weights, replies):
-        new = super().aggregate(server_round, weights, replies)
-        self.buffer = (self.buffer + [new.clone()])[-self.options.buffer_size:]
-        return new
+    def global_updated(self, server_round, weights):
+        self.buffer = (self.buffer + [weights.clone()])[-self.options.buffer_size:]
 
     def log(self) -> dict[str, Any]:
         return {"teacher_models": self.teacher_models}

@@ -50,7 +50,7 @@ class AsyncServer:
         self.rule, self.queue, self.max_staleness = rule, queue, max_staleness
         self.version = 0
         self.versions: dict[int, torch.Tensor] = {0: model}
-        self.downlinks: dict[int, dict[str, torch.Tensor]] = {0: dict(down or {})}   # version -> the method's down tensors
+        self.downlinks: dict[int, dict[str, torch.Tensor]] = {0: dict(down or {})}   # version -> its down tensors
 
     @property
     def model(self) -> torch.Tensor:

@@ -165,7 +165,9 @@ class _Twin:
                     rows.setdefault(k, []).append(up[k].detach().float().reshape(entry.shape))
             reports.append(ClientReport(cid, 0, len(self.data[cid].labels), 0, 0.0, 0.0, {}))
         replies = Replies(sums, {k: torch.stack(v) for k, v in rows.items()}, reports)
-        return self.server.aggregate(server_round, weights, replies).float()
+        new = self.server.aggregate(server_round, weights, replies).float()
+        self.server.global_updated(server_round, new)
+        return new
 
     def _client(self, server_round: int, cid: int, down: Downlink) -> dict[str, torch.Tensor]:
         seed = self.seed * 1000 + server_round * 10 + cid

@@ -191,6 +191,7 @@ class RoundServer:
                                 f"uplinks{summed}: a weighted mean whose weights sum to zero, or another division by "
                                 f"zero, in the method's aggregate")
         self.global_floats = new
+        self.method.global_updated(plan.number, new)
         self.model_sent = False
         ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
         self.global_ints = torch.round(ints / samples).to(torch.int64)
@@ -246,9 +247,9 @@ class RoundServer:
     def stepped(self, plan: StepPlan, new: torch.Tensor, ints: torch.Tensor) -> None:
         """The asynchronous server applied ``plan``: ``new`` is the global float state (version
         ``plan.version``), ``ints`` the integer buffers (the taken clients' sample-weighted mean, rounded). The
-        method's server role then makes the new version's down tensors, those of the round that would start
-        from it (``plan.version + 1``, as round t's downlink is made from the model after t - 1 rounds), which
-        its clients will train with."""
+        method's server role then learns of it (``global_updated``, with ``server_round`` the new version) and
+        makes the new version's down tensors, those of the round that would start from it (``plan.version + 1``,
+        as round t's downlink is made from the model after t - 1 rounds), which its clients will train with."""
         bad = int((~torch.isfinite(new)).sum())
         if bad:
             raise ProtocolError(f"aggregation {self.cfg.aggregation.name} (server step {plan.version}) made a global "
@@ -257,6 +258,7 @@ class RoundServer:
         self.global_floats = new.to(torch.float32)
         self.global_ints = ints.to(self.device)
         self.model_sent = False
+        self.method.global_updated(plan.version, self.global_floats)
         self.steps.keep_downlink(plan.version, self._method_downlink(plan.version + 1))
 
     def evaluate_now(self, version: int, sim_clock: float) -> bool:
