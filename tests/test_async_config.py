@@ -1,6 +1,6 @@
 """The ``aggregation:`` choice: sync by default, absent from a default run's fingerprint; fedbuff and
 fedasync validated (the clock, concurrency, no rounds' settings, methods that need synchronous rounds
-refused, saying why and how to fix it; fedavg, fedprox and fedntd accepted)."""
+refused, saying why and how to fix it; fedavg, fedprox, fedntd and fedgkd accepted)."""
 import pytest
 
 from mpifed.config import ConfigError, load, math_fingerprint
@@ -39,14 +39,15 @@ def test_settings_of_rounds_are_refused():
     assert "system.deadline (100.0), selection (weighted) has no meaning" in text
 
 
-@pytest.mark.parametrize("method", ["scaffold", "feddyn", "fedproto"])
+@pytest.mark.parametrize("method", ["scaffold", "feddyn", "fedproto", "moon"])
 def test_methods_that_need_synchronous_rounds_are_refused_saying_why(method):
     text = errors(ASYNC + [f"algorithm.name={method}"])
     assert f"algorithm {method!r} needs synchronous rounds" in text and "set aggregation=sync" in text
+    assert "choose a method that runs asynchronously (fedavg, fedgkd, " in text
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedntd"])
-def test_methods_whose_clients_need_only_their_start_model_are_accepted(method):
+@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedntd", "fedgkd", "fedgkd_plus"])
+def test_methods_whose_clients_need_only_their_start_downlink_are_accepted(method):
     cfg, d = load(None, ASYNC + [f"algorithm.name={method}"])
     assert d["aggregation"]["name"] == "fedbuff" and d["aggregation"]["concurrency"] == 5
     assert math_fingerprint(d)["aggregation"] == d["aggregation"]

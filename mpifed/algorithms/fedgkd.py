@@ -95,9 +95,19 @@ class FedGKD(Algorithm):
     FedGKD+ (Sec. 5.1, "to compare with MOON"): ``projection_dim: 256`` adds MOON's projection
     head (SimCLR's 2-layer MLP, output 256) to the network; the loss is unchanged (no
     contrastive term).
+
+    Asynchronously (``aggregation: fedbuff`` or ``fedasync``; the paper has only rounds): the
+    buffer holds the last M versions the server's steps made, and a client distils from the
+    teacher made at the version it started from, sent with that version's model, not from the
+    teacher of the version current when its update arrives. That keeps the round's relation
+    between the two: the teacher averages the M global models up to and including the one the
+    student starts from (with M = 1, the start model itself, as FedNTD's teacher). It is also the
+    only reading a deployment can follow: a client downloads its model and teacher once, when it
+    is dispatched, and cannot fetch the teachers of versions made while it trains.
     """
 
     extra_forwards = 1   # the averaged teacher's forward (the virtual clock's compute)
+    asynchronous = "its teacher is the one made at the model version the client starts from"
 
     @dataclass
     class Options:
@@ -197,9 +207,13 @@ class FedGKDVote(Algorithm):
     on the server each round. The paper sets beta = 1/M ("we set beta as 1/M"; the
     text rendering stacks the fraction) and lambda = 0.1; ``vote_temperature`` overrides beta.
     The server sends all M models: the downlink is M + 1 models per round.
+
+    Asynchronously, as FedGKD: a client distils from the teachers and weights made at the version
+    it started from (the last M versions then, weighted by their validation losses then).
     """
 
     needs_server_data = "a validation split to weight the buffered teachers"
+    asynchronous = "its teachers and their weights are those made at the model version the client starts from"
 
     @dataclass
     class Options:

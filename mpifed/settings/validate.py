@@ -266,7 +266,8 @@ def cross_checks(cfg: Config) -> list[str]:
                       f"and takes the server step of its own rule, while algorithm {cfg.algorithm.name!r} needs "
                       f"synchronous rounds (its server role, its messages or its clients' state assume that every "
                       f"client of a round starts from one model, as SCAFFOLD's control variates, FedDyn's correction "
-                      f"and prototype exchange do); set aggregation=sync, choose fedavg, fedprox or fedntd, or declare "
+                      f"and prototype exchange do); set aggregation=sync, choose a method that runs asynchronously "
+                      f"({', '.join(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).asynchronous)}), or declare "
                       f"how the method runs asynchronously (its Algorithm's asynchronous)")
     if not cfg.run.eval_test and cfg.data.val_size <= 0:
         errors.append("run.eval_test: false evaluates only the validation set, and data.val_size is 0; set "
