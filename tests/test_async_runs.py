@@ -1,11 +1,15 @@
 """Asynchronous runs (aggregation fedbuff, fedasync): one metrics row per server step (its version,
 simulated time, the staleness of each update taken); a run stopped and resumed equals the run never
-stopped, bit for bit; under mpirun -n 3 and -n 4 the runs equal the debug mode's, bit for bit."""
+stopped, bit for bit; under mpirun -n 3 and -n 4 the runs equal the debug mode's, bit for bit; FedGKD's
+clients distil from the teacher of the version they started from, and its runs resume and run under MPI
+exactly too."""
 import json
 
 import pytest
+import torch
 
-from conftest import assert_same_model, final_model, metrics, run_debug, run_mpi_series, tiny
+from conftest import (assert_resumed_equals_uninterrupted, assert_same_model, final_model, metrics, run_debug,
+                      run_mpi_series, tiny)
 from mpifed.run import checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -14,6 +18,9 @@ CLOCK = ("system.clock=true", "system.speed_sigma=0.8", "run.checkpoint_every=2"
 FEDBUFF = ("aggregation.name=fedbuff", "aggregation.buffer=2", "aggregation.concurrency=3", *CLOCK)
 FEDASYNC = ("aggregation.name=fedasync", "aggregation.concurrency=4", "aggregation.max_staleness=1",
             "aggregation.staleness=hinge", "aggregation.a=10", "aggregation.b=0", "system.dropout=0.2", *CLOCK)
+GKD = ("algorithm.name=fedgkd", "algorithm.gamma=1", "algorithm.buffer_size=2")   # the teacher: 2 versions' mean
+RUNS = {"fedbuff": FEDBUFF, "fedasync": FEDASYNC, "fedgkd-fedbuff": (*FEDBUFF, *GKD),
+        "fedgkd-fedasync": (*FEDASYNC, *GKD)}
 
 
 def test_a_fedbuff_step_is_one_row_with_its_version_simulated_time_and_staleness(tmp_path):
@@ -33,15 +40,12 @@ def test_a_fedbuff_step_is_one_row_with_its_version_simulated_time_and_staleness
     assert saved["downlinks"] == {v: {} for v in saved["versions"]}
 
 
-@pytest.mark.parametrize("options", [FEDBUFF, FEDASYNC], ids=["fedbuff", "fedasync"])
-def test_stopped_and_resumed_equals_uninterrupted(tmp_path, options):
-    run_debug(tiny(tmp_path, "train.rounds=6", *options, name="full"))
-    run_debug(tiny(tmp_path, "train.rounds=3", *options, name="cut"))
-    cut = tmp_path / "runs" / "cut"
-    run_debug(["--resume", str(cut), "--set", "train.rounds=6"])
-    full = tmp_path / "runs" / "full"
-    assert_same_model(final_model(cut), final_model(full))
-    assert metrics(cut) == metrics(full)
+@pytest.mark.parametrize("name", list(RUNS))
+def test_stopped_and_resumed_equals_uninterrupted(tmp_path, name):
+    # FedGKD: clients in flight at the stop train after the resume with the teachers of their start versions, which
+    # the checkpoint keeps (made again from the buffer at the resume, they would be another version's)
+    assert_resumed_equals_uninterrupted(tmp_path / "runs", tiny(tmp_path, "train.rounds=6", *RUNS[name], name="full"),
+                                        tiny(tmp_path, "train.rounds=3", *RUNS[name], name="cut"), 6)
 
 
 def test_fedasync_drops_stale_and_dropped_out_updates(tmp_path):
@@ -51,11 +55,64 @@ def test_fedasync_drops_stale_and_dropped_out_updates(tmp_path):
     assert sum(r["stale_dropped"] + r["dropped"] for r in rows) > 0
 
 
-@pytest.mark.parametrize("method", ["fedprox", "fedntd"])
+@pytest.mark.parametrize("method", [("fedprox",), ("fedntd",), ("fedgkd_vote", "data.server_holdout_per_class=3")],
+                         ids=lambda m: m[0])
 def test_the_methods_that_declare_how_they_run_asynchronously_run(tmp_path, method):
-    run_debug(tiny(tmp_path, "train.rounds=3", f"algorithm.name={method}", *FEDBUFF))
+    name, *settings = method
+    run_debug(tiny(tmp_path, "train.rounds=3", f"algorithm.name={name}", *settings, *FEDBUFF))
     rows = metrics(tmp_path / "runs" / "run")
     assert [r["version"] for r in rows] == [1, 2, 3] and all(r["test_acc"] is not None for r in rows)
+
+
+STATEFUL_PLUGIN = '''"""MOON declared asynchronous: its clients keep their previous models (client state)."""
+from mpifed.registry import ALGORITHMS
+
+
+@ALGORITHMS.register("async_moon")
+class AsyncMoon(ALGORITHMS.get("moon")):
+    asynchronous = "declared, though each client keeps its previous model"
+'''
+
+
+def test_a_method_with_client_state_is_refused_asynchronously_even_if_it_declares_so(tmp_path, unload_plugins):
+    plugin = tmp_path / "async_moon.py"
+    plugin.write_text(STATEFUL_PLUGIN)
+    p = run_debug([*tiny(tmp_path, "train.rounds=2", "algorithm.name=async_moon", *FEDBUFF), "--plugin", str(plugin)],
+                  check=False)
+    assert p.returncode != 0
+    assert "its messages hold client state, which the asynchronous server does not carry" in p.stdout + p.stderr
+    assert "set aggregation=sync" in p.stdout + p.stderr
+
+
+def test_a_fedgkd_client_distils_from_its_start_versions_teacher_not_the_current_one(tmp_path, monkeypatch):
+    from mpifed.algorithms.fedgkd import FedGKDClient, FedGKDServer
+    from mpifed.federation.async_server import AsyncServer
+    made, current, taught = {}, [], []      # server round -> its teacher; the version current; each client's teacher
+    downlink, round_start, plan = FedGKDServer.downlink, FedGKDClient.round_start, AsyncServer.plan
+
+    def made_downlink(self, server_round, weights):
+        down = downlink(self, server_round, weights)
+        made[server_round] = down["teacher"].clone() if down["active"].item() else None
+        return down
+
+    def planned(self):
+        current.append(self.version)        # the clients of the step being planned train while it is current
+        return plan(self)
+
+    def started(self, server_round, down):
+        taught.append((server_round, current[-1], down.teacher.clone() if down.active.item() else None))
+        return round_start(self, server_round, down)
+
+    monkeypatch.setattr(FedGKDServer, "downlink", made_downlink)
+    monkeypatch.setattr(AsyncServer, "plan", planned)
+    monkeypatch.setattr(FedGKDClient, "round_start", started)
+    run_debug(tiny(tmp_path, "train.rounds=6", *FEDBUFF, *GKD))
+    # version v's teacher is made for round v + 1 (the buffer after v steps); a client's server round is its start
+    # version's, and its teacher that version's, byte for byte after the broadcast
+    assert all((teacher is None) == (made[server_round] is None) and (teacher is None or
+               torch.equal(teacher, made[server_round])) for server_round, _, teacher in taught)
+    stale = [(r, now) for r, now, teacher in taught if r - 1 < now and teacher is not None]
+    assert stale and all(not torch.equal(made[r], made[now + 1]) for r, now in stale)
 
 
 def test_with_on_off_availability_only_available_clients_train_and_the_server_waits(tmp_path):
@@ -102,9 +159,10 @@ def test_an_aggregation_from_a_plugin_file_runs_and_is_recorded_by_hash(tmp_path
 
 @pytest.fixture(scope="module")
 def debug_runs(tmp_path_factory):
-    """The uninterrupted debug-mode runs of FedBuff and FedAsync, and the folder they live under."""
+    """The uninterrupted debug-mode runs of FedBuff and FedAsync (FedAvg's and FedGKD's), and the folder they
+    live under."""
     tmp = tmp_path_factory.mktemp("async")
-    for name, options in (("fedbuff", FEDBUFF), ("fedasync", FEDASYNC)):
+    for name, options in RUNS.items():
         run_debug(tiny(tmp, "train.rounds=6", *options, name=name))
     return tmp / "runs"
 
@@ -119,13 +177,13 @@ def clients(run_dir):
 @pytest.mark.parametrize("n", [3, 4])
 def test_under_mpirun_equals_debug_and_resumes_exactly(has_mpirun, debug_runs, tmp_path, n):
     runs = []
-    for name, options in (("fedbuff", FEDBUFF), ("fedasync", FEDASYNC)):
+    for name, options in RUNS.items():
         runs += [tiny(tmp_path, "train.rounds=6", *options, name=name),
                  tiny(tmp_path, "train.rounds=3", *options, name=f"{name}-cut"),
                  ["--resume", str(tmp_path / "runs" / f"{name}-cut"), "--set", "train.rounds=6"]]
     for p in run_mpi_series(n, runs, tmp_path / "series"):
         assert p.returncode == 0, f"mpirun -n {n} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    for name in ("fedbuff", "fedasync"):
+    for name in RUNS:
         debug = debug_runs / name
         for run in (tmp_path / "runs" / name, tmp_path / "runs" / f"{name}-cut"):
             assert_same_model(final_model(run), final_model(debug))
