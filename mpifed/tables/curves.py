@@ -135,6 +135,15 @@ def figure_options(x: str = "round", y: str = "test_acc,test_loss", band: str = 
     return FigureOptions(x, metrics, band, greyscale, tuple(labels), ordered, versus)
 
 
+def seeds_note(counts: list[int], band: str = "t95") -> str:
+    """How many seeds each line averages (said once when all agree, else per method in the legend)
+    and what its band is."""
+    said = BANDS[band].removeprefix("band: ")
+    if len(set(counts)) != 1:
+        return f"line: mean over the seeds (n per method); band: {said}"
+    return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: {said}"
+
+
 def curve(label: str, runs: list[Path], column: str, scale: float = 1.0, x: str = "round",
           band: str = "t95") -> Curve | None:
     """The mean of ``column`` (times ``scale``) over ``runs`` at the rounds every run evaluated, against

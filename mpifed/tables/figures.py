@@ -1,7 +1,9 @@
 """A report's figures, per setting: the recorded metrics (test accuracy and loss by default) against
 round, wall time, simulated time or bytes sent (the mean over the seeds with its band, the curves'
 numbers in a CSV beside each figure: :mod:`mpifed.tables.curves`), the final per-class accuracy, each
-client's held-out accuracy; each method in one look in every figure (:func:`method_styles`). Draws with
+client's held-out accuracy, and where a setting holds asynchronous runs accuracy against simulated time per
+aggregation and the staleness histogram (:mod:`mpifed.tables.figures_async`); each method in one look in every
+figure (:func:`method_styles`). Draws with
 :mod:`mpifed.tables.plots` (matplotlib), imported when drawing."""
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from mpifed.run import results
 from mpifed.run.record import RunRecord
 from mpifed.run.rundir import CONFIG
 from mpifed.tables.collection import Collection
-from mpifed.tables.curves import (BANDS, X_AXES, FigureOptions, curve, difference, styled, write_csv,
+from mpifed.tables.curves import (X_AXES, FigureOptions, curve, difference, seeds_note, styled, write_csv,
                                   write_matrix_csv, y_axis)
+from mpifed.tables.figures_async import aggregation_figures, algorithm
 
 if TYPE_CHECKING:
     from mpifed.tables.curves import Curve
@@ -58,15 +61,6 @@ def final_client_accuracy(runs: list[Path], band: str = "t95") -> "Curve | None"
         return None
     values = 100 * np.array(sorted_runs, dtype=np.float64)
     return Curve("", np.linspace(0, 100, values.shape[1]), values.mean(axis=0), spread(values, band), n=len(values))
-
-
-def seeds_note(counts: list[int], band: str = "t95") -> str:
-    """How many seeds each line averages (said once when all agree, else per method in the legend)
-    and what its band is."""
-    said = BANDS[band].removeprefix("band: ")
-    if len(set(counts)) != 1:
-        return f"line: mean over the seeds (n per method); band: {said}"
-    return "one seed" if counts[0] == 1 else f"line: mean over {counts[0]} seeds; band: {said}"
 
 
 def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
@@ -126,6 +120,7 @@ def figures(c: Collection, out: Path, fmt: str, layout: "Layout | None" = None,
                                  f"last evaluation; {seeds_note(counts, options.band)}", panels, layout,
                                  "clients, worst first (%)")
             mine += [drawn, write_csv(drawn.with_suffix(".csv"), panels, "clients, worst first (%)", options.band)]
+        mine += aggregation_figures(methods, out, stem, fmt, title_here, layout, options)
     return written
 
 
@@ -162,19 +157,10 @@ def method_styles(c: Collection, greyscale: bool = False) -> dict[str, "Style"]:
     by_setting: dict[str, list[str]] = {}
     for (setting, m), runs in c.groups.items():
         by_setting.setdefault(setting, []).append(m)
-    algorithm = {m: _algorithm(next((runs[0] for (_, k), runs in c.groups.items() if k == m and runs), None))
-                 for labels in by_setting.values() for m in labels}
-    keys = figure_style.method_keys(by_setting, algorithm)
+    algorithms = {m: algorithm(next((runs[0] for (_, k), runs in c.groups.items() if k == m and runs), None))
+                  for labels in by_setting.values() for m in labels}
+    keys = figure_style.method_keys(by_setting, algorithms)
     return figure_style.styles(keys, [ALGORITHMS.display_name(n) for n in ALGORITHMS.names()], greyscale)
-
-
-def _algorithm(run: Path | None) -> str | None:
-    """The display name of the algorithm a run used, from its config.yaml (None where unreadable)."""
-    try:
-        name = safe_yaml.read(run / CONFIG)["algorithm"]["name"] if run is not None else None
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
-        return None
-    return ALGORITHMS.display_name(name) if name in ALGORITHMS.names() else None
 
 
 def _class_names(run: Path, num_classes: int) -> list[str] | None:

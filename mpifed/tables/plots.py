@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,7 +24,10 @@ except ImportError:  # the message below says what to install
 
 from mpifed.tables.curves import Curve
 
-__all__ = ["Curve", "Layout", "PlotsUnavailable", "SIZES", "curves", "heatmap", "require"]
+if TYPE_CHECKING:
+    from mpifed.tables.figures_async import Bars
+
+__all__ = ["Curve", "Layout", "PlotsUnavailable", "SIZES", "bars", "curves", "heatmap", "require"]
 
 INSTALL = "plots need matplotlib: pip install 'mpifed[plots]'"
 LEGENDS = ("inside", "outside", "none")
@@ -85,6 +89,35 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
         if i == len(panels) - 1 and layout.legend == "outside":
             ax.legend(fontsize=FONTS["legend.fontsize"], loc="upper left", bbox_to_anchor=(1.02, 1.0),
                       borderaxespad=0.0, frameon=False)
+    if layout.title:
+        _titles(fig, title, subtitle, int(layout.width * 11))
+    return _save(fig, path)
+
+
+def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list["Bars"]]], layout: Layout = Layout(),
+         xlabel: str = "", ylabel: str = "") -> Path:
+    """One panel per (title, histograms), side by side (stacked on a narrow figure): each histogram's bars in its
+    colour, those of one panel side by side at each integer x, its legend text in the legend."""
+    require()
+    stacked = layout.width < 5
+    rows, cols = (len(panels), 1) if stacked else (1, len(panels))
+    height = rows * layout.width * (0.62 if stacked else 0.8 / len(panels)) + (0.45 if layout.title else 0)
+    with matplotlib.rc_context(FONTS):
+        fig, axes = plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False)
+    for i, (ax, (name, histograms)) in enumerate(zip(axes.flat, panels)):
+        width = 0.8 / len(histograms)
+        for k, h in enumerate(histograms):
+            ax.bar(h.staleness - 0.4 + width * (k + 0.5), h.per_run, width, label=h.legend or h.label, color=h.colour)
+        ax.set_title(name, fontsize=FONTS["axes.titlesize"])
+        ax.set_xlabel(xlabel, fontsize=FONTS["axes.labelsize"])
+        ax.set_ylabel(ylabel, fontsize=FONTS["axes.labelsize"])
+        ax.tick_params(labelsize=FONTS["xtick.labelsize"])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, axis="y", alpha=0.3)
+        if (i == 0 and layout.legend == "inside") or (i == len(panels) - 1 and layout.legend == "outside"):
+            placed = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0,
+                      "frameon": False} if layout.legend == "outside" else {"framealpha": 0.85}
+            ax.legend(fontsize=FONTS["legend.fontsize"], **placed)
     if layout.title:
         _titles(fig, title, subtitle, int(layout.width * 11))
     return _save(fig, path)
