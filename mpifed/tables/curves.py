@@ -1,6 +1,7 @@
 """The curves of a figure, from finished runs: any recorded metric against rounds, wall time,
 simulated time or bytes sent; the mean over seeds with its band; and the same numbers as a CSV
-written beside the figure, for a co-author's own plotting tool. Imports no plotting library.
+written beside the figure, for a co-author's own plotting tool; and a histogram's bars (:class:`Bars`,
+the staleness histogram of :mod:`mpifed.tables.figures_async`). Imports no plotting library.
 
 A band is the 95% t interval of the mean over seeds (``t95``: mean ± t(0.975, n-1) s/sqrt(n), the
 default), the sample standard deviation (``std``), or none; one seed has none. On an x axis other
@@ -73,6 +74,20 @@ class Curve:
     linestyle: Any = "-"
     marker: str | None = None
     n: int = 1
+
+
+@dataclass
+class Bars:
+    """One line's histogram: the updates taken per run at each staleness (the mean over ``n`` runs), the
+    updates dropped as stale per run, and how it is drawn (its colour and its legend's text)."""
+
+    label: str
+    staleness: np.ndarray
+    per_run: np.ndarray
+    dropped: float
+    n: int
+    colour: str | None = None
+    legend: str = ""
 
 
 def y_axis(column: str) -> tuple[str, float]:

@@ -27,7 +27,7 @@ from mpifed.files import safe_yaml
 from mpifed.plugin.registry import AGGREGATIONS, ALGORITHMS
 from mpifed.run import results
 from mpifed.run.rundir import CONFIG
-from mpifed.tables.curves import Curve, FigureOptions, seeds_note, spread, styled, write_csv, y_axis
+from mpifed.tables.curves import Bars, Curve, FigureOptions, seeds_note, spread, styled, write_csv, y_axis
 
 if TYPE_CHECKING:
     from mpifed.tables.plots import Layout
@@ -46,20 +46,6 @@ class Series:
     label: str
     aggregation: str
     runs: list[Path]
-
-
-@dataclass
-class Bars:
-    """One line's histogram: the updates taken per run at each staleness (the mean over ``n`` runs), the
-    updates dropped as stale per run, and how it is drawn (its colour and its legend's text)."""
-
-    label: str
-    staleness: np.ndarray
-    per_run: np.ndarray
-    dropped: float
-    n: int
-    colour: str | None = None
-    legend: str = ""
 
 
 def algorithm(run: Path | None) -> str | None:

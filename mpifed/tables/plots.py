@@ -10,7 +10,6 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,10 +21,7 @@ try:
 except ImportError:  # the message below says what to install
     plt = None
 
-from mpifed.tables.curves import Curve
-
-if TYPE_CHECKING:
-    from mpifed.tables.figures_async import Bars
+from mpifed.tables.curves import Bars, Curve
 
 __all__ = ["Curve", "Layout", "PlotsUnavailable", "SIZES", "bars", "curves", "heatmap", "require"]
 
@@ -94,7 +90,7 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
     return _save(fig, path)
 
 
-def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list["Bars"]]], layout: Layout = Layout(),
+def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Bars]]], layout: Layout = Layout(),
          xlabel: str = "", ylabel: str = "") -> Path:
     """One panel per (title, histograms), side by side (stacked on a narrow figure): each histogram's bars in its
     colour, those of one panel side by side at each integer x, its legend text in the legend."""
