@@ -14,6 +14,11 @@ For every setting (a table's setting, or the folder that holds the runs) it writ
                                 the seeds, with the 95% t interval of that mean as a band (--band)
     <setting>-per-class.<fmt>   the final model's per-class test accuracy (methods x classes,
                                 named where the data set names them)
+    <setting>-async.<fmt>       where the setting holds asynchronous runs (aggregation fedbuff or
+                                fedasync): the first --y metric against simulated time, one panel per
+                                algorithm, one line per aggregation (sync, FedBuff (K=..), FedAsync)
+    <setting>-staleness.<fmt>   and their staleness histogram: updates taken per run at each
+                                staleness, those dropped as stale in the legend
 
 and beside each figure a CSV of its numbers (``<setting>-curves.csv``, ...), to replot elsewhere.
 Each method has one look (colour, line style, marker) in every figure; ``--greyscale`` for black
