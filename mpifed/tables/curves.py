@@ -64,7 +64,8 @@ class FigureOptions:
 class Curve:
     """One method's line: x values, the mean over seeds and the half-width of its band (None: none,
     or one seed); how it is drawn (a colour, line style and marker, see
-    :mod:`mpifed.tables.figure_style`); ``n``: its number of seeds."""
+    :mod:`mpifed.tables.figure_style`; ``steps``: each value held until the next x, as a value that holds
+    until the next evaluation); ``n``: its number of seeds."""
 
     label: str
     rounds: np.ndarray             # the x values (rounds, seconds, MB, or a share of clients)
@@ -74,6 +75,7 @@ class Curve:
     linestyle: Any = "-"
     marker: str | None = None
     n: int = 1
+    steps: bool = False
 
 
 @dataclass

@@ -110,7 +110,7 @@ def at_simulated_times(label: str, runs: list[Path], column: str, scale: float =
     if not len(grid):
         return None
     values = scale * np.array([v[np.searchsorted(t, grid, side="right") - 1] for t, v in found])
-    return Curve(label, grid, values.mean(axis=0), spread(values, band), n=len(runs))
+    return Curve(label, grid, values.mean(axis=0), spread(values, band), n=len(runs), steps=True)
 
 
 def staleness_bars(label: str, runs: list[Path]) -> Bars | None:

@@ -58,8 +58,8 @@ def require() -> None:
 def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Curve]]],
            layout: Layout = Layout(), xlabel: str = "round") -> Path:
     """One panel per (y label, curves), side by side (stacked on a narrow figure), x = round (or
-    what ``xlabel`` says); each curve in its colour, line style and marker, with a shaded band of
-    mean ± its half-width."""
+    what ``xlabel`` says); each curve in its colour, line style and marker (as steps where it holds each
+    value until the next x), with a shaded band of mean ± its half-width."""
     require()
     stacked = layout.width < 5
     rows, cols = (len(panels), 1) if stacked else (1, len(panels))
@@ -70,10 +70,10 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
         for c in lines:
             (line,) = ax.plot(c.rounds, c.mean, label=c.label, color=c.colour, linewidth=1.4, linestyle=c.linestyle,
                               marker=c.marker or ("o" if len(c.rounds) < 12 else None), markersize=3,
-                              markevery=max(1, len(c.rounds) // 10))
+                              markevery=max(1, len(c.rounds) // 10), drawstyle="steps-post" if c.steps else "default")
             if c.band is not None:
                 ax.fill_between(c.rounds, c.mean - c.band, c.mean + c.band, color=line.get_color(),
-                                alpha=0.2, linewidth=0)
+                                alpha=0.2, linewidth=0, step="post" if c.steps else None)
         ax.set_xlabel(xlabel, fontsize=FONTS["axes.labelsize"])
         ax.set_ylabel(ylabel, fontsize=FONTS["axes.labelsize"])
         ax.tick_params(labelsize=FONTS["xtick.labelsize"])
