@@ -50,7 +50,8 @@ class AsyncServer:
         self.rule, self.queue, self.max_staleness = rule, queue, max_staleness
         self.version = 0
         self.versions: dict[int, torch.Tensor] = {0: model}
-        self.downlinks: dict[int, dict[str, torch.Tensor]] = {0: dict(down or {})}   # version -> its down tensors
+        self.downlinks: dict[int, dict[str, torch.Tensor]] = {}   # version -> its down tensors (keep_downlink's)
+        self.keep_downlink(0, down or {})
 
     @property
     def model(self) -> torch.Tensor:
@@ -109,7 +110,8 @@ class AsyncServer:
         return new
 
     def keep_downlink(self, version: int, down: dict[str, torch.Tensor]) -> None:
-        """The method's down tensors made for ``version`` (the current one, just applied): its clients'."""
+        """The method's down tensors made for ``version``, the current one (after :meth:`apply`, which keeps
+        a version's down tensors as long as the version): its clients'."""
         if version != self.version:
             raise ValueError(f"keep_downlink() takes the downlink of the current version {self.version}, got "
                              f"version {version}'s")
