@@ -147,7 +147,7 @@ class HalfBuff(FedBuff):
 '''
 
 
-def test_an_aggregation_from_a_plugin_file_runs_and_is_recorded_by_hash(tmp_path):
+def test_an_aggregation_from_a_plugin_file_runs_and_is_recorded_by_hash(tmp_path, unload_plugins):
     from mpifed.config import read_yaml
     plugin = tmp_path / "half.py"
     plugin.write_text(AGGREGATION_PLUGIN)
