@@ -92,14 +92,17 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
 
 def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Bars]]], layout: Layout = Layout(),
          xlabel: str = "", ylabel: str = "") -> Path:
-    """One panel per (title, histograms), side by side (stacked on a narrow figure): each histogram's bars in its
-    colour, those of one panel side by side at each integer x, its legend text in the legend."""
+    """One panel per (title, histograms), side by side (stacked on a narrow figure), on one y scale: each
+    histogram's bars in its colour, those of one panel side by side at each integer x, its legend text in the
+    legend."""
     require()
     stacked = layout.width < 5
     rows, cols = (len(panels), 1) if stacked else (1, len(panels))
     height = rows * layout.width * (0.62 if stacked else 0.8 / len(panels)) + (0.45 if layout.title else 0)
     with matplotlib.rc_context(FONTS):
-        fig, axes = plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False, sharey=True)
+    highest = max((float(h.per_run.max()) for _, hs in panels for h in hs if len(h.per_run)), default=0.0) or 1.0
+    axes[0, 0].set_ylim(0, highest * (1.4 if layout.legend == "inside" else 1.05))   # room for the legend inside
     for i, (ax, (name, histograms)) in enumerate(zip(axes.flat, panels)):
         width = 0.8 / len(histograms)
         for k, h in enumerate(histograms):
