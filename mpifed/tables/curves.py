@@ -81,13 +81,15 @@ class Curve:
 @dataclass
 class Bars:
     """One line's histogram: the updates taken per run at each staleness (the mean over ``n`` runs), the
-    updates dropped as stale per run, and how it is drawn (its colour and its legend's text)."""
+    updates dropped as stale per run (staler than ``max_staleness``, where known), and how it is drawn (its
+    colour and its legend's text)."""
 
     label: str
     staleness: np.ndarray
     per_run: np.ndarray
     dropped: float
     n: int
+    max_staleness: int | None = None
     colour: str | None = None
     legend: str = ""
 

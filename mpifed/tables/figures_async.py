@@ -115,7 +115,7 @@ def at_simulated_times(label: str, runs: list[Path], column: str, scale: float =
 
 def staleness_bars(label: str, runs: list[Path]) -> Bars | None:
     """The staleness histogram of ``runs`` (their metrics rows' ``staleness`` lists and ``stale_dropped``), per
-    run; None where no row records staleness (synchronous runs)."""
+    run, with their config's ``max_staleness``; None where no row records staleness (synchronous runs)."""
     taken: Counter[int] = Counter()
     dropped, recorded = 0, False
     for r in runs:
@@ -128,7 +128,7 @@ def staleness_bars(label: str, runs: list[Path]) -> Bars | None:
         return None
     values = np.arange(max(taken, default=0) + 1)
     return Bars(label, values, np.array([taken[s] for s in values], dtype=np.float64) / len(runs),
-                dropped / len(runs), len(runs))
+                dropped / len(runs), len(runs), _max_staleness(runs[0]))
 
 
 def aggregation_figures(methods: list[tuple[str, list[Path]]], out: Path, stem: str, fmt: str, title: str,
@@ -165,11 +165,10 @@ def aggregation_figures(methods: list[tuple[str, list[Path]]], out: Path, stem: 
         path = plots.curves(out / f"{stem}-async.{fmt}", title, "at each simulated time, each seed's last "
                             f"evaluation at or before it; {note}", curves, layout, SIM_TIME)
         written += [path, write_csv(path.with_suffix(".csv"), curves, SIM_TIME, options.band)]
-    maximum = {s.label: _max_staleness(s.runs[0]) for s in lines}
     histograms = []
     for panel in panels:
-        bars = [replace(b, colour=look[s.label].colour, legend=f"{s.label}; dropped, staler than "
-                        f"{maximum[s.label]}: {b.dropped:g}")
+        bars = [replace(b, colour=look[s.label].colour, legend=f"{s.label}; dropped as stale"
+                        + (f" (> {b.max_staleness})" if b.max_staleness is not None else "") + f": {b.dropped:g}")
                 for s in lines if s.panel == panel and (b := staleness_bars(s.label, s.runs)) is not None]
         if bars:
             histograms.append((panel, bars))
@@ -177,11 +176,11 @@ def aggregation_figures(methods: list[tuple[str, list[Path]]], out: Path, stem: 
         path = plots.bars(out / f"{stem}-staleness.{fmt}", title, "updates taken per run at each staleness (server "
                           "versions since the client started), mean over seeds; the legend says those dropped as "
                           "staler than max_staleness", histograms, layout, "staleness", "updates taken per run")
-        written += [path, write_staleness_csv(path.with_suffix(".csv"), histograms, maximum)]
+        written += [path, write_staleness_csv(path.with_suffix(".csv"), histograms)]
     return written
 
 
-def write_staleness_csv(path: Path, panels: list[tuple[str, list[Bars]]], maximum: dict[str, int | None]) -> Path:
+def write_staleness_csv(path: Path, panels: list[tuple[str, list[Bars]]]) -> Path:
     """The staleness histograms as CSV (``path``): one line per panel, aggregation and staleness (``updates``
     over all seeds, ``per_run`` their mean, ``share`` in % of the updates that arrived, taken or dropped as
     stale, ``n`` the runs), and a line ``dropped (> max_staleness)`` with the updates dropped as stale."""
@@ -194,7 +193,7 @@ def write_staleness_csv(path: Path, panels: list[tuple[str, list[Bars]]], maximu
                 for s, per_run in zip(b.staleness, b.per_run):
                     w.writerow([panel, b.label, int(s), _count(per_run * b.n), _num(per_run),
                                 _num(100 * per_run / arrived), b.n])
-                bound = maximum.get(b.label)
+                bound = b.max_staleness
                 w.writerow([panel, b.label, f"dropped (> {bound})" if bound is not None else "dropped",
                             _count(b.dropped * b.n), _num(b.dropped), _num(100 * b.dropped / arrived), b.n])
     return path

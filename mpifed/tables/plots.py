@@ -94,7 +94,7 @@ def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Bar
          xlabel: str = "", ylabel: str = "") -> Path:
     """One panel per (title, histograms), side by side (stacked on a narrow figure), on one y scale: each
     histogram's bars in its colour, those of one panel side by side at each integer x, its legend text in the
-    legend."""
+    legend (inside: in every panel, as each panel's histograms have their own text)."""
     require()
     stacked = layout.width < 5
     rows, cols = (len(panels), 1) if stacked else (1, len(panels))
@@ -113,7 +113,7 @@ def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Bar
         ax.tick_params(labelsize=FONTS["xtick.labelsize"])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, axis="y", alpha=0.3)
-        if (i == 0 and layout.legend == "inside") or (i == len(panels) - 1 and layout.legend == "outside"):
+        if layout.legend == "inside" or (i == len(panels) - 1 and layout.legend == "outside"):   # each its own
             placed = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0,
                       "frameon": False} if layout.legend == "outside" else {"framealpha": 0.85}
             ax.legend(fontsize=FONTS["legend.fontsize"], **placed)
