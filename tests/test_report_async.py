@@ -15,8 +15,8 @@ from test_tables import resolved_config, write_table
 
 from mpifed.entry.report import main as report_main
 from mpifed.run import results
-from mpifed.tables.curves import t_quantile
-from mpifed.tables.figures_async import at_simulated_times
+from mpifed.tables.curves import FigureOptions, t_quantile
+from mpifed.tables.figures_async import at_simulated_times, series
 
 SYNC = {0: [(5.0, 0.6, None), (10.0, 0.8, None)], 1: [(6.0, 0.7, None), (12.0, 0.9, None)]}
 FEDBUFF = {0: [(1.0, 0.2, [0, 0]), (3.0, 0.4, [0, 1])], 1: [(2.0, 0.3, [0, 2]), (4.0, 0.5, [1, 1])]}
@@ -128,3 +128,20 @@ def test_real_runs_sync_fedbuff_and_fedasync_of_two_methods_side_by_side(tmp_pat
     assert report_main([str(only_sync), "--out", str(tmp_path / "report-sync")]) == 0
     assert not list((tmp_path / "report-sync").glob("*-async.*")) and not list(
         (tmp_path / "report-sync").glob("*-staleness.*"))
+
+
+def test_lines_are_labelled_by_aggregation_and_by_method_where_two_share_one(tmp_path):
+    configs = {"avg": {"algorithm": {"name": "fedavg"}, "aggregation": {"name": "sync"}},
+               "avg-buff": {"algorithm": {"name": "fedavg"}, "aggregation": {"name": "fedbuff", "buffer": 5}},
+               "avg-buff-lr": {"algorithm": {"name": "fedavg"}, "aggregation": {"name": "fedbuff", "buffer": 5}},
+               "ntd-async": {"algorithm": {"name": "fedntd"}, "aggregation": {"name": "fedasync"}},
+               "ntd": {"algorithm": {"name": "fedntd"}}}                   # a config without the key: sync
+    methods = []
+    for name, d in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(json.dumps(d))
+        methods.append((name, [tmp_path / name]))
+    found = series(methods, FigureOptions(labels=("avg-buff-lr=lr 0.1",)))
+    assert [(s.panel, s.label, s.aggregation) for s in found] == [
+        ("FedAvg", "sync", "sync"), ("FedNTD", "sync", "sync"), ("FedAvg", "FedBuff (K=5): avg-buff", "fedbuff"),
+        ("FedAvg", "FedBuff (K=5): lr 0.1", "fedbuff"), ("FedNTD", "FedAsync", "fedasync")]
