@@ -59,8 +59,8 @@ def _method_depends_on(d: dict[str, Any]) -> tuple[str, ...]:
 
 def result_fingerprint(d: dict[str, Any]) -> dict[str, Any]:
     """What a finished run's reported numbers depend on: the math fingerprint, the number of
-    rounds, the simulated time budget (when set) and the evaluation cadence (best accuracy, rounds-to-target and the mean of the last
-    evaluations read the evaluations)."""
+    rounds, the simulated time budget (when set) and the evaluation cadence (best accuracy,
+    rounds-to-target and the mean of the last evaluations read the evaluations)."""
     out = math_fingerprint(d)
     out.setdefault("train", {})["rounds"] = d.get("train", {}).get("rounds")
     run = d.get("run", {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,17 +56,29 @@ def require() -> None:
         raise PlotsUnavailable(INSTALL)
 
 
+def _panels(count: int, layout: Layout, sharey: bool = False) -> tuple[Any, np.ndarray]:
+    """A figure of ``count`` panels side by side (stacked on a narrow figure) and its axes (2-d)."""
+    require()
+    stacked = layout.width < 5
+    rows, cols = (count, 1) if stacked else (1, count)
+    height = rows * layout.width * (0.62 if stacked else 0.8 / count) + (0.45 if layout.title else 0)
+    with matplotlib.rc_context(FONTS):
+        return plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False, sharey=sharey)
+
+
+def _legend(ax: Any, layout: Layout) -> None:
+    """The panel's legend, inside it or outside to its right (``layout.legend``)."""
+    placed = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0,
+              "frameon": False} if layout.legend == "outside" else {"framealpha": 0.85}
+    ax.legend(fontsize=FONTS["legend.fontsize"], **placed)
+
+
 def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Curve]]],
            layout: Layout = Layout(), xlabel: str = "round") -> Path:
     """One panel per (y label, curves), side by side (stacked on a narrow figure), x = round (or
     what ``xlabel`` says); each curve in its colour, line style and marker (as steps where it holds each
     value until the next x), with a shaded band of mean ± its half-width."""
-    require()
-    stacked = layout.width < 5
-    rows, cols = (len(panels), 1) if stacked else (1, len(panels))
-    height = rows * layout.width * (0.62 if stacked else 0.8 / len(panels)) + (0.45 if layout.title else 0)
-    with matplotlib.rc_context(FONTS):
-        fig, axes = plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False)
+    fig, axes = _panels(len(panels), layout)
     for i, (ax, (ylabel, lines)) in enumerate(zip(axes.flat, panels)):
         for c in lines:
             (line,) = ax.plot(c.rounds, c.mean, label=c.label, color=c.colour, linewidth=1.4, linestyle=c.linestyle,
@@ -80,11 +93,8 @@ def curves(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[C
         if xlabel == "round":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
-        if i == 0 and layout.legend == "inside":
-            ax.legend(fontsize=FONTS["legend.fontsize"], framealpha=0.85)
-        if i == len(panels) - 1 and layout.legend == "outside":
-            ax.legend(fontsize=FONTS["legend.fontsize"], loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                      borderaxespad=0.0, frameon=False)
+        if (i == 0 and layout.legend == "inside") or (i == len(panels) - 1 and layout.legend == "outside"):
+            _legend(ax, layout)
     if layout.title:
         _titles(fig, title, subtitle, int(layout.width * 11))
     return _save(fig, path)
@@ -95,12 +105,7 @@ def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Bar
     """One panel per (title, histograms), side by side (stacked on a narrow figure), on one y scale: each
     histogram's bars in its colour, those of one panel side by side at each integer x, its legend text in the
     legend (inside: in every panel, as each panel's histograms have their own text)."""
-    require()
-    stacked = layout.width < 5
-    rows, cols = (len(panels), 1) if stacked else (1, len(panels))
-    height = rows * layout.width * (0.62 if stacked else 0.8 / len(panels)) + (0.45 if layout.title else 0)
-    with matplotlib.rc_context(FONTS):
-        fig, axes = plt.subplots(rows, cols, figsize=(layout.width, height), squeeze=False, sharey=True)
+    fig, axes = _panels(len(panels), layout, sharey=True)
     highest = max((float(h.per_run.max()) for _, hs in panels for h in hs if len(h.per_run)), default=0.0) or 1.0
     axes[0, 0].set_ylim(0, highest * (1.4 if layout.legend == "inside" else 1.05))   # room for the legend inside
     for i, (ax, (name, histograms)) in enumerate(zip(axes.flat, panels)):
@@ -114,9 +119,7 @@ def bars(path: Path, title: str, subtitle: str, panels: list[tuple[str, list[Bar
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, axis="y", alpha=0.3)
         if layout.legend == "inside" or (i == len(panels) - 1 and layout.legend == "outside"):   # each its own
-            placed = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0,
-                      "frameon": False} if layout.legend == "outside" else {"framealpha": 0.85}
-            ax.legend(fontsize=FONTS["legend.fontsize"], **placed)
+            _legend(ax, layout)
     if layout.title:
         _titles(fig, title, subtitle, int(layout.width * 11))
     return _save(fig, path)
