@@ -232,8 +232,8 @@ def test_the_tutorials_files_run_as_the_page_shows_them(tmp_path):
     command(tmp_path, "mpifed.main", "--plugin", "my_method.py", "--set", "algorithm.name=logit_penalty",
            "train.rounds=1", "run.name=first-try")
     listed = command(tmp_path, "mpifed.table", "mytable/mine.table.yaml", "--list", "--commands").stdout
-    assert listed.count(f"--plugin {tmp_path / 'my_method.py'}") == 12
-    assert "20 runs of 4 setting x method pairs wait for their search to finish" in listed
+    assert listed.count(f"--plugin {tmp_path / 'my_method.py'}") == 8
+    assert "12 runs of 4 setting x method pairs wait for their search to finish" in listed
 
 
 PARTITION = """from dataclasses import dataclass
