@@ -53,12 +53,15 @@ BEFORE = {(TABLE_RUN, 1): widen_the_grid, (REFUSED_RESUME, 0): change_the_method
 
 
 def shape(line: str) -> str:
-    """A line without what changes from run to run: hashes, numbers, pids, host names, paths' roots."""
+    """A line without what changes from run to run or machine to machine: hashes, signed numbers and the
+    verdicts drawn from them, pids, host names, paths' roots."""
     line = re.sub(r"/\S*/(my_method\.py)", r"\1", line)                # an absolute path of the method's file
     line = re.sub(r"host \S+", "host H", line)
     line = re.sub(r"Machine: .*", "Machine: M", line)
     line = re.sub(r"[0-9a-f]{10,}", "#", line)
-    return re.sub(r"\d+(\.\d+)?", "#", line).rstrip()
+    # a verdict follows from the numbers (an interval that only just excludes 0 may not on another CPU)
+    line = re.sub(r"\b(higher|lower|inconclusive|supported|the other way)\b", "VERDICT", line)
+    return re.sub(r"[+-]?\d+(\.\d+)?", "#", line).rstrip()
 
 
 def fits(want: str, got: str) -> bool:
@@ -157,6 +160,8 @@ def test_the_tutorials_transcripts_are_what_its_commands_print(tmp_path):
 def test_a_shape_leaves_out_what_changes_and_keeps_the_words():
     assert shape("[mpifed]   rank 0 (server and worker): host vm pid 579 device cpu threads 1") == \
         "[mpifed]   rank # (server and worker): host H pid # device cpu threads #"
+    assert shape("| fedgkd | +4.83 [+0.12, +9.54], 3/3 seeds, p = 0.048: higher |") == \
+        shape("| fedgkd | +4.71 [-0.02, +9.44], 3/3 seeds, p = 0.051: inconclusive |")
     assert matches("a 1\n...\nb 2 ...", "a 3\nx\ny\nb 4 and more")
     assert not matches("a 1\nb 2", "a 1\nc 2")
     assert not matches("a 1", "a 1\nb 2")                               # a line the transcript lacks
