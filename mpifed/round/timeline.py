@@ -198,7 +198,7 @@ class Timeline:
         return self.last
 
     def clock_after(self) -> float:
-        """The simulated clock once the round just planned is over (the clock now, without the clock)."""
+        """The simulated clock once the round just planned is over (without the virtual clock: 0, as now)."""
         timing = self.last.timing if self.last is not None else None
         return self.sim_clock if timing is None else self.sim_clock + self.last.probe_seconds + timing.sim_time
 

@@ -144,7 +144,7 @@ def _done_as_asked(status: dict[str, Any] | None, cfg: config.Config) -> bool:
     if status is None or status["state"] != RunState.FINISHED:
         return False
     budget = cfg.system.time_budget
-    return status.get("rounds_done") == cfg.train.rounds or bool(budget) and status.get("sim_clock", 0.0) >= budget
+    return status.get("rounds_done") == cfg.train.rounds or (bool(budget) and status.get("sim_clock", 0.0) >= budget)
 
 
 def decide(run: RunDir, cfg: config.Config, resolved: dict[str, Any], saved: dict[str, Any] | None,
