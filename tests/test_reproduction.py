@@ -48,7 +48,9 @@ ARCHIVED = {"fedntd-table1": ("configs/repro/fedntd/table1.table.yaml",
             "bench-methods": ("configs/bench/methods.table.yaml", "benchmarks/RESULTS.md")}
 RECHECK = REPO / "results" / "recheck"      # --recheck's re-runs, on one machine, by table folder
 # tables beyond the papers, quoted on their own pages: results/ folder -> table, the page that quotes them
-BEYOND = {"async-async": ("configs/cross-device/async/async.table.yaml", "docs/federations.md")}
+BEYOND = {"async-async": ("configs/cross-device/async/async.table.yaml", "docs/federations.md"),
+          "heterogeneity-heterogeneity": ("configs/cross-device/heterogeneity/heterogeneity.table.yaml",
+                                          "docs/federations.md")}
 
 
 @functools.cache
