@@ -78,6 +78,21 @@ def test_a_round_that_no_client_finishes_keeps_the_model(tmp_path):
     assert rows[0]["test_loss"] == rows[1]["test_loss"] and rows[1]["sim_clock"] == 0.002
 
 
+def test_a_round_no_client_answers_after_an_evaluated_one_does_not_change_what_the_next_trains_from(tmp_path):
+    """An evaluation leaves the global model on every rank, so the next downlink need not send it; a round in
+    which nobody answers keeps the model but evaluates nothing, and the round after it must still get the model
+    (a crash in FedGKD's run of issue 78's table, round 37). Evaluating less often changes no number."""
+    sets = ("system.clock=true", "system.dropout=0.7", "train.participation=0.4", "train.rounds=10")
+    every, sparse = (tiny(tmp_path, *sets, f"run.eval_every={k}", name=f"every-{k}") for k in (1, 2))
+    run_debug(every)
+    run_debug(sparse)
+    rows = metrics(tmp_path / "runs" / "every-2")
+    evaluated = [r["round"] for r in rows if "test_acc" in r]
+    empty = {r["round"] for r in rows if r["clients"] == 0}
+    assert any(r + 1 in empty and r + 2 <= 10 for r in evaluated), "the seed gives no empty round after an evaluation"
+    assert_same_model(final_model(tmp_path / "runs" / "every-1"), final_model(tmp_path / "runs" / "every-2"))
+
+
 @pytest.mark.parametrize("extra", [("selection.name=oort", "selection.pacer_step=1"),
                                    ("selection.name=weighted", "algorithm.name=scaffold")],   # client state too
                          ids=["oort", "scaffold-weighted"])

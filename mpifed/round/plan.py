@@ -20,7 +20,7 @@ class RoundPlan:
     resume_rounds: tuple[int, ...] = ()   # the rounds a resume could start at (client-state versions they need stay)
     # (client, from worker, to worker): client state to move
     moves: list[tuple[int, int, int]] = field(default_factory=list)
-    model_held: bool = False    # every rank holds the global model already (the last round's evaluation sent it)
+    model_held: bool = False    # every rank holds the global model already (the evaluation or probe before sent it)
     last_trained: dict[int, int] = field(default_factory=dict)  # assigned client -> the round it last trained in
                                                                  # (methods with client state; absent: never)
     steps: dict[int, int] = field(default_factory=dict)   # client -> its local step limit (system:; absent: the

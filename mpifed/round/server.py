@@ -56,7 +56,7 @@ class RoundServer:
         self.device = flat.floats.device
         self.optimizer = method.tools.optimizer
         self.rounds_done = 0               # rounds trained so far: the next round's 0-based index
-        self.model_sent = False            # the last evaluation broadcast the global model as it is now
+        self.model_sent = False            # the evaluation or probe since the last plan broadcast the global model
         self.holders: dict[int, int] = {}  # client -> the worker holding its state in memory
         self.last_trained: dict[int, int] = {}   # client -> the last round it trained in (methods with client state)
         self.last_checkpoint: Path | None = None
@@ -147,10 +147,13 @@ class RoundServer:
             last = {int(c): self.last_trained[int(c)] for c in clients if int(c) in self.last_trained}
             self.last_trained.update({int(c): rnd for c in clients})
         every = cfg.run.checkpoint_every
+        # only the round right after the evaluation or probe may use the model it sent: that round's downlink
+        # uses up the broadcast buffer, and a round that no client answers changes nothing that would send it again
+        held, self.model_sent = self.model_sent, False
         return RoundPlan(round=rnd, lr=round_lr(cfg.train, rnd), assignment=assignment,
                          evaluate=self.evaluate_now(rnd + 1, self.timeline.clock_after()),
                          checkpoint=bool(every) and (rnd + 1) % every == 0 and rnd + 1 < cfg.train.rounds,
-                         resume_rounds=self._resume_rounds(), moves=moves, model_held=self.model_sent,
+                         resume_rounds=self._resume_rounds(), moves=moves, model_held=held,
                          last_trained=last, steps=planned.steps)
 
     def downlink(self, plan: RoundPlan) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -192,7 +195,6 @@ class RoundServer:
                                 f"zero, in the method's aggregate")
         self.global_floats = new
         self.method.global_updated(plan.number, new)
-        self.model_sent = False
         ints, samples = (model_sums[k].to(self.device) for k in ("ints", "samples"))
         self.global_ints = torch.round(ints / samples).to(torch.int64)
 
