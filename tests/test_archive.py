@@ -12,6 +12,7 @@ from test_table_evidence import GRID, _table, _write
 from test_tables import fake_run
 
 from mpifed.run.rundir import RunDir
+from mpifed.settings import config
 from mpifed.entry.table import main as table_main
 from mpifed.tables.table_file import load_table, resolve
 
@@ -186,6 +187,35 @@ def test_reuse_gives_a_table_run_a_run_that_evaluated_the_test_set_and_skips_hid
         assert f"reused {root / name} as {u.root / name}" in out
     assert table_main([u_table, "--runs-root", str(tmp_path / "runs"), "--list", "--set", "run.eval_test=false"]) == 2
     assert "--set run.eval_test: a table's runs report the test set" in capsys.readouterr().err
+
+
+def test_reuse_gives_a_search_run_the_searchs_record_not_the_table_run_of_its_configuration(tmp_path, capsys):
+    """A search at the table's rounds: the chosen candidate's run at the search's seed has the identity
+    of that seed's table run (the test set is not part of it), whose folder sorts first; the search run
+    still gets the search's record, and the table run the table run's."""
+    table = _table(tmp_path, "tuning: {grid: {train.lr: [0.01, 0.1]}}\n", methods="[a.yaml]", seeds="[0, 1]")
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [])
+    for r in t.search:
+        _write(r.path, r.resolved, [{"round": 1, "val_acc": 0.9 if r.candidate == "lr=0.01" else 0.5}])
+    t = load_table(table, str(tmp_path / "runs"))
+    resolve(t, [], record=True)
+    for r in t.runs:
+        fake_run(r.path, r.resolved, [0.4, 0.5 + 0.01 * r.seed])
+    chosen = next(r for r in t.search if r.candidate == "lr=0.01")
+    final = next(r for r in t.runs if r.seed == 0)
+    assert config.digest(chosen.identity) == config.digest(final.identity)
+    other = tmp_path / "u"
+    shutil.copytree(table.parent, other)
+    u_table = str(other / table.name)
+    assert table_main([u_table, "--runs-root", str(tmp_path / "again"), "--reuse", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    u = load_table(u_table, str(tmp_path / "again"))
+    for source in (chosen.path, final.path):
+        copy = u.root / source.relative_to(t.root)
+        assert f"reused {source} as {copy}" in out
+        assert (copy / "metrics.jsonl").read_bytes() == (source / "metrics.jsonl").read_bytes()
+        assert (copy / "config.yaml").read_bytes() == (source / "config.yaml").read_bytes()
 
 
 def test_reuse_takes_a_table_run_that_diverged_before_it_evaluated_the_test_set(tmp_path, capsys):

@@ -60,24 +60,30 @@ def settled_runs_under(folder: Path) -> dict[str, list[Path]]:
     return found
 
 
-def _counts_as_table_run(path: Path) -> bool:
-    """Whether a settled run can stand for a table run of its configuration: it evaluated the test set
-    (not a search's), or it diverged, before any evaluation perhaps (a run of its configuration diverges
-    the same way)."""
+def _stands_for(path: Path, run: TableRun) -> bool:
+    """Whether a settled run's record can stand for ``run`` of its configuration: for a search run, a
+    search's record (validation only: a table run of the same configuration evaluated the test set,
+    which a search's record must not hold); for a table run, a run that evaluated the test set; for
+    either, a run that diverged, before any evaluation perhaps (a run of its configuration diverges the
+    same way)."""
     record = RunRecord(path)
-    return record.state == RunState.DIVERGED or any("test_acc" in row for row in record.metrics())
+    if record.state == RunState.DIVERGED:
+        return True
+    if run.candidate is not None:
+        return record.config.get("run", {}).get("eval_test") is False
+    return any("test_acc" in row for row in record.metrics())
 
 
 def reuse_runs(table: Table, found: dict[str, list[Path]]) -> list[tuple[Path, TableRun]]:
     """Copy into the table, for each of its runs not made yet (search runs, and runs whose choice is
-    made), the record of the first run in ``found`` (settled runs by identity) of its configuration
-    (for a table run, one that evaluated the test set, not a search's, or diverged); (source, run) copied."""
+    made), the record of the first run in ``found`` (settled runs by identity) of its configuration and
+    its kind (:func:`_stands_for`); (source, run) copied."""
     copied = []
     for r in table.search + table.runs:
         if ((r.setting, r.method) in table.pending and r.candidate is None) or status(r) != RunState.NEW:
             continue
         sources = found.get(config.digest(r.identity), [])
-        source = next((p for p in sources if r.candidate is not None or _counts_as_table_run(p)), None)
+        source = next((p for p in sources if _stands_for(p, r)), None)
         if source is not None:
             archive.copy_record(source, r.path)
             copied.append((source, r))
