@@ -153,6 +153,19 @@ def test_a_column_the_report_says_ran_on_one_machine_records_one(folder, setting
         f"results/{folder}, {setting}: a final run does not record its CPU's identity (cpu_id)"
 
 
+ONE_MACHINE_A_SEED = ["heterogeneity-heterogeneity"]   # tables whose page says each seed's runs share a machine
+
+
+@pytest.mark.parametrize("folder", ONE_MACHINE_A_SEED)
+def test_a_table_the_page_says_pairs_runs_of_one_machine_records_one_machine_a_seed(folder):
+    t = resolved(BEYOND[folder][0])
+    by_seed: dict[int, set[str]] = {}
+    for r in t.runs:
+        by_seed.setdefault(r.seed, set()).add(provenance.machine(provenance.read(r.path) or {}))
+    mixed = {seed: sorted(m) for seed, m in by_seed.items() if len(m) != 1}
+    assert by_seed and not mixed, f"results/{folder}: a seed's final runs ran on several machines: {mixed}"
+
+
 FIRST_MACHINE = "family 25 model 1 "   # the CPU model whose re-runs repeated these tables' unrecorded first runs
 
 
